@@ -1,0 +1,5 @@
+import sys
+
+from ssdemu.cli import main
+
+sys.exit(main())

@@ -1,0 +1,116 @@
+"""The `ssdemu` command line.  Each subcommand parses its arguments here and calls one
+function elsewhere; every failure ends as one line on stderr and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ssdemu.errors import SsdemuError
+from ssdemu.units import parse_size
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other failure
+        self.exit(EXIT_USAGE, f"ssdemu: error: {message}\n")
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ssdemu", description="An emulated AI SSD.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
+    bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+
+    io = bsub.add_parser("io", help="the io_uring engine against fio on the same media")
+    io.add_argument("--media", required=True, help="file:PATH[:SIZE], block:/dev/NAME, mem:SIZE")
+    io.add_argument("--rw", default="randread",
+                    choices=("read", "write", "randread", "randwrite"))
+    io.add_argument("--bs", type=_size_arg, default=4096, help="block size (e.g. 4k, 1M)")
+    io.add_argument("--qd", type=_positive_int, default=32, help="queue depth")
+    io.add_argument("--seconds", type=_positive_float, default=5.0)
+    io.add_argument("--repeat", type=_positive_int, default=1,
+                    help="alternate ours and fio this many times; report medians")
+    io.add_argument("--prefill", choices=("auto", "yes", "no"), default="auto",
+                    help="write the media before reading (auto: when it is memory or sparse)")
+    io.add_argument("--sqpoll", action="store_true", help="run our ring with SQPOLL")
+    io.add_argument("--json", action="store_true", help="print one JSON object")
+
+    fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
+    fw.add_argument("--json", action="store_true", help="print one JSON object")
+    fw.add_argument("--mib", type=_positive_int, default=64,
+                    help="KV data per kernel call, MiB of fp16")
+    return p
+
+
+def _cmd_bench_io(args) -> int:
+    from bench.io import bench_io, format_table
+
+    if args.qd > 4096:
+        raise ValueError("--qd must be at most 4096")
+    report = bench_io(args.media, rw=args.rw, bs=args.bs, qd=args.qd, seconds=args.seconds,
+                      repeat=args.repeat, prefill_mode=args.prefill, sqpoll=args.sqpoll)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
+def _cmd_bench_firmware(args) -> int:
+    from bench.firmware import bench_firmware, format_table
+
+    report = bench_firmware(mib=args.mib)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
+COMMANDS = {
+    ("bench", "io"): _cmd_bench_io,
+    ("bench", "firmware"): _cmd_bench_firmware,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    key = (args.command, getattr(args, args.command, None))
+    try:
+        return COMMANDS[key](args)
+    except (SsdemuError, ValueError, RuntimeError, OSError) as e:
+        print(f"ssdemu: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("ssdemu: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
