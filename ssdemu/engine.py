@@ -69,6 +69,7 @@ class Engine:
 
     def __init__(self, media: Media, queue_depth: int = 128, sqpoll: bool = False,
                  fixed_file: bool = True):
+        self._eng = None
         self.media = media
         flags = (lib.SDE_ENG_SQPOLL if sqpoll else 0) | (
             0 if fixed_file else lib.SDE_ENG_NO_FIXED_FILE

@@ -1,0 +1,79 @@
+"""Shared fixtures: real media of every kind, small, under temp dirs, cleaned up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+MEDIA_BYTES = 64 << 20
+SHM = "/dev/shm"
+
+
+@pytest.fixture
+def shm_dir():
+    """A temp dir on tmpfs (O_DIRECT works there since Linux 6.6)."""
+    d = tempfile.mkdtemp(prefix="ssdemu-test-", dir=SHM if os.path.isdir(SHM) else None)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def disk_dir():
+    """A temp dir on the root filesystem (ext4 here), not tmpfs."""
+    d = tempfile.mkdtemp(prefix="ssdemu-test-", dir="/var/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _losetup_available() -> str | None:
+    if os.geteuid() != 0:
+        return "loop devices need root"
+    if shutil.which("losetup") is None:
+        return "losetup not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def loop_device():
+    """A real block device: a loop device with direct I/O over a file, detached afterwards."""
+    why = _losetup_available()
+    if why:
+        pytest.skip(why)
+    d = tempfile.mkdtemp(prefix="ssdemu-loop-", dir="/var/tmp")
+    backing = os.path.join(d, "backing.img")
+    with open(backing, "wb") as f:
+        f.truncate(MEDIA_BYTES)
+    proc = subprocess.run(
+        ["losetup", "-f", "--show", "--direct-io=on", backing], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        shutil.rmtree(d, ignore_errors=True)
+        pytest.skip(f"losetup failed: {proc.stderr.strip()}")
+    dev = proc.stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(params=["file-tmpfs", "file-ext4", "mem", "block"])
+def media_spec(request, tmp_path_factory):
+    """One media spec of each kind, MEDIA_BYTES big."""
+    kind = request.param
+    if kind == "mem":
+        yield f"mem:{MEDIA_BYTES}"
+        return
+    if kind == "block":
+        yield f"block:{request.getfixturevalue('loop_device')}"
+        return
+    base = SHM if kind == "file-tmpfs" else "/var/tmp"
+    d = tempfile.mkdtemp(prefix="ssdemu-test-", dir=base)
+    try:
+        yield f"file:{d}/media.img:{MEDIA_BYTES}"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
