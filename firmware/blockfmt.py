@@ -1,0 +1,107 @@
+"""The compressed KV block: a 64-byte self-describing header, then the scheme's sections.
+
+Header (little-endian):
+
+| offset | size | field |
+|---|---|---|
+| 0 | 4 | magic `SDKV` |
+| 4 | 2 | format version (1) |
+| 6 | 2 | header bytes (64) |
+| 8 | 1 | scheme (1 = group-wise int) |
+| 9 | 1 | bits (8 or 4) |
+| 10 | 1 | flags (bit 0: symmetric) |
+| 11 | 1 | element dtype of the original block (0 fp16, 1 bf16, 2 fp32) |
+| 12 | 4 | group size |
+| 16 | 16 | tokens, layers, kv_heads, head_dim (u32 each) |
+| 32 | 4 | reserved (0) |
+| 36 | 8 | body bytes |
+| 44 | 4 | CRC-32 of the header (this field zero) and the body |
+| 48 | 16 | reserved (0) |
+
+Body of the int scheme: scales float32[groups], zeros float32[groups] (asymmetric only), then
+the codes (one byte per element, or two per byte for int4).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from firmware.layout import DTYPE_NAMES, KVShape
+
+MAGIC = b"SDKV"
+VERSION = 1
+HEADER_BYTES = 64
+SCHEME_INT = 1
+SCHEME_NAMES = {SCHEME_INT: "int"}
+FLAG_SYMMETRIC = 1
+
+_HEADER = struct.Struct("<4sHHBBBBI4I4xQI16x")
+assert _HEADER.size == HEADER_BYTES
+_CRC_OFFSET = 44
+
+
+class CorruptBlockError(ValueError):
+    """A compressed block whose header or checksum does not hold."""
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    scheme: int
+    bits: int
+    symmetric: bool
+    dtype: int
+    group: int
+    shape: KVShape
+    body_bytes: int
+
+    def pack(self, checksum: int = 0) -> bytes:
+        s = self.shape
+        return _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, self.scheme, self.bits,
+                            FLAG_SYMMETRIC if self.symmetric else 0, self.dtype, self.group,
+                            s.tokens, s.layers, s.kv_heads, s.head_dim, self.body_bytes, checksum)
+
+
+def seal(header: BlockHeader, body: np.ndarray) -> np.ndarray:
+    """Header + body as one uint8 array, with the checksum filled in."""
+    out = np.empty(HEADER_BYTES + body.nbytes, dtype=np.uint8)
+    out[HEADER_BYTES:] = body.view(np.uint8).reshape(-1)
+    raw = header.pack(0)
+    crc = zlib.crc32(out[HEADER_BYTES:], zlib.crc32(raw))
+    out[:HEADER_BYTES] = np.frombuffer(header.pack(crc), dtype=np.uint8)
+    return out
+
+
+def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
+    """Parse and verify a compressed block; returns its header and body (a view)."""
+    buf = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
+    buf = buf.reshape(-1).view(np.uint8)
+    if buf.nbytes < HEADER_BYTES:
+        raise CorruptBlockError(f"compressed block too short: {buf.nbytes} bytes")
+    (magic, version, hbytes, scheme, bits, flags, dtype, group, tokens, layers, heads, hdim,
+     body_bytes, crc) = _HEADER.unpack(buf[:HEADER_BYTES].tobytes())
+    if magic != MAGIC:
+        raise CorruptBlockError(f"not a compressed KV block (magic {magic!r})")
+    if version != VERSION or hbytes != HEADER_BYTES:
+        raise CorruptBlockError(f"unsupported compressed block version {version}")
+    if scheme not in SCHEME_NAMES or bits not in (4, 8) or dtype not in DTYPE_NAMES:
+        raise CorruptBlockError(f"bad header: scheme {scheme}, bits {bits}, dtype {dtype}")
+    if buf.nbytes != HEADER_BYTES + body_bytes:
+        raise CorruptBlockError(
+            f"compressed block is {buf.nbytes} bytes, header says {HEADER_BYTES + body_bytes}")
+    raw = bytearray(buf[:HEADER_BYTES].tobytes())
+    raw[_CRC_OFFSET:_CRC_OFFSET + 4] = b"\0\0\0\0"
+    if zlib.crc32(buf[HEADER_BYTES:], zlib.crc32(bytes(raw))) != crc:
+        raise CorruptBlockError("compressed block checksum mismatch")
+    try:
+        shape = KVShape(tokens, layers, heads, hdim)
+    except ValueError as e:
+        raise CorruptBlockError(f"bad header: {e}") from None
+    if group <= 0 or group % 2:
+        raise CorruptBlockError(f"bad header: group size {group}")
+    header = BlockHeader(scheme, bits, bool(flags & FLAG_SYMMETRIC), dtype, group, shape,
+                         body_bytes)
+    return header, buf[HEADER_BYTES:]

@@ -1,0 +1,202 @@
+"""Quantization kernels against plain numpy references (hypothesis over shapes, dtypes,
+group sizes and edge values)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from firmware.blockfmt import HEADER_BYTES, CorruptBlockError
+from firmware.convert import bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32
+from firmware.quant import dequantize, parse_scheme, quantize
+
+# ---- plain numpy references -------------------------------------------------------------
+
+
+def ref_to_f32(bits_or_f32: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "fp16":
+        return bits_or_f32.view(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return (bits_or_f32.astype(np.uint32) << 16).view(np.float32)
+    return bits_or_f32.astype(np.float32)
+
+
+def ref_from_f32(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).view(np.uint16)
+    if dtype == "bf16":
+        u = x.view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return x
+
+
+def ref_quant_dequant(x: np.ndarray, bits: int, group: int, symmetric: bool):
+    """Group-wise quantize then dequantize in float32, as the docs define it.
+    Returns (dequantized float32, per-element scale)."""
+    n = x.size
+    pad = (-n) % group
+    xp = np.concatenate([x, np.repeat(x[-1:], pad)]).reshape(-1, group)  # pad with a member
+    lo, hi = xp.min(1, keepdims=True), xp.max(1, keepdims=True)
+    half = np.float32(0.5)
+    with np.errstate(divide="ignore"):
+        if symmetric:
+            qmax = np.float32(2 ** (bits - 1) - 1)
+            scale = np.maximum(np.abs(lo), np.abs(hi)) / qmax
+            inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+            q = np.floor(xp * inv + half)
+            q = np.clip(q, -qmax, qmax)
+            y = q * scale
+        else:
+            qmax = np.float32(2**bits - 1)
+            scale = (hi - lo) / qmax
+            inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+            q = np.minimum(np.floor((xp - lo) * inv + half), qmax)
+            y = q * scale + lo
+    per_elem_scale = np.broadcast_to(scale, xp.shape).reshape(-1)[:n]
+    return y.astype(np.float32).reshape(-1)[:n], per_elem_scale
+
+
+# ---- strategies -----------------------------------------------------------------------------
+
+shapes = st.tuples(st.integers(1, 24), st.integers(1, 3), st.integers(1, 3),
+                   st.sampled_from([8, 16, 64, 128]))
+dtypes = st.sampled_from(["fp16", "bf16", "fp32"])
+schemes = st.tuples(st.sampled_from([8, 4]), st.sampled_from([32, 64, 128]), st.booleans())
+fills = st.sampled_from(["gauss", "zeros", "const", "outliers", "tiny", "large"])
+
+
+def make_block(shape, dtype, fill, seed):
+    t, l, h, d = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t, 2, l, h, d)).astype(np.float32)
+    if fill == "zeros":
+        x[:] = 0
+    elif fill == "const":
+        x[:] = np.float32(rng.standard_normal())
+    elif fill == "outliers":
+        x[..., 0] *= 100  # an outlier channel
+    elif fill == "tiny":
+        x *= np.float32(1e-6)  # fp16 subnormals
+    elif fill == "large":
+        x *= np.float32(6e3)
+    if dtype == "fp16":
+        return x.astype(np.float16).view(np.uint16)
+    if dtype == "bf16":
+        return ref_from_f32(x.reshape(-1), "bf16").reshape(x.shape)
+    return x
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=shapes, dtype=dtypes, scheme=schemes, fill=fills, seed=st.integers(0, 2**31))
+def test_int_quantization_matches_reference(shape, dtype, scheme, fill, seed):
+    bits, group, sym = scheme
+    block = make_block(shape, dtype, fill, seed)
+    blob = quantize(block, dtype, f"int{bits}_g{group}" + ("_sym" if sym else ""))
+    back, back_dtype = dequantize(blob)
+    assert back_dtype == dtype and back.shape == block.shape and back.dtype == block.dtype
+
+    x = ref_to_f32(block.reshape(-1), dtype)
+    ref_y, scale = ref_quant_dequant(x, bits, group, sym)
+    # the kernel's float32 result, rounded to the block's dtype, equals the reference's
+    assert np.array_equal(back.reshape(-1), ref_from_f32(ref_y, dtype))
+    # and every element is within half a quantization step (plus the output's rounding)
+    got = ref_to_f32(back.reshape(-1), dtype)
+    out_ulp = {"fp16": 2.0**-10, "bf16": 2.0**-7, "fp32": 2.0**-23}[dtype]
+    bound = scale / 2 * (1 + 1e-5) + np.abs(x) * out_ulp + 1e-30
+    if dtype == "fp16":
+        bound = bound + 2.0**-24  # fp16 subnormal spacing
+    assert (np.abs(got - x) <= bound).all()
+    if fill in ("zeros", "const"):
+        assert np.array_equal(got, x)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_nan_inf_refused(bad, dtype):
+    x = np.ones((4, 2, 1, 1, 64), np.float32)
+    x[2, 1, 0, 0, 5] = bad
+    block = ref_from_f32(x.reshape(-1), dtype).reshape(x.shape) if dtype != "fp32" else x
+    with pytest.raises(ValueError, match="inf/NaN"):
+        quantize(block, dtype, "int8_g64")
+
+
+def test_corrupt_blocks_detected():
+    block = make_block((8, 2, 2, 64), "fp16", "gauss", 1)
+    blob = quantize(block, "fp16", "int4_g64")
+    flipped = blob.copy()
+    flipped[HEADER_BYTES + 10] ^= 0x01
+    with pytest.raises(CorruptBlockError, match="checksum"):
+        dequantize(flipped)
+    bad_magic = blob.copy()
+    bad_magic[0] = ord("X")
+    with pytest.raises(CorruptBlockError, match="magic"):
+        dequantize(bad_magic)
+    with pytest.raises(CorruptBlockError, match="too short"):
+        dequantize(blob[:10])
+    with pytest.raises(CorruptBlockError, match="header says"):
+        dequantize(blob[:-1])
+    bad_bits = blob.copy()
+    bad_bits[9] = 3
+    with pytest.raises(CorruptBlockError, match="bad header"):
+        dequantize(bad_bits)
+
+
+def test_dequantize_accepts_bytes():
+    block = make_block((4, 1, 1, 64), "bf16", "gauss", 2)
+    blob = quantize(block, "bf16", "int8_g32")
+    back, _ = dequantize(bytes(blob))
+    assert back.shape == block.shape
+
+
+@pytest.mark.parametrize("name", ["int8_g48", "int3_g64", "fp4", "int8_g64_asym", ""])
+def test_unknown_scheme(name):
+    with pytest.raises(ValueError, match="unknown quantization scheme"):
+        parse_scheme(name)
+
+
+def test_wrong_carrier_dtype():
+    with pytest.raises(ValueError, match="carried as uint16"):
+        quantize(np.zeros((1, 2, 1, 1, 64), np.float32), "fp16", "int8_g64")
+    with pytest.raises(ValueError, match="tokens, 2, layers"):
+        quantize(np.zeros((1, 3, 1, 1, 64), np.uint16), "fp16", "int8_g64")
+
+
+def test_relative_error_on_gaussian_matches_published_ballpark():
+    x = np.random.default_rng(0).standard_normal((64, 2, 4, 4, 128)).astype(np.float16)
+    xf = x.astype(np.float32)
+    errs = {}
+    for name in ("int8_g64", "int4_g64"):
+        back, _ = dequantize(quantize(x.view(np.uint16), "fp16", name))
+        y = back.view(np.float16).astype(np.float32)
+        errs[name] = np.linalg.norm(y - xf) / np.linalg.norm(xf)
+    assert 0.002 < errs["int8_g64"] < 0.008
+    assert 0.06 < errs["int4_g64"] < 0.12
+
+
+# ---- conversions --------------------------------------------------------------------------
+
+
+def test_fp16_to_f32_every_finite_value():
+    bits = np.arange(65536, dtype=np.uint16)
+    finite = bits[(bits & 0x7C00) != 0x7C00]
+    out = np.empty(finite.size, np.float32)
+    assert fp16_to_f32(finite, out) == 0
+    assert np.array_equal(out.view(np.uint32),
+                          finite.view(np.float16).astype(np.float32).view(np.uint32))
+    assert fp16_to_f32(bits, np.empty(bits.size, np.float32)) == 2048  # inf and NaN counted
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([1e-8, 1e-3, 1.0, 1e3, 7e4]))
+def test_f32_to_fp16_and_bf16_round_nearest_even(seed, scale):
+    x = (np.random.default_rng(seed).standard_normal(4096) * scale).astype(np.float32)
+    h = np.empty(x.size, np.uint16)
+    f32_to_fp16(x, h, np.empty(x.size, np.float32))
+    assert np.array_equal(h, ref_from_f32(x, "fp16"))
+    b = np.empty(x.size, np.uint16)
+    f32_to_bf16(x, b)
+    assert np.array_equal(b, ref_from_f32(x, "bf16"))
+    back = np.empty(x.size, np.float32)
+    assert bf16_to_f32(b, back) == 0
+    assert np.array_equal(back, ref_to_f32(b, "bf16"))
