@@ -67,9 +67,9 @@ fills = st.sampled_from(["gauss", "zeros", "const", "outliers", "tiny", "large"]
 
 
 def make_block(shape, dtype, fill, seed):
-    t, l, h, d = shape
+    tokens, layers, heads, dim = shape
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((t, 2, l, h, d)).astype(np.float32)
+    x = rng.standard_normal((tokens, 2, layers, heads, dim)).astype(np.float32)
     if fill == "zeros":
         x[:] = 0
     elif fill == "const":
