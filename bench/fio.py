@@ -12,14 +12,16 @@ def fio_available() -> bool:
 
 
 def fio_command(path: str, *, rw: str, bs: int, qd: int, seconds: float, size: int,
-                offset: int = 0) -> list[str]:
+                submit_batch: int = 1, offset: int = 0) -> list[str]:
     """fio with the io_uring engine and O_DIRECT, shaped like our closed-loop job: uniform
-    random offsets (no random map), one job, time based."""
+    random offsets (no random map), one job, time based, the same submit batch (0: all
+    ready I/Os, which fio spells as the queue depth)."""
     return [
         "fio", "--name=ssdemu-baseline", f"--filename={path}", "--ioengine=io_uring",
         "--direct=1", f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}",
         f"--runtime={max(1, round(seconds))}", "--time_based", f"--size={size}",
         f"--offset={offset}", "--norandommap", "--randrepeat=0", "--output-format=json",
+        f"--iodepth_batch_submit={submit_batch or qd}",
     ]
 
 

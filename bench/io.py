@@ -51,12 +51,13 @@ def prefill(engine: Engine, seed: int = 7) -> None:
     engine.fsync()
 
 
-def run_ours(engine: Engine, *, rw: str, bs: int, qd: int, seconds: float) -> dict:
+def run_ours(engine: Engine, *, rw: str, bs: int, qd: int, seconds: float,
+             submit_batch: int) -> dict:
     buf = alloc_aligned(bs * qd)
     registered = engine.register_buffers([buf])
     res, hist = engine.bench(
         bs=bs, qd=qd, seconds=seconds, write="write" in rw, random=rw.startswith("rand"),
-        buf=buf, buf_index=0,
+        buf=buf, buf_index=0, submit_batch=submit_batch,
     )
     if res["errors"]:
         raise RuntimeError(f"{res['errors']} I/Os failed, first errno {-res['first_error']}")
@@ -73,8 +74,9 @@ def run_ours(engine: Engine, *, rw: str, bs: int, qd: int, seconds: float) -> di
 
 
 def bench_io(media_spec: str, *, rw: str, bs: int, qd: int, seconds: float,
-             repeat: int = 1, prefill_mode: str = "auto", sqpoll: bool = False) -> dict:
-    """Run ours then fio, `repeat` times alternating; report the median of each side."""
+             repeat: int = 1, prefill_mode: str = "auto", sqpoll: bool = False,
+             submit_batch: int = 1) -> dict:
+    """Run ours and fio `repeat` times, in ABBA order; report the median of each side."""
     if rw not in RW_MODES:
         raise ValueError(f"--rw must be one of {', '.join(RW_MODES)}")
     with open_media(media_spec) as media:
@@ -88,17 +90,27 @@ def bench_io(media_spec: str, *, rw: str, bs: int, qd: int, seconds: float,
                 prefill(engine)
             ours_runs, fio_runs = [], []
             fio_note = None
-            for _ in range(repeat):
-                ours_runs.append(run_ours(engine, rw=rw, bs=bs, qd=qd, seconds=seconds))
-                if fio_available():
-                    fio_runs.append(run_fio(media.fio_path, rw=rw, bs=bs, qd=qd,
-                                            seconds=seconds, size=media.size))
-                else:
-                    fio_note = "fio not found (apt-get install fio): reporting ours only"
+            def ours():
+                ours_runs.append(run_ours(engine, rw=rw, bs=bs, qd=qd, seconds=seconds,
+                                          submit_batch=submit_batch))
+
+            def fio():
+                fio_runs.append(run_fio(media.fio_path, rw=rw, bs=bs, qd=qd, seconds=seconds,
+                                        size=media.size, submit_batch=submit_batch))
+
+            if not fio_available():
+                fio_note = "fio not found (apt-get install fio): reporting ours only"
+            for i in range(repeat):
+                # ABBA order: a disk whose speed drifts favours neither side
+                order = (ours, fio) if i % 2 == 0 else (fio, ours)
+                for step in order:
+                    if step is ours or fio_note is None:
+                        step()
             report = {
                 "media": str(media.spec), "media_bytes": media.size,
                 "logical_block_bytes": media.lba_size, "prefilled": filled,
-                "rw": rw, "bs": bs, "qd": qd, "seconds": seconds, "repeat": repeat,
+                "rw": rw, "bs": bs, "qd": qd, "submit_batch": submit_batch,
+                "seconds": seconds, "repeat": repeat,
                 "ours": _median(ours_runs), "fio": _median(fio_runs) if fio_runs else None,
             }
             if fio_runs:

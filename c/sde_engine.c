@@ -629,7 +629,14 @@ int sde_bench(sde_engine *eng, const sde_bench_cfg *cfg, sde_bench_result *res, 
             hist[sde_hist_bucket(tnow - t0[slot])]++;
             if (!stopping && !res->first_error) {
                 BENCH_PREP(slot, tnow);
-                requeue++;
+                if (++requeue == cfg->submit_batch) {
+                    ret = io_uring_submit(&eng->ring);
+                    if (ret < 0) {
+                        rc = ret;
+                        inflight -= requeue;
+                    }
+                    requeue = 0;
+                }
             } else {
                 inflight--;
             }

@@ -78,7 +78,7 @@ typedef struct sde_bench_cfg {
     uint8_t write;
     uint8_t random;
     int16_t buf_index;        /* registered buffer holding buf_addr, or -1 */
-    uint32_t reserved;
+    uint32_t submit_batch;    /* at most this many I/Os per io_uring_enter; 0: all ready */
 } sde_bench_cfg;
 
 typedef struct sde_bench_result {

@@ -61,10 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--qd", type=_positive_int, default=32, help="queue depth")
     io.add_argument("--seconds", type=_positive_float, default=5.0)
     io.add_argument("--repeat", type=_positive_int, default=1,
-                    help="alternate ours and fio this many times; report medians")
+                    help="run ours and fio this many times (ABBA order); report medians")
     io.add_argument("--prefill", choices=("auto", "yes", "no"), default="auto",
                     help="write the media before reading (auto: when it is memory or sparse)")
     io.add_argument("--sqpoll", action="store_true", help="run our ring with SQPOLL")
+    io.add_argument("--submit-batch", type=int, default=1, metavar="N",
+                    help="I/Os per submit call, both sides (fio's iodepth_batch_submit, "
+                    "default 1 as fio's; 0: all that are ready)")
     io.add_argument("--json", action="store_true", help="print one JSON object")
 
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
@@ -79,8 +82,11 @@ def _cmd_bench_io(args) -> int:
 
     if args.qd > 4096:
         raise ValueError("--qd must be at most 4096")
+    if not 0 <= args.submit_batch <= args.qd:
+        raise ValueError("--submit-batch must be between 0 and --qd")
     report = bench_io(args.media, rw=args.rw, bs=args.bs, qd=args.qd, seconds=args.seconds,
-                      repeat=args.repeat, prefill_mode=args.prefill, sqpoll=args.sqpoll)
+                      repeat=args.repeat, prefill_mode=args.prefill, sqpoll=args.sqpoll,
+                      submit_batch=args.submit_batch)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 

@@ -181,7 +181,8 @@ class Engine:
     # -- closed-loop benchmark --
     def bench(self, *, bs: int, qd: int, seconds: float, write: bool, random: bool,
               buf: np.ndarray, buf_index: int, region_offset: int = 0,
-              region_len: int | None = None, seed: int = 1) -> tuple[dict, np.ndarray]:
+              region_len: int | None = None, seed: int = 1,
+              submit_batch: int = 0) -> tuple[dict, np.ndarray]:
         from ssdemu.latency import new_histogram
 
         cfg = ffi.new("sde_bench_cfg *")
@@ -195,6 +196,7 @@ class Engine:
         cfg.write = int(write)
         cfg.random = int(random)
         cfg.buf_index = buf_index
+        cfg.submit_batch = submit_batch
         if buf.nbytes < bs * qd:
             raise ValueError(f"bench buffer holds {buf.nbytes} B, needs bs*qd = {bs * qd}")
         res = ffi.new("sde_bench_result *")

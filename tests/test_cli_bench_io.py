@@ -15,10 +15,12 @@ def run(*args, env=None):
     return subprocess.run([*SSDEMU, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_bench_io_json_has_both_sides(shm_dir):
+@pytest.mark.parametrize("kind", ["file", "mem"])
+def test_bench_io_json_has_both_sides(shm_dir, kind):
     if shutil.which("fio") is None:
         pytest.skip("fio not installed")
-    p = run("bench", "io", "--media", f"file:{shm_dir}/m.img:16M", "--rw", "randread",
+    media = f"file:{shm_dir}/m.img:16M" if kind == "file" else "mem:16M"
+    p = run("bench", "io", "--media", media, "--rw", "randread",
             "--bs", "4k", "--qd", "8", "--seconds", "1", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)

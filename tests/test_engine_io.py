@@ -286,3 +286,19 @@ def test_register_failure_falls_back_and_counts():
     assert out["wrote"] == 4096 and out["same"]
     assert out["unregistered_fallback_ios"] == 1
     assert out["buffers_registered"] == 0
+
+
+def test_sqpoll_round_trip(media_spec):
+    """With an SQ polling thread the kernel picks submissions up without a syscall."""
+    with open_media(media_spec) as m:
+        eng = Engine(m, queue_depth=16, sqpoll=True)
+        try:
+            assert eng.stats()["sqpoll"] == 1
+            buf = alloc_aligned(65536)
+            buf[:] = np.arange(65536, dtype=np.uint32).astype(np.uint8)
+            assert eng.pwrite(buf, 1 << 20) == 65536
+            back = alloc_aligned(65536)
+            assert eng.pread(back, 1 << 20) == 65536
+            assert np.array_equal(buf, back)
+        finally:
+            eng.close()

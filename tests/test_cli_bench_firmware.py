@@ -1,0 +1,17 @@
+import json
+import subprocess
+import sys
+
+
+def test_bench_firmware_json():
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "firmware", "--json", "--mib",
+                        "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["memcpy_gbps"] > 0
+    for section in ("quantize", "dequantize"):
+        for name in ("int8_g64", "int4_g64"):
+            entry = report[section][name]
+            assert entry["gbps"] > 0
+            assert entry["ratio_memcpy"] == entry["gbps"] / report["memcpy_gbps"]
+    assert report["quantize"]["int4_g64"]["compression"] > 3.0
