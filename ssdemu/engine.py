@@ -6,6 +6,8 @@ struct, so a batch of any size is one C call: no Python work per I/O.
 
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 
 from ssdemu import _engine
@@ -111,8 +113,8 @@ class Engine:
             iovs[i].iov_base = ffi.cast("void *", address_of(a))
             iovs[i].iov_len = a.nbytes
         ret = lib.sde_register_buffers(self._eng, iovs, len(arrays))
-        if ret == -16:  # EBUSY
-            raise EngineError(16, "cannot register buffers with I/O in flight")
+        if ret == -errno.EBUSY:
+            raise EngineError(errno.EBUSY, "cannot register buffers with I/O in flight")
         self._buffers = list(arrays)
         return ret == 0
 

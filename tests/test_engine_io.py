@@ -302,3 +302,14 @@ def test_sqpoll_round_trip(media_spec):
             assert np.array_equal(buf, back)
         finally:
             eng.close()
+
+
+def test_register_refused_with_io_in_flight(engine):
+    bufs = [alloc_aligned(4096) for _ in range(4)]
+    ios = _batch(OP_READ, bufs, [0, 4096, 8192, 12288])
+    engine.submit(ios)
+    with pytest.raises(EngineError, match="in flight"):
+        engine.register_buffers(bufs)
+    while engine.inflight:
+        engine.reap(1)
+    assert (ios["res"] == 4096).all()
