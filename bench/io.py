@@ -89,7 +89,7 @@ def bench_io(media_spec: str, *, rw: str, bs: int, qd: int, seconds: float,
             if filled:
                 prefill(engine)
             ours_runs, fio_runs = [], []
-            fio_note = None
+
             def ours():
                 ours_runs.append(run_ours(engine, rw=rw, bs=bs, qd=qd, seconds=seconds,
                                           submit_batch=submit_batch))
@@ -98,14 +98,11 @@ def bench_io(media_spec: str, *, rw: str, bs: int, qd: int, seconds: float,
                 fio_runs.append(run_fio(media.fio_path, rw=rw, bs=bs, qd=qd, seconds=seconds,
                                         size=media.size, submit_batch=submit_batch))
 
-            if not fio_available():
-                fio_note = "fio not found (apt-get install fio): reporting ours only"
+            steps = [ours, fio] if fio_available() else [ours]
             for i in range(repeat):
                 # ABBA order: a disk whose speed drifts favours neither side
-                order = (ours, fio) if i % 2 == 0 else (fio, ours)
-                for step in order:
-                    if step is ours or fio_note is None:
-                        step()
+                for step in steps if i % 2 == 0 else steps[::-1]:
+                    step()
             report = {
                 "media": str(media.spec), "media_bytes": media.size,
                 "logical_block_bytes": media.lba_size, "prefilled": filled,
@@ -121,7 +118,7 @@ def bench_io(media_spec: str, *, rw: str, bs: int, qd: int, seconds: float,
                 }
             else:
                 report["ratio"] = None
-                report["note"] = fio_note
+                report["note"] = "fio not found (apt-get install fio): reporting ours only"
             return report
 
 
