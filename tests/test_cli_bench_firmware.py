@@ -15,3 +15,10 @@ def test_bench_firmware_json():
             assert entry["gbps"] > 0
             assert entry["ratio_memcpy"] == entry["gbps"] / report["memcpy_gbps"]
     assert report["quantize"]["int4_g64"]["compression"] > 3.0
+
+
+def test_bench_firmware_bad_size_one_line():
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "firmware", "--mib", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["ssdemu: error: argument --mib: must be positive: '0'"]

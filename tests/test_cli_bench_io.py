@@ -52,6 +52,8 @@ def test_bench_io_table_without_fio(shm_dir, tmp_path):
         (["--media", "nowhere:8M"], "bad media spec"),
         (["--media", "file:/nonexistent-dir/m.img"], "does not exist"),
         (["--media", "mem:8M", "--rw", "trim"], "invalid choice"),
+        (["--media", "mem:8M", "--qd", "8", "--submit-batch", "9"], "--submit-batch must be"),
+        (["--media", "mem:8M", "--submit-batch", "-1"], "--submit-batch must be"),
     ],
 )
 def test_bench_io_bad_input_one_line(args, message):
