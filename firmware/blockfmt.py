@@ -13,9 +13,8 @@ Header (little-endian):
 | 11 | 1 | element dtype of the original block (0 fp16, 1 bf16, 2 fp32) |
 | 12 | 4 | group size |
 | 16 | 16 | tokens, layers, kv_heads, head_dim (u32 each) |
-| 32 | 4 | reserved (0) |
-| 36 | 8 | body bytes |
-| 44 | 4 | CRC-32 of the header (this field zero) and the body |
+| 32 | 8 | body bytes |
+| 40 | 8 | checksum of header and body, this field counted as zero (firmware/checksum.py) |
 | 48 | 16 | reserved (0) |
 
 Body of the int scheme: scales float32[groups], zeros float32[groups] (asymmetric only), then
@@ -25,11 +24,11 @@ the codes (one byte per element, or two per byte for int4).
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from firmware.checksum import sum64
 from firmware.layout import DTYPE_NAMES, KVShape
 
 MAGIC = b"SDKV"
@@ -39,9 +38,9 @@ SCHEME_INT = 1
 SCHEME_NAMES = {SCHEME_INT: "int"}
 FLAG_SYMMETRIC = 1
 
-_HEADER = struct.Struct("<4sHHBBBBI4I4xQI16x")
+_HEADER = struct.Struct("<4sHHBBBBI4IQQ16x")
 assert _HEADER.size == HEADER_BYTES
-_CRC_OFFSET = 44
+_CHECKSUM_WORD = 5  # the checksum's 8 bytes at offset 40
 
 
 class CorruptBlockError(ValueError):
@@ -65,24 +64,29 @@ class BlockHeader:
                             s.tokens, s.layers, s.kv_heads, s.head_dim, self.body_bytes, checksum)
 
 
-def seal(header: BlockHeader, body: np.ndarray) -> np.ndarray:
-    """Header + body as one uint8 array, with the checksum filled in."""
-    out = np.empty(HEADER_BYTES + body.nbytes, dtype=np.uint8)
-    out[HEADER_BYTES:] = body.view(np.uint8).reshape(-1)
-    raw = header.pack(0)
-    crc = zlib.crc32(out[HEADER_BYTES:], zlib.crc32(raw))
-    out[:HEADER_BYTES] = np.frombuffer(header.pack(crc), dtype=np.uint8)
-    return out
+def new_block(body_bytes: int) -> np.ndarray:
+    """An uninitialised block of the right size, so kernels write the body in place."""
+    return np.empty(HEADER_BYTES + body_bytes, dtype=np.uint8)
+
+
+def seal(header: BlockHeader, block: np.ndarray) -> np.ndarray:
+    """Write the header (with its checksum) into a block whose body is filled in."""
+    block[:HEADER_BYTES] = np.frombuffer(header.pack(0), dtype=np.uint8)
+    checksum = sum64(block, _CHECKSUM_WORD)
+    block[:HEADER_BYTES] = np.frombuffer(header.pack(int(checksum)), dtype=np.uint8)
+    return block
 
 
 def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
     """Parse and verify a compressed block; returns its header and body (a view)."""
     buf = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
     buf = buf.reshape(-1).view(np.uint8)
+    if buf.ctypes.data % 8:  # the checksum and the float32 sections want aligned words
+        buf = buf.copy()
     if buf.nbytes < HEADER_BYTES:
         raise CorruptBlockError(f"compressed block too short: {buf.nbytes} bytes")
     (magic, version, hbytes, scheme, bits, flags, dtype, group, tokens, layers, heads, hdim,
-     body_bytes, crc) = _HEADER.unpack(buf[:HEADER_BYTES].tobytes())
+     body_bytes, checksum) = _HEADER.unpack(buf[:HEADER_BYTES].tobytes())
     if magic != MAGIC:
         raise CorruptBlockError(f"not a compressed KV block (magic {magic!r})")
     if version != VERSION or hbytes != HEADER_BYTES:
@@ -92,9 +96,7 @@ def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
     if buf.nbytes != HEADER_BYTES + body_bytes:
         raise CorruptBlockError(
             f"compressed block is {buf.nbytes} bytes, header says {HEADER_BYTES + body_bytes}")
-    raw = bytearray(buf[:HEADER_BYTES].tobytes())
-    raw[_CRC_OFFSET:_CRC_OFFSET + 4] = b"\0\0\0\0"
-    if zlib.crc32(buf[HEADER_BYTES:], zlib.crc32(bytes(raw))) != crc:
+    if int(sum64(buf, _CHECKSUM_WORD)) != checksum:
         raise CorruptBlockError("compressed block checksum mismatch")
     try:
         shape = KVShape(tokens, layers, heads, hdim)

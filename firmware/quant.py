@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware.blockfmt import SCHEME_INT, BlockHeader, CorruptBlockError, open_block, seal
+from firmware.blockfmt import (
+    HEADER_BYTES,
+    SCHEME_INT,
+    BlockHeader,
+    CorruptBlockError,
+    new_block,
+    open_block,
+    seal,
+)
 from firmware.layout import DTYPE_NAMES, KVShape, dtype_code, storage_dtype
 from firmware.quant_int import dequantize_int, quantize_int
 
@@ -40,62 +48,86 @@ def parse_scheme(name: str) -> Scheme:
     return Scheme(int(m.group(1)), int(m.group(2)), m.group(3) is not None)
 
 
-def _groups(n: int, group: int) -> int:
-    return (n + group - 1) // group
+def _body_bytes(n: int, group: int, bits: int, symmetric: bool) -> int:
+    groups = (n + group - 1) // group
+    return 4 * groups * (1 if symmetric else 2) + (n if bits == 8 else (n + 1) // 2)
 
 
-def _payload_bytes(n: int, bits: int) -> int:
-    return n if bits == 8 else (n + 1) // 2
+def _sections(body: np.ndarray, n: int, group: int, bits: int, symmetric: bool):
+    """Views of a body's scales, zero points (empty when symmetric) and codes."""
+    ng = (n + group - 1) // group
+    nz = 0 if symmetric else ng
+    scales = body[:4 * ng].view(np.float32)
+    zeros = body[4 * ng:4 * (ng + nz)].view(np.float32) if nz else np.empty(0, np.float32)
+    return scales, zeros, body[4 * (ng + nz):]
 
 
-def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str) -> np.ndarray:
+def _block_shape(block: np.ndarray) -> KVShape:
+    if block.ndim != 5 or block.shape[1] != 2:
+        raise ValueError(f"KV block must be (tokens, 2, layers, kv_heads, head_dim), got "
+                         f"{block.shape}")
+    return KVShape(*(int(v) for v in (block.shape[0], block.shape[2], block.shape[3],
+                                       block.shape[4])))
+
+
+def compressed_nbytes(shape: KVShape, scheme: Scheme | str) -> int:
+    """Size of the compressed block for a KV block of this shape under this scheme."""
+    if isinstance(scheme, str):
+        scheme = parse_scheme(scheme)
+    return HEADER_BYTES + _body_bytes(shape.elements, scheme.group, scheme.bits,
+                                      scheme.symmetric)
+
+
+def _check_out(out: np.ndarray, dtype: np.dtype, size: int, what: str) -> np.ndarray:
+    if (not isinstance(out, np.ndarray) or out.dtype != dtype or out.size != size
+            or not out.flags.c_contiguous or out.ctypes.data % 8):
+        raise ValueError(f"out must be a C-contiguous, 8-byte aligned {dtype} array of {size} "
+                         f"elements for this {what}")
+    return out.reshape(-1)
+
+
+def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str,
+             out: np.ndarray | None = None) -> np.ndarray:
     """block: (tokens, 2, layers, kv_heads, head_dim) as uint16 (fp16/bf16 bits) or float32.
-    Returns the compressed block (uint8).  inf or NaN in the input raises ValueError."""
+    Returns the compressed block (uint8), written into `out` when given (see
+    compressed_nbytes).  inf or NaN in the input raises ValueError."""
     if isinstance(scheme, str):
         scheme = parse_scheme(scheme)
     code = dtype_code(dtype)
     want = storage_dtype(code)
     if block.dtype != want:
         raise ValueError(f"a {dtype} block is carried as {want}, got {block.dtype}")
-    if block.ndim != 5 or block.shape[1] != 2:
-        raise ValueError(f"KV block must be (tokens, 2, layers, kv_heads, head_dim), got "
-                         f"{block.shape}")
-    shape = KVShape(*(int(v) for v in (block.shape[0], block.shape[2], block.shape[3],
-                                        block.shape[4])))
+    shape = _block_shape(block)
     flat = np.ascontiguousarray(block).reshape(-1)
     n = flat.shape[0]
-    ng = _groups(n, scheme.group)
-    nz = 0 if scheme.symmetric else ng
-    body = np.empty(4 * (ng + nz) + _payload_bytes(n, scheme.bits), dtype=np.uint8)
-    scales = body[:4 * ng].view(np.float32)
-    zeros = body[4 * ng:4 * (ng + nz)].view(np.float32) if nz else np.empty(0, np.float32)
-    payload = body[4 * (ng + nz):]
+    size = _body_bytes(n, scheme.group, scheme.bits, scheme.symmetric)
+    if out is None:
+        block_out = new_block(size)
+    else:
+        block_out = _check_out(out, np.dtype(np.uint8), HEADER_BYTES + size, "compressed block")
+    body = block_out[HEADER_BYTES:]
+    scales, zeros, payload = _sections(body, n, scheme.group, scheme.bits, scheme.symmetric)
     bad = quantize_int(flat, code, scheme.group, scheme.bits, scheme.symmetric, scales, zeros,
                        payload)
     if bad:
         raise ValueError(f"KV block holds {bad} inf/NaN values: refusing to quantize it")
     header = BlockHeader(SCHEME_INT, scheme.bits, scheme.symmetric, code, scheme.group, shape,
-                         body.nbytes)
-    return seal(header, body)
+                         size)
+    return seal(header, block_out)
 
 
-def dequantize(blob) -> tuple[np.ndarray, str]:
-    """Compressed block -> (block array in its original element type, dtype name).
-    A corrupt block raises CorruptBlockError."""
+def dequantize(blob, out: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+    """Compressed block -> (block array in its original element type, dtype name), written
+    into `out` when given.  A corrupt block raises CorruptBlockError."""
     header, body = open_block(blob)
-    if body.ctypes.data % 4:  # the float32 sections need 4-byte alignment in the kernels
-        body = body.copy()
     shape = header.shape
     n = shape.elements
-    ng = _groups(n, header.group)
-    nz = 0 if header.symmetric else ng
-    expect = 4 * (ng + nz) + _payload_bytes(n, header.bits)
+    expect = _body_bytes(n, header.group, header.bits, header.symmetric)
     if body.nbytes != expect:
         raise CorruptBlockError(f"body is {body.nbytes} bytes, the header implies {expect}")
-    scales = body[:4 * ng].view(np.float32)
-    zeros = body[4 * ng:4 * (ng + nz)].view(np.float32) if nz else np.empty(0, np.float32)
-    payload = body[4 * (ng + nz):]
-    out = np.empty(n, dtype=storage_dtype(header.dtype))
+    scales, zeros, payload = _sections(body, n, header.group, header.bits, header.symmetric)
+    want = storage_dtype(header.dtype)
+    flat = np.empty(n, dtype=want) if out is None else _check_out(out, want, n, "KV block")
     dequantize_int(payload, n, header.dtype, header.group, header.bits, header.symmetric,
-                   scales, zeros, out)
-    return out.reshape(shape.array_shape), DTYPE_NAMES[header.dtype]
+                   scales, zeros, flat)
+    return flat.reshape(shape.array_shape), DTYPE_NAMES[header.dtype]

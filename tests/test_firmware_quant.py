@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from firmware.blockfmt import HEADER_BYTES, CorruptBlockError
 from firmware.convert import bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32
-from firmware.quant import dequantize, parse_scheme, quantize
+from firmware.layout import KVShape
+from firmware.quant import compressed_nbytes, dequantize, parse_scheme, quantize
 
 # ---- plain numpy references -------------------------------------------------------------
 
@@ -103,7 +104,8 @@ def test_int_quantization_matches_reference(shape, dtype, scheme, fill, seed):
     # and every element is within half a quantization step (plus the output's rounding)
     got = ref_to_f32(back.reshape(-1), dtype)
     out_ulp = {"fp16": 2.0**-10, "bf16": 2.0**-7, "fp32": 2.0**-23}[dtype]
-    bound = scale / 2 * (1 + 1e-5) + np.abs(x) * out_ulp + 1e-30
+    # the output's own rounding is relative to the dequantized value, not to x
+    bound = scale / 2 * (1 + 1e-5) + np.abs(ref_y) * out_ulp + 1e-30
     if dtype == "fp16":
         bound = bound + 2.0**-24  # fp16 subnormal spacing
     assert (np.abs(got - x) <= bound).all()
@@ -200,3 +202,27 @@ def test_f32_to_fp16_and_bf16_round_nearest_even(seed, scale):
     back = np.empty(x.size, np.float32)
     assert bf16_to_f32(b, back) == 0
     assert np.array_equal(back, ref_to_f32(b, "bf16"))
+
+
+def test_quantize_and_dequantize_into_caller_buffers():
+    block = make_block((16, 2, 2, 64), "fp16", "gauss", 3)
+    blob = quantize(block, "fp16", "int4_g64")
+    assert compressed_nbytes(KVShape(16, 2, 2, 64), "int4_g64") == blob.nbytes
+    out = np.empty(blob.nbytes, np.uint8)
+    same = quantize(block, "fp16", "int4_g64", out=out)
+    assert np.shares_memory(same, out) and np.array_equal(out, blob)
+    back = np.empty(block.shape, np.uint16)
+    got, _ = dequantize(out, out=back)
+    assert np.shares_memory(got, back)
+    assert np.array_equal(back, dequantize(blob)[0])
+
+
+@pytest.mark.parametrize("bad", [np.empty(10, np.uint8), np.empty(5184, np.uint16),
+                                 np.empty(5185, np.uint8)[1:]])
+def test_wrong_out_buffer_refused(bad):
+    block = make_block((16, 2, 2, 64), "fp16", "gauss", 3)
+    with pytest.raises(ValueError, match="out must be"):
+        quantize(block, "fp16", "int4_g64", out=bad)
+    blob = quantize(block, "fp16", "int4_g64")
+    with pytest.raises(ValueError, match="out must be"):
+        dequantize(blob, out=np.empty(block.size, np.float32))
