@@ -15,7 +15,8 @@ import numpy as np
 from firmware.layout import KVShape
 from firmware.quant import compressed_nbytes, dequantize, quantize
 
-SCHEMES = ("int8_g64", "int4_g64", "int8_g64_sym", "int4_g64_sym", "int8_g128", "int4_g32")
+SCHEMES = ("int8_g64", "int4_g64", "int8_g64_sym", "int4_g64_sym", "int8_g128", "int4_g32",
+           "kivi4_g32_r128", "kivi8_g32_r128", "fp8_tensor", "fp8_head")
 REPEATS = 5
 
 
@@ -47,7 +48,7 @@ def bench_firmware(mib: int = 64) -> dict:
     t, _, layers, heads, dim = data.shape
     shape = KVShape(t, layers, heads, dim)
     for name in SCHEMES:
-        blob = np.empty(compressed_nbytes(shape, name), np.uint8)
+        blob = np.empty(compressed_nbytes(shape, name, "fp16"), np.uint8)
         q = nbytes / _best_seconds(lambda n=name, b=blob: quantize(data, "fp16", n, out=b)) / 1e9
         d = nbytes / _best_seconds(lambda b=blob: dequantize(b, out=dst)) / 1e9
         report["quantize"][name] = {"gbps": q, "ratio_memcpy": q / memcpy_gbps,

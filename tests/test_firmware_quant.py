@@ -1,12 +1,14 @@
 """Quantization kernels against plain numpy references (hypothesis over shapes, dtypes,
 group sizes and edge values)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from firmware.blockfmt import HEADER_BYTES, CorruptBlockError
+from firmware.blockfmt import HEADER_BYTES, CorruptBlockError, open_block, seal
 from firmware.convert import bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32
 from firmware.layout import KVShape
 from firmware.quant import compressed_nbytes, dequantize, parse_scheme, quantize
@@ -138,10 +140,11 @@ def test_corrupt_blocks_detected():
         dequantize(blob[:10])
     with pytest.raises(CorruptBlockError, match="header says"):
         dequantize(blob[:-1])
-    bad_bits = blob.copy()
-    bad_bits[9] = 3
-    with pytest.raises(CorruptBlockError, match="bad header"):
-        dequantize(bad_bits)
+    # a well-sealed block whose fields are wrong is caught by the field checks
+    header, _ = open_block(blob)
+    resealed = seal(dataclasses.replace(header, bits=3), blob.copy())
+    with pytest.raises(CorruptBlockError, match="bad header: bits 3"):
+        dequantize(resealed)
 
 
 def test_dequantize_accepts_bytes():
@@ -226,3 +229,111 @@ def test_wrong_out_buffer_refused(bad):
     blob = quantize(block, "fp16", "int4_g64")
     with pytest.raises(ValueError, match="out must be"):
         dequantize(blob, out=np.empty(block.size, np.float32))
+
+
+# ---- KIVI ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.tuples(st.integers(1, 80), st.integers(1, 2), st.integers(1, 2),
+                       st.sampled_from([32, 64, 128])),
+       dtype=dtypes, bits=st.sampled_from([8, 4]), group=st.sampled_from([32, 64]),
+       residual=st.sampled_from([0, 8, 32]), fill=fills, seed=st.integers(0, 2**31))
+def test_kivi_matches_reference(shape, dtype, bits, group, residual, fill, seed):
+    from firmware.quant import kivi_quantized_tokens
+
+    block = make_block(shape, dtype, fill, seed)
+    blob = quantize(block, dtype, f"kivi{bits}_g{group}_r{residual}")
+    assert blob.nbytes == compressed_nbytes(KVShape(*shape), f"kivi{bits}_g{group}_r{residual}",
+                                            dtype)
+    back, _ = dequantize(blob)
+    tokens = shape[0]
+    q = kivi_quantized_tokens(tokens, group, residual)
+    assert tokens - q >= min(residual, tokens)
+    x = ref_to_f32(block.reshape(-1), dtype).reshape(block.shape)
+    want = x.copy()
+    c = x[0, 0].size
+    if q:
+        keys = x[:q, 0].reshape(q, c).T.reshape(-1)  # per channel: groups along tokens
+        ky, _ = ref_quant_dequant(keys, bits, group, False)
+        want[:q, 0] = ky.reshape(c, q).T.reshape(want[:q, 0].shape)
+        vy, _ = ref_quant_dequant(x[:q, 1].reshape(-1), bits, group, False)
+        want[:q, 1] = vy.reshape(want[:q, 1].shape)
+    expect = ref_from_f32(want.reshape(-1), dtype).reshape(block.shape)
+    expect[q:] = block[q:]  # the full-precision window comes back bit for bit
+    assert np.array_equal(back, expect)
+
+
+def test_kivi_keys_grouped_per_channel():
+    """An outlier channel in K costs only that channel's accuracy (the point of KIVI)."""
+    x = np.random.default_rng(5).standard_normal((64, 2, 1, 1, 128)).astype(np.float32)
+    x[:, 0, 0, 0, 3] *= 1000
+    ordinary = x[:, 0, 0, 0, 5]
+
+    def rel_err(scheme):
+        back, _ = dequantize(quantize(x, "fp32", scheme))
+        return np.linalg.norm(back[:, 0, 0, 0, 5] - ordinary) / np.linalg.norm(ordinary)
+
+    assert rel_err("kivi4_g32_r0") < 0.15  # channel 5 keeps its own range
+    assert rel_err("int4_g32") > 0.5  # per-token groups collapse it onto channel 3's range
+
+
+# ---- fp8 ----------------------------------------------------------------------------------
+
+E4M3 = __import__("firmware.quant_fp8", fromlist=["E4M3_VALUES"]).E4M3_VALUES
+
+
+def ref_e4m3(v: np.ndarray) -> np.ndarray:
+    """Nearest e4m3fn code of each value (saturating at 448), ties to the even code."""
+    codes = np.arange(0x7F)
+    mags = E4M3[:0x7F].astype(np.float64)
+    a = np.minimum(np.abs(v.astype(np.float64)), 448.0)
+    d = np.abs(a[:, None] - mags[None, :])
+    best = d == d.min(1, keepdims=True)
+    tie = best.sum(1) > 1
+    pick = np.where(tie, np.argmax(best & (codes % 2 == 0)[None, :], 1), np.argmax(best, 1))
+    return (pick | np.where(v < 0, 0x80, 0)).astype(np.uint8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=shapes, dtype=dtypes, per_head=st.booleans(), fill=fills,
+       seed=st.integers(0, 2**31))
+def test_fp8_matches_reference(shape, dtype, per_head, fill, seed):
+    block = make_block(shape, dtype, fill, seed)
+    back, _ = dequantize(quantize(block, dtype, "fp8_head" if per_head else "fp8_tensor"))
+    tokens, layers, heads, dim = shape
+    x = ref_to_f32(block.reshape(-1), dtype).reshape(tokens, 2 * layers * heads, dim)
+    amax = np.abs(x).max(axis=(0, 2)) if per_head else np.array([np.abs(x).max()])
+    amax = amax.astype(np.float32)
+    scale = np.where(amax > 0, amax / np.float32(448), np.float32(1)).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(448) / np.where(amax > 0, amax, 1),
+                   np.float32(1)).astype(np.float32)
+    idx = slice(None) if per_head else 0
+    v = (x * inv[None, idx, None] if per_head else x * inv[0]).astype(np.float32)
+    codes = ref_e4m3(v.reshape(-1)).reshape(v.shape)
+    decoded = E4M3[codes] * (scale[None, :, None] if per_head else scale[0])
+    assert np.array_equal(back.reshape(-1), ref_from_f32(decoded.astype(np.float32).reshape(-1),
+                                                         dtype))
+    # and each code is within e4m3 rounding of its scaled value
+    a = np.minimum(np.abs(v), 448)
+    exp = np.floor(np.log2(np.maximum(a, 2.0**-6)))
+    half_ulp = 2.0 ** (exp - 3) / 2
+    assert (np.abs(np.abs(E4M3[codes]) - a) <= half_ulp + 1e-12).all()
+
+
+def test_fp8_saturates_and_keeps_sign():
+    x = np.array([448, -448, 100, -1e-3, 0], np.float32)
+    block = np.zeros((1, 2, 1, 1, 8), np.float32)
+    block.reshape(-1)[:5] = x
+    back, _ = dequantize(quantize(block, "fp32", "fp8_tensor"))
+    assert back.reshape(-1)[0] == 448 and back.reshape(-1)[1] == -448
+    assert back.reshape(-1)[3] < 0
+
+
+@pytest.mark.parametrize("scheme", ["kivi4_g32_r128", "fp8_tensor", "fp8_head"])
+def test_nan_refused_by_every_scheme(scheme):
+    x = np.ones((200, 2, 1, 1, 64), np.float32)
+    x[199, 0, 0, 0, 0] = np.nan  # in KIVI's full-precision window
+    x[3, 1, 0, 0, 0] = np.inf
+    with pytest.raises(ValueError, match="inf/NaN"):
+        quantize(x, "fp32", scheme)
