@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from bench.prefix import bench_prefix_match
 from firmware.layout import KVShape
 from firmware.quant import compressed_nbytes, dequantize, quantize
 
@@ -38,7 +39,7 @@ def kv_data(mib: int, seed: int = 0) -> np.ndarray:
     return x.view(np.uint16).reshape(blocks * 128, 2, 8, 8, 128)
 
 
-def bench_firmware(mib: int = 64) -> dict:
+def bench_firmware(mib: int = 64, prefix_chains: int = 256) -> dict:
     data = kv_data(mib)
     nbytes = data.nbytes
     dst = np.empty_like(data)
@@ -54,6 +55,7 @@ def bench_firmware(mib: int = 64) -> dict:
         report["quantize"][name] = {"gbps": q, "ratio_memcpy": q / memcpy_gbps,
                                     "compression": nbytes / blob.nbytes}
         report["dequantize"][name] = {"gbps": d, "ratio_memcpy": d / memcpy_gbps}
+    report["prefix_match"] = bench_prefix_match(prefix_chains)
     return report
 
 
@@ -65,4 +67,10 @@ def format_table(report: dict) -> str:
         d = report["dequantize"][name]
         lines.append(f"  {name:<14}{q['gbps']:>11.2f}{q['ratio_memcpy']:>10.3f}{d['gbps']:>14.2f}"
                      f"{d['ratio_memcpy']:>10.3f}{q['compression']:>10.2f}")
+    pm = report["prefix_match"]
+    ns = pm["ns_per_key"]
+    lines.append(f"prefix match, {pm['index_keys']:,} keys indexed: "
+                 f"b1 {ns['b1']:.0f} ns/key, b32 {ns['b32']:.1f}, b1024 {ns['b1024']:.1f}; "
+                 f"Python dict walk {pm['python_ns_per_key_b1024']:.0f} ns/key "
+                 f"({pm['ratio_python_b1024']:.1f}x)")
     return "\n".join(lines)

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
                     help="KV data per kernel call, MiB of fp16")
+    fw.add_argument("--prefix-chains", type=_positive_int, default=256,
+                    help="chains of 1,024 keys in the prefix-match index")
     return p
 
 
@@ -94,7 +96,7 @@ def _cmd_bench_io(args) -> int:
 def _cmd_bench_firmware(args) -> int:
     from bench.firmware import bench_firmware, format_table
 
-    report = bench_firmware(mib=args.mib)
+    report = bench_firmware(mib=args.mib, prefix_chains=args.prefix_chains)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
