@@ -39,7 +39,7 @@ def kv_data(mib: int, seed: int = 0) -> np.ndarray:
     return x.view(np.uint16).reshape(blocks * 128, 2, 8, 8, 128)
 
 
-def bench_firmware(mib: int = 64, prefix_chains: int = 256) -> dict:
+def bench_firmware(mib: int = 64, prefix_chains: int = 1024) -> dict:
     data = kv_data(mib)
     nbytes = data.nbytes
     dst = np.empty_like(data)

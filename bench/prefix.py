@@ -30,7 +30,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def bench_prefix_match(chains: int = 256, seed: int = 0) -> dict:
+def bench_prefix_match(chains: int = 1024, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     keys = rng.integers(0, 2**63, (chains * CHAIN, 2), dtype=np.uint64)
     index = PrefixIndex(chains * CHAIN)

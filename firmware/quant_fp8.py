@@ -12,6 +12,7 @@ table times the scale.
 import numpy as np
 from numba import njit
 
+from firmware.bits import f32_as_u32
 from firmware.convert import bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32
 
 FP8_MAX = np.float32(448.0)
@@ -36,27 +37,19 @@ E4M3_VALUES = e4m3_table()
 
 
 @njit(cache=True, nogil=True)
-def encode_e4m3(x, inv_scale, out, scratch):
-    """x float32[n] -> out uint8[n] e4m3 codes of x * inv_scale.  scratch: float32[>= 2n]."""
-    n = x.shape[0]
-    a = scratch[:n]
-    t = scratch[n:2 * n]
-    au = a.view(np.uint32)
-    tu = t.view(np.uint32)
+def encode_e4m3(x, inv_scale, out):
+    """x float32[n] -> out uint8[n] e4m3 codes of x * inv_scale."""
     lim = FP8_MAX
-    for i in range(n):
+    for i in range(x.shape[0]):
         v = abs(x[i] * inv_scale)
         v = v if v < lim else lim
-        a[i] = v
-        t[i] = v * np.float32(512.0) + _SUB_MAGIC
-    for i in range(n):
-        u = au[i]
+        u = f32_as_u32(v)
         # normal: round the 23-bit mantissa to 3 bits, nearest even
         r = (u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) & np.uint32(
             0xFFF00000)
         normal = (((r >> np.uint32(23)) - np.uint32(127 - 7)) << np.uint32(3)) | (
             (r >> np.uint32(20)) & np.uint32(7))
-        sub = tu[i] - _SUB_MAGIC_BITS
+        sub = f32_as_u32(v * np.float32(512.0) + _SUB_MAGIC) - _SUB_MAGIC_BITS
         code = sub if u < _MIN_NORMAL_BITS else normal
         sign = np.uint32(0x80) if x[i] < 0 else np.uint32(0)
         out[i] = np.uint8(code | sign)
@@ -92,7 +85,6 @@ def quantize_fp8(src, dtype, row, heads, per_head, scales, out):
     n = src.shape[0]
     nrows = n // row
     buf = np.empty(row, np.float32)
-    scratch = np.empty(2 * row, np.float32)
     amax = np.zeros(heads if per_head else 1, np.float32)
     bad = 0
     for r in range(nrows):
@@ -112,7 +104,7 @@ def quantize_fp8(src, dtype, row, heads, per_head, scales, out):
     for r in range(nrows):
         _row_to_f32(src[r * row:(r + 1) * row], dtype, buf)
         h = r % heads if per_head else 0
-        encode_e4m3(buf, inv[h], out[r * row:(r + 1) * row], scratch)
+        encode_e4m3(buf, inv[h], out[r * row:(r + 1) * row])
     return 0
 
 
@@ -121,13 +113,12 @@ def dequantize_fp8(codes, dtype, row, heads, per_head, scales, table, out):
     """Inverse of quantize_fp8 into out: uint16[n] (fp16/bf16 bits) or float32[n]."""
     nrows = codes.shape[0] // row
     buf = np.empty(row, np.float32)
-    scratch = np.empty(row, np.float32)
     for r in range(nrows):
         h = r % heads if per_head else 0
         decode_e4m3(codes[r * row:(r + 1) * row], scales[h], table, buf)
         dst = out[r * row:(r + 1) * row]
         if dtype == 0:
-            f32_to_fp16(buf, dst, scratch)
+            f32_to_fp16(buf, dst)
         elif dtype == 1:
             f32_to_bf16(buf, dst)
         else:

@@ -257,7 +257,6 @@ def dequantize_int(payload, n, dtype, group, bits, symmetric, scales, zeros, out
     assert group == 32 or group == 64 or group == 128
     step = CHUNK  # even: int4 chunks start on a byte boundary
     buf = np.empty(step, np.float32)
-    scratch = np.empty(step, np.float32)
     for c0 in range(0, n, step):
         c1 = min(c0 + step, n)
         m = c1 - c0
@@ -270,7 +269,7 @@ def dequantize_int(payload, n, dtype, group, bits, symmetric, scales, zeros, out
             _dequant_chunk_literal(pay, m, gbase, group, bits, False, scales, zeros, buf)
         dst = out[c0:c1]
         if dtype == 0:
-            f32_to_fp16(buf[:m], dst, scratch)
+            f32_to_fp16(buf[:m], dst)
         elif dtype == 1:
             f32_to_bf16(buf[:m], dst)
         else:

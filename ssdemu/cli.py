@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
                     help="KV data per kernel call, MiB of fp16")
-    fw.add_argument("--prefix-chains", type=_positive_int, default=256,
+    fw.add_argument("--prefix-chains", type=_positive_int, default=1024,
                     help="chains of 1,024 keys in the prefix-match index")
     return p
 
