@@ -30,6 +30,7 @@ tell when this host is slower than the device it emulates (`host_lag_calls`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from firmware.quant import Scheme, parse_scheme
@@ -154,6 +155,13 @@ class TopsBudget:
         if host_ns > duration:
             st.host_lag_calls += 1
         return start, done
+
+    def run(self, kernel: str, cost: KernelCost, submit_ns: float, fn, *args):
+        """Run a real kernel, time it on the host, charge it; returns (result, done_ns)."""
+        t0 = time.perf_counter_ns()
+        result = fn(*args)
+        _, done = self.charge(kernel, cost, submit_ns, float(time.perf_counter_ns() - t0))
+        return result, done
 
     def utilization(self, elapsed_ns: float) -> float:
         """Busy unit-time over available unit-time since the clock's origin."""

@@ -97,3 +97,18 @@ def test_host_lag_is_recorded():
 def test_profile_validated():
     with pytest.raises(ValueError, match="positive"):
         ComputeProfile(tops=0, compute_units=4, device_memory_bytes_per_s=1e9)
+
+
+def test_run_times_a_real_kernel():
+    import numpy as np
+
+    from firmware.quant import quantize
+
+    block = np.zeros((64, 2, 2, 2, 128), np.uint16)
+    b = TopsBudget(PROFILE)
+    comp = compressed_nbytes(KVShape(64, 2, 2, 128), "int8_g64", "fp16")
+    cost = quantize_cost(block.size, 2, "int8_g64", comp)
+    blob, done = b.run("quantize", cost, 100.0, quantize, block, "fp16", "int8_g64")
+    assert blob.nbytes == comp
+    assert done == pytest.approx(100.0 + b.device_ns(cost))
+    assert b.kernels["quantize"].host_ns > 0
