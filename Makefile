@@ -38,7 +38,7 @@ system:
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py c/build_engine.py c/sde_engine.c c/sde_engine.h
+$(STAMP): pyproject.toml setup.py $(wildcard c/*.c c/*.h c/*.py)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@

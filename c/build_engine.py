@@ -1,7 +1,8 @@
-"""cffi builder for the io_uring engine (API mode, linked against the system liburing).
+"""cffi builder for the C layer (API mode, linked against the system liburing): the io_uring
+engine, the queue-pair rings and the device core.
 
-The declarations given to cffi are the CDEF block of c/sde_engine.h itself, so the C header stays
-the one definition of the engine's ABI.
+The declarations given to cffi are the CDEF blocks of the headers themselves, so each C header
+stays the one definition of its ABI.
 """
 
 import os
@@ -14,7 +15,8 @@ import tempfile
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-HEADER = HERE / "sde_engine.h"
+HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_dev.h"]
+SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
@@ -48,13 +50,14 @@ def have_liburing() -> bool:
 ffibuilder = FFI()
 # struct iovec comes from <sys/uio.h>; cffi learns its layout from the compiler ("...").
 ffibuilder.cdef(
-    "struct iovec { void *iov_base; size_t iov_len; ...; };\n" + cdef_block(HEADER.read_text())
+    "struct iovec { void *iov_base; size_t iov_len; ...; };\n"
+    + "".join(cdef_block(h.read_text()) for h in HEADERS)
 )
 ffibuilder.set_source(
     "ssdemu._engine",
-    '#include "sde_engine.h"',
+    '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"',
     # relative to the project root, where setuptools runs the build
-    sources=[os.path.relpath(HERE / "sde_engine.c")],
+    sources=[os.path.relpath(HERE / name) for name in SOURCES],
     include_dirs=[str(HERE)],
     libraries=["uring"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -45,7 +45,9 @@ struct sde_engine {
     uint32_t nearly;
     struct iovec *bufs;       /* the buffer table, kept even when registration failed */
     uint32_t nbufs;
-    int bufs_registered;
+    int bufs_registered;      /* the table is registered with the kernel (whole or sparse) */
+    uint8_t *buf_reg;         /* per slot: registered as a fixed buffer */
+    uint32_t queued;          /* SQEs prepared but not yet handed to the kernel */
     sde_stats stats;
 };
 
@@ -224,36 +226,97 @@ void sde_engine_free(sde_engine *eng)
     free(eng->free_slots);
     free(eng->early);
     free(eng->bufs);
+    free(eng->buf_reg);
     free(eng);
+}
+
+static void drop_buffer_table(sde_engine *eng)
+{
+    if (eng->bufs_registered)
+        io_uring_unregister_buffers(&eng->ring);
+    eng->bufs_registered = 0;
+    free(eng->bufs);
+    free(eng->buf_reg);
+    eng->bufs = NULL;
+    eng->buf_reg = NULL;
+    eng->nbufs = 0;
+    eng->stats.buffers_registered = 0;
+}
+
+static int alloc_buffer_table(sde_engine *eng, uint32_t n)
+{
+    eng->bufs = calloc(n, sizeof(*eng->bufs));
+    eng->buf_reg = calloc(n, 1);
+    if (!eng->bufs || !eng->buf_reg) {
+        drop_buffer_table(eng);
+        return -ENOMEM;
+    }
+    eng->nbufs = n;
+    return 0;
 }
 
 int sde_register_buffers(sde_engine *eng, const struct iovec *iovs, uint32_t n)
 {
     if (eng->inflight)
         return -EBUSY;
-    if (eng->bufs_registered) {
-        io_uring_unregister_buffers(&eng->ring);
-        eng->bufs_registered = 0;
-    }
-    free(eng->bufs);
-    eng->bufs = NULL;
-    eng->nbufs = 0;
-    eng->stats.buffers_registered = 0;
+    drop_buffer_table(eng);
     if (n == 0)
         return 0;
-    eng->bufs = malloc(n * sizeof(*iovs));
-    if (!eng->bufs)
-        return -ENOMEM;
+    int ret = alloc_buffer_table(eng, n);
+    if (ret < 0)
+        return ret;
     memcpy(eng->bufs, iovs, n * sizeof(*iovs));
-    eng->nbufs = n;
-    int ret = io_uring_register_buffers(&eng->ring, iovs, n);
+    ret = io_uring_register_buffers(&eng->ring, iovs, n);
     if (ret < 0) {
         eng->stats.register_error = ret;
         return ret;
     }
     eng->bufs_registered = 1;
+    memset(eng->buf_reg, 1, n);
     eng->stats.register_error = 0;
     eng->stats.buffers_registered = (int32_t)n;
+    return 0;
+}
+
+int sde_register_buffer_slots(sde_engine *eng, uint32_t n)
+{
+    if (eng->inflight)
+        return -EBUSY;
+    drop_buffer_table(eng);
+    int ret = alloc_buffer_table(eng, n);
+    if (ret < 0)
+        return ret;
+    ret = io_uring_register_buffers_sparse(&eng->ring, n);
+    if (ret < 0) {
+        eng->stats.register_error = ret;
+        return ret; /* slots still validate; their I/O runs unregistered */
+    }
+    eng->bufs_registered = 1;
+    return 0;
+}
+
+int sde_buffer_set(sde_engine *eng, uint32_t index, void *base, uint64_t len)
+{
+    if (index >= eng->nbufs)
+        return -EINVAL;
+    struct iovec iov = {.iov_base = len ? base : NULL, .iov_len = len};
+    if (eng->buf_reg[index])
+        eng->stats.buffers_registered--;
+    eng->bufs[index] = iov;
+    eng->buf_reg[index] = 0;
+    if (!eng->bufs_registered)
+        return len ? eng->stats.register_error : 0;
+    __u64 tag = 0;
+    int ret = io_uring_register_buffers_update_tag(&eng->ring, index, &iov, &tag, 1);
+    if (ret < 0) {
+        if (len)
+            eng->stats.register_error = ret;
+        return len ? ret : 0;
+    }
+    if (len) {
+        eng->buf_reg[index] = 1;
+        eng->stats.buffers_registered++;
+    }
     return 0;
 }
 
@@ -335,7 +398,7 @@ static void prep_sqe(sde_engine *eng, struct io_uring_sqe *sqe, sde_io *io, stru
     case SDE_OP_READ:
     case SDE_OP_WRITE: {
         void *buf = (void *)(uintptr_t)io->addr;
-        int fixed = io->buf_index >= 0 && eng->bufs_registered;
+        int fixed = io->buf_index >= 0 && eng->buf_reg[io->buf_index];
         if (io->buf_index >= 0 && !fixed) {
             io->flags |= SDE_IOF_UNREGISTERED;
             eng->stats.unregistered_fallback_ios++;
@@ -391,59 +454,69 @@ static void prep_sqe(sde_engine *eng, struct io_uring_sqe *sqe, sde_io *io, stru
         sqe->flags |= IOSQE_FIXED_FILE;
 }
 
+int sde_queue_io(sde_engine *eng, sde_io *io)
+{
+    if (eng->inflight >= eng->qd)
+        return 0;
+    io->flags = 0;
+    io->res = 0;
+    uint64_t bytes;
+    int eof;
+    int err = validate(eng, io, &bytes, &eof);
+    if (err < 0 || eof) {
+        if (eof)
+            io->flags |= SDE_IOF_SHORT;
+        complete_early(eng, io, err);
+        return 1;
+    }
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&eng->ring);
+    if (!sqe) {
+        /* SQ ring full (only possible with SQPOLL lagging): hand it to the kernel now */
+        io_uring_submit(&eng->ring);
+        eng->queued = 0;
+        sqe = io_uring_get_sqe(&eng->ring);
+        if (!sqe)
+            return 0;
+    }
+    uint32_t s = eng->free_slots[--eng->nfree];
+    struct sde_slot *slot = &eng->slots[s];
+    slot->io = io;
+    slot->t0 = now_ns();
+    slot->trunc = NULL;
+    if (io->op != SDE_OP_FSYNC) {
+        uint64_t total = io->op <= SDE_OP_WRITE ? io->len : 0;
+        if (io->op > SDE_OP_WRITE) {
+            const struct iovec *iov = (const struct iovec *)(uintptr_t)io->addr;
+            for (uint32_t i = 0; i < io->len; i++)
+                total += iov[i].iov_len;
+        }
+        if (bytes < total)
+            io->flags |= SDE_IOF_SHORT;
+    }
+    prep_sqe(eng, sqe, io, slot, bytes);
+    io_uring_sqe_set_data64(sqe, s);
+    eng->inflight++;
+    eng->stats.submitted++;
+    eng->queued++;
+    return 1;
+}
+
+int sde_submit_queued(sde_engine *eng)
+{
+    if (!eng->queued)
+        return 0;
+    eng->queued = 0;
+    int ret = io_uring_submit(&eng->ring);
+    return ret < 0 ? ret : 0;
+}
+
 int sde_submit(sde_engine *eng, sde_io *ios, uint32_t n)
 {
     uint32_t taken = 0;
-    uint32_t queued = 0;
-    uint64_t t0 = now_ns();
-    for (; taken < n && eng->inflight < eng->qd; taken++) {
-        sde_io *io = &ios[taken];
-        io->flags = 0;
-        io->res = 0;
-        uint64_t bytes;
-        int eof;
-        int err = validate(eng, io, &bytes, &eof);
-        if (err < 0 || eof) {
-            if (eof)
-                io->flags |= SDE_IOF_SHORT;
-            complete_early(eng, io, err);
-            continue;
-        }
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&eng->ring);
-        if (!sqe) {
-            /* SQ ring full (only possible with SQPOLL lagging): hand it to the kernel now */
-            io_uring_submit(&eng->ring);
-            sqe = io_uring_get_sqe(&eng->ring);
-            if (!sqe)
-                break;
-        }
-        uint32_t s = eng->free_slots[--eng->nfree];
-        struct sde_slot *slot = &eng->slots[s];
-        slot->io = io;
-        slot->t0 = t0;
-        slot->trunc = NULL;
-        if (io->op != SDE_OP_FSYNC) {
-            uint64_t total = io->op <= SDE_OP_WRITE ? io->len : 0;
-            if (io->op > SDE_OP_WRITE) {
-                const struct iovec *iov = (const struct iovec *)(uintptr_t)io->addr;
-                for (uint32_t i = 0; i < io->len; i++)
-                    total += iov[i].iov_len;
-            }
-            if (bytes < total)
-                io->flags |= SDE_IOF_SHORT;
-        }
-        prep_sqe(eng, sqe, io, slot, bytes);
-        io_uring_sqe_set_data64(sqe, s);
-        eng->inflight++;
-        eng->stats.submitted++;
-        queued++;
-    }
-    if (queued) {
-        int ret = io_uring_submit(&eng->ring);
-        if (ret < 0)
-            return ret;
-    }
-    return (int)taken;
+    while (taken < n && sde_queue_io(eng, &ios[taken]))
+        taken++;
+    int ret = sde_submit_queued(eng);
+    return ret < 0 ? ret : (int)taken;
 }
 
 /* ---- completion ------------------------------------------------------------------------- */
@@ -550,10 +623,10 @@ int sde_bench(sde_engine *eng, const sde_bench_cfg *cfg, sde_bench_result *res, 
         return -EINVAL;
     if (eng->inflight)
         return -EBUSY;
-    int fixed = cfg->buf_index >= 0 && eng->bufs_registered;
+    if (cfg->buf_index >= 0 && (uint32_t)cfg->buf_index >= eng->nbufs)
+        return -EFAULT;
+    int fixed = cfg->buf_index >= 0 && eng->buf_reg[cfg->buf_index];
     if (cfg->buf_index >= 0) {
-        if ((uint32_t)cfg->buf_index >= eng->nbufs)
-            return -EFAULT;
         const struct iovec *b = &eng->bufs[cfg->buf_index];
         uint64_t base = (uint64_t)(uintptr_t)b->iov_base;
         if (cfg->buf_addr < base ||

@@ -104,9 +104,23 @@ void sde_engine_free(sde_engine *eng);
  * the buffer table so that buf_index still validates, and runs those I/Os unregistered. */
 int sde_register_buffers(sde_engine *eng, const struct iovec *iovs, uint32_t n);
 
+/* A table of n empty fixed-buffer slots (sparse registration), to be filled one at a time
+ * with sde_buffer_set while no I/O uses the slot.  On failure the slots still validate and
+ * their I/O runs unregistered, counted. */
+int sde_register_buffer_slots(sde_engine *eng, uint32_t n);
+/* Put a buffer in slot index (len 0 empties it).  Returns 0, or -errno when the kernel
+ * refused it (the slot then runs unregistered). */
+int sde_buffer_set(sde_engine *eng, uint32_t index, void *base, uint64_t len);
+
 /* Queue up to n I/Os (fewer when the queue depth is reached); returns how many were taken.
  * An I/O that fails validation completes at once with its -errno, never reaching the kernel. */
 int sde_submit(sde_engine *eng, sde_io *ios, uint32_t n);
+
+/* liburing's two steps, for callers that build a batch one I/O at a time: queue an I/O
+ * without entering the kernel (returns 1 taken, 0 when the queue depth is reached), then
+ * hand everything queued to the kernel in one call. */
+int sde_queue_io(sde_engine *eng, sde_io *io);
+int sde_submit_queued(sde_engine *eng);
 
 /* Reap completed I/Os into out[] (pointers to the caller's sde_io); waits for at least
  * min_complete.  Returns the count. */

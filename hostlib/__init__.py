@@ -1,0 +1,20 @@
+"""hostlib: the client library offload experiments import."""
+
+from hostlib.client import Device, Future, QueuePair, connect
+from hostlib.errors import (
+    CapacityError,
+    ConnectError,
+    DeviceError,
+    DeviceGoneError,
+    InvalidBufferError,
+    InvalidCommandError,
+    MediaError,
+    NamespaceError,
+    OutOfRangeError,
+)
+
+__all__ = [
+    "CapacityError", "ConnectError", "Device", "DeviceError", "DeviceGoneError", "Future",
+    "InvalidBufferError", "InvalidCommandError", "MediaError", "NamespaceError",
+    "OutOfRangeError", "QueuePair", "connect",
+]

@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ssdemu", description="An emulated AI SSD.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    serve = sub.add_parser("serve", help="run the emulated drive (the device process)")
+    serve.add_argument("--profile", default="star2000d",
+                       help="a profile name from ssdemu/profiles/ or a YAML path")
+    serve.add_argument("--media", required=True,
+                       help="file:PATH[:SIZE], block:/dev/NAME or mem:SIZE")
+    serve.add_argument("--socket", required=True, help="the Unix socket clients connect to")
+    serve.add_argument("--allow-uid", type=int, action="append", default=[],
+                       help="another uid allowed to connect (the daemon's own and root are)")
+    serve.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
 
@@ -101,7 +111,23 @@ def _cmd_bench_firmware(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    import logging
+    import os
+
+    from ssdemu.daemon import serve
+    from ssdemu.media import open_media
+    from ssdemu.profile import load
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s ssdemu[%(process)d] %(levelname)s %(message)s")
+    profile = load(args.profile)
+    with open_media(args.media) as media:
+        return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid})
+
+
 COMMANDS = {
+    ("serve", None): _cmd_serve,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
 }

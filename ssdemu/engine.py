@@ -43,7 +43,10 @@ def dtype_of_struct(ctype: str) -> np.dtype:
     names, formats, offsets = [], [], []
     for name, field in t.fields:
         names.append(name)
-        formats.append(_NUMPY_OF_C[field.type.cname])
+        if field.type.kind == "array":
+            formats.append((_NUMPY_OF_C[field.type.item.cname], field.type.length))
+        else:
+            formats.append(_NUMPY_OF_C[field.type.cname])
         offsets.append(field.offset)
     return np.dtype(
         {"names": names, "formats": formats, "offsets": offsets, "itemsize": ffi.sizeof(ctype)}

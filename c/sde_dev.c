@@ -1,0 +1,622 @@
+/*
+ * The device core (see sde_dev.h).  One lock guards the tables; the data plane holds it
+ * while it works through one pass over the queues, the control plane (Python) takes it for
+ * each change.  Commands that need the media go through the io_uring engine; each in-flight
+ * command owns a context (its sde_io, its queue pair and command id, a bounce buffer).
+ */
+#define _GNU_SOURCE
+#include "sde_dev.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sde_engine.h"
+#include "sde_ring.h"
+
+#define ADMIN_CAP 4096
+#define FETCH_BATCH 64
+
+struct dev_qp {
+    int in_use;     /* slot taken (until inactive and drained) */
+    int active;     /* serving */
+    uint32_t client;
+    int cfd;        /* the client's completion eventfd */
+    uint32_t inflight;
+    sde_qp_view v;
+};
+
+struct dev_buf {
+    int active;
+    uint32_t client;
+    uint8_t *addr;
+    uint64_t len;
+    uint32_t flags;
+};
+
+struct dev_ns {
+    uint64_t start;
+    uint64_t bytes; /* 0: no such namespace */
+};
+
+struct dev_ctx {
+    sde_io io;
+    int qp;
+    uint16_t cid;
+    uint8_t cls;
+    uint8_t used;
+    uint64_t t0;
+    uint8_t *bounce;
+    uint8_t *client_addr;
+};
+
+struct sde_dev {
+    pthread_mutex_t lock;
+    sde_engine *eng;
+    int media_fd;
+    int is_block;
+    uint64_t media_size;
+    uint32_t lba;
+    uint32_t depth;
+    int doorbell;
+    int admin_fd;
+    struct dev_qp qps[SDE_MAX_QPS];
+    struct dev_buf bufs[SDE_MAX_BUFS + 1];
+    struct dev_ns ns[SDE_MAX_NS + 1];
+    struct dev_ctx *ctx;
+    uint32_t *free_ctx;
+    uint32_t nfree;
+    sde_admin_cmd *admin;
+    uint32_t admin_head, admin_tail;
+    sde_dev_stats stats;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void kick(int fd)
+{
+    uint64_t one = 1;
+    ssize_t r = write(fd, &one, sizeof(one));
+    (void)r; /* EAGAIN only when the counter is saturated: the reader is awake anyway */
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
+                sde_dev **out)
+{
+    if (io_depth == 0 || io_depth > 4096)
+        return -EINVAL;
+    sde_dev *dev = calloc(1, sizeof(*dev));
+    if (!dev)
+        return -ENOMEM;
+    pthread_mutex_init(&dev->lock, NULL);
+    dev->media_fd = media_fd;
+    dev->media_size = media_size;
+    dev->lba = lba_size;
+    dev->depth = io_depth;
+    struct stat st;
+    dev->is_block = fstat(media_fd, &st) == 0 && S_ISBLK(st.st_mode);
+    dev->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->admin_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->ctx = calloc(io_depth, sizeof(*dev->ctx));
+    dev->free_ctx = calloc(io_depth, sizeof(*dev->free_ctx));
+    dev->admin = calloc(ADMIN_CAP, sizeof(*dev->admin));
+    int ret = -ENOMEM;
+    if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin)
+        goto fail;
+    ret = sde_engine_new(media_fd, media_size, lba_size, io_depth, 0, &dev->eng);
+    if (ret < 0)
+        goto fail;
+    sde_register_buffer_slots(dev->eng, SDE_MAX_BUFS); /* failure: counted fallback */
+    for (uint32_t i = 0; i < io_depth; i++)
+        dev->free_ctx[i] = io_depth - 1 - i;
+    dev->nfree = io_depth;
+    *out = dev;
+    return 0;
+fail:
+    sde_dev_free(dev);
+    return ret;
+}
+
+void sde_dev_free(sde_dev *dev)
+{
+    if (!dev)
+        return;
+    if (dev->eng)
+        sde_engine_free(dev->eng); /* drains what is in flight */
+    for (uint32_t i = 0; dev->ctx && i < dev->depth; i++)
+        free(dev->ctx[i].bounce);
+    if (dev->doorbell >= 0)
+        close(dev->doorbell);
+    if (dev->admin_fd >= 0)
+        close(dev->admin_fd);
+    free(dev->ctx);
+    free(dev->free_ctx);
+    free(dev->admin);
+    pthread_mutex_destroy(&dev->lock);
+    free(dev);
+}
+
+int sde_dev_doorbell_fd(sde_dev *dev) { return dev->doorbell; }
+int sde_dev_admin_fd(sde_dev *dev) { return dev->admin_fd; }
+
+/* ---- tables (control plane) ---------------------------------------------------------- */
+
+int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd)
+{
+    const sde_ring_hdr *h = mem;
+    if (sde_qp_check(mem, bytes) < 0)
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    int qp = -ENOSPC;
+    for (int i = 0; i < SDE_MAX_QPS; i++) {
+        if (!dev->qps[i].in_use) {
+            qp = i;
+            break;
+        }
+    }
+    if (qp >= 0) {
+        struct dev_qp *q = &dev->qps[qp];
+        memset(q, 0, sizeof(*q));
+        q->in_use = 1;
+        q->active = 1;
+        q->client = client;
+        q->cfd = completion_fd;
+        /* trusted copies, taken now, before the client can touch the memory */
+        q->v.mem = mem;
+        q->v.bytes = bytes;
+        q->v.sq_entries = h->sq_entries;
+        q->v.cq_entries = h->cq_entries;
+        q->v.sq_offset = h->sq_offset;
+        q->v.cq_offset = h->cq_offset;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    kick(dev->doorbell);
+    return qp;
+}
+
+static int qp_ok(sde_dev *dev, int qp) { return qp >= 0 && qp < SDE_MAX_QPS && dev->qps[qp].in_use; }
+
+int sde_dev_remove_qp(sde_dev *dev, int qp)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (qp_ok(dev, qp)) {
+        struct dev_qp *q = &dev->qps[qp];
+        if (q->active)
+            sde_sq_set_dead(&q->v);
+        q->active = 0;
+        ret = (int)q->inflight;
+        if (!ret)
+            q->in_use = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
+int sde_dev_qp_inflight(sde_dev *dev, int qp)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (qp_ok(dev, qp)) {
+        ret = (int)dev->qps[qp].inflight;
+        if (!ret && !dev->qps[qp].active)
+            dev->qps[qp].in_use = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
+void sde_dev_shutdown_qps(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    for (int i = 0; i < SDE_MAX_QPS; i++) {
+        struct dev_qp *q = &dev->qps[i];
+        if (q->in_use && q->active) {
+            sde_sq_set_dead(&q->v);
+            kick(q->cfd);
+        }
+    }
+    pthread_mutex_unlock(&dev->lock);
+}
+
+int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags)
+{
+    if (!addr || !len || ((uintptr_t)addr & 4095) || (flags & ~SDE_BUF_BOUNCE))
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    int h = -ENOSPC;
+    for (int i = 1; i <= SDE_MAX_BUFS; i++) {
+        if (!dev->bufs[i].active) {
+            h = i;
+            break;
+        }
+    }
+    if (h > 0) {
+        dev->bufs[h] = (struct dev_buf){1, client, addr, len, flags};
+        if (!(flags & SDE_BUF_BOUNCE))
+            sde_buffer_set(dev->eng, (uint32_t)h - 1, addr, len); /* failure: unregistered */
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return h;
+}
+
+int sde_dev_remove_buffer(sde_dev *dev, int handle)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (handle >= 1 && handle <= SDE_MAX_BUFS && dev->bufs[handle].active) {
+        if (!(dev->bufs[handle].flags & SDE_BUF_BOUNCE))
+            sde_buffer_set(dev->eng, (uint32_t)handle - 1, NULL, 0);
+        dev->bufs[handle].active = 0;
+        ret = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
+int sde_dev_client_inflight(sde_dev *dev, uint32_t client)
+{
+    pthread_mutex_lock(&dev->lock);
+    int n = 0;
+    for (int i = 0; i < SDE_MAX_QPS; i++)
+        if (dev->qps[i].in_use && dev->qps[i].client == client)
+            n += (int)dev->qps[i].inflight;
+    pthread_mutex_unlock(&dev->lock);
+    return n;
+}
+
+int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, uint64_t start, uint64_t bytes)
+{
+    if (nsid < 1 || nsid > SDE_MAX_NS || start % dev->lba || bytes % dev->lba ||
+        start > dev->media_size || bytes > dev->media_size - start)
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    dev->ns[nsid] = (struct dev_ns){start, bytes};
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    *out = dev->stats;
+    pthread_mutex_unlock(&dev->lock);
+}
+
+/* ---- the data plane ------------------------------------------------------------------- */
+
+static int class_of(uint8_t op)
+{
+    switch (op) {
+    case SDE_CMD_NOP: return SDE_CLASS_NOP;
+    case SDE_CMD_READ: return SDE_CLASS_READ;
+    case SDE_CMD_WRITE: return SDE_CLASS_WRITE;
+    case SDE_CMD_FLUSH: return SDE_CLASS_FLUSH;
+    case SDE_CMD_WRITE_ZEROES:
+    case SDE_CMD_DEALLOCATE: return SDE_CLASS_ZERO;
+    default: return op >= SDE_CMD_IDENTIFY && op < SDE_CMD_LAST ? SDE_CLASS_ADMIN
+                                                                : SDE_CLASS_INVALID;
+    }
+}
+
+static void account(sde_dev *dev, int cls, uint16_t status, uint64_t bytes, uint64_t lat)
+{
+    sde_class_stats *c = &dev->stats.cls[cls];
+    c->commands++;
+    if (status != SDE_SC_SUCCESS)
+        c->errors++;
+    else
+        c->bytes += bytes;
+    c->lat_ns_total += lat;
+    int b = lat ? 63 - __builtin_clzll(lat) : 0;
+    c->lat_hist[b]++;
+}
+
+/* Post one completion on queue pair qp (if it still serves) and retire the command. */
+static void finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
+                   uint64_t result, uint64_t bytes, uint64_t t0)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint64_t lat = now_ns() - t0;
+    account(dev, cls, status, bytes, lat);
+    q->inflight--;
+    if (!q->active) {
+        if (!q->inflight)
+            q->in_use = 0;
+        return;
+    }
+    sde_cqe c = {.cid = cid, .status = status, .result = result, .device_time_ns = lat};
+    if (sde_cq_post(&q->v, &c, 1))
+        kick(q->cfd);
+}
+
+/* Check a block command against the namespace and the client's buffer.  Returns a status;
+ * on success *media_off, *buf are set (buf may be NULL when need_buf is 0). */
+static uint16_t check_block(sde_dev *dev, struct dev_qp *q, const sde_sqe *c, int need_buf,
+                            uint64_t *media_off, struct dev_buf **buf)
+{
+    if (c->flags)
+        return SDE_SC_INVALID_FIELD;
+    if (c->nsid < 1 || c->nsid > SDE_MAX_NS || !dev->ns[c->nsid].bytes)
+        return SDE_SC_INVALID_NAMESPACE;
+    if (!c->length || c->length % dev->lba || (need_buf && c->length > SDE_MAX_IO_BYTES))
+        return SDE_SC_INVALID_FIELD;
+    const struct dev_ns *ns = &dev->ns[c->nsid];
+    uint64_t nblocks = ns->bytes / dev->lba;
+    if (c->lba >= nblocks || c->length / dev->lba > nblocks - c->lba)
+        return SDE_SC_LBA_OUT_OF_RANGE;
+    *media_off = ns->start + c->lba * dev->lba;
+    *buf = NULL;
+    if (!need_buf)
+        return c->buf ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
+    if (c->buf < 1 || c->buf > SDE_MAX_BUFS)
+        return SDE_SC_INVALID_BUFFER;
+    struct dev_buf *b = &dev->bufs[c->buf];
+    /* another client's buffer is treated exactly like no buffer */
+    if (!b->active || b->client != q->client)
+        return SDE_SC_INVALID_BUFFER;
+    if (c->buf_offset % dev->lba || c->buf_offset > b->len || c->length > b->len - c->buf_offset)
+        return SDE_SC_INVALID_BUFFER;
+    *buf = b;
+    return SDE_SC_SUCCESS;
+}
+
+static uint16_t zero_range(sde_dev *dev, uint8_t op, uint64_t off, uint64_t len)
+{
+    int r;
+    if (dev->is_block) {
+        uint64_t range[2] = {off, len};
+        r = ioctl(dev->media_fd, op == SDE_CMD_DEALLOCATE ? BLKDISCARD : BLKZEROOUT, range);
+        if (r < 0 && op == SDE_CMD_DEALLOCATE)
+            r = ioctl(dev->media_fd, BLKZEROOUT, range); /* no discard: zeroes will do */
+    } else {
+        int mode = op == SDE_CMD_DEALLOCATE ? FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+                                            : FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
+        r = fallocate(dev->media_fd, mode, (off_t)off, (off_t)len);
+        if (r < 0 && mode != (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE))
+            r = fallocate(dev->media_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          (off_t)off, (off_t)len);
+    }
+    return r < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+}
+
+/* Start one command fetched from queue pair qp.  Returns 1 if it went to the engine. */
+static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint64_t t0 = now_ns();
+    int cls = class_of(c->opcode);
+    q->inflight++;
+    uint64_t off = 0;
+    struct dev_buf *b = NULL;
+    uint16_t st;
+    switch (c->opcode) {
+    case SDE_CMD_NOP:
+        finish(dev, qp, cls, c->cid, SDE_SC_SUCCESS, 0, 0, t0);
+        return 0;
+    case SDE_CMD_READ:
+    case SDE_CMD_WRITE:
+        st = check_block(dev, q, c, 1, &off, &b);
+        break;
+    case SDE_CMD_FLUSH:
+        st = c->nsid && (c->nsid > SDE_MAX_NS || !dev->ns[c->nsid].bytes)
+                 ? SDE_SC_INVALID_NAMESPACE : SDE_SC_SUCCESS;
+        break;
+    case SDE_CMD_WRITE_ZEROES:
+    case SDE_CMD_DEALLOCATE:
+        st = check_block(dev, q, c, 0, &off, &b);
+        if (st == SDE_SC_SUCCESS)
+            st = zero_range(dev, c->opcode, off, c->length);
+        finish(dev, qp, cls, c->cid, st, st ? 0 : c->length, c->length, t0);
+        return 0;
+    default:
+        if (cls == SDE_CLASS_ADMIN && dev->admin_tail - dev->admin_head < ADMIN_CAP) {
+            sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
+            a->qp = qp;
+            a->client = q->client;
+            a->sqe = *c;
+            kick(dev->admin_fd);
+            return 0;
+        }
+        finish(dev, qp, cls, c->cid,
+               cls == SDE_CLASS_ADMIN ? SDE_SC_INTERNAL : SDE_SC_INVALID_OPCODE, 0, 0, t0);
+        return 0;
+    }
+    if (st != SDE_SC_SUCCESS) {
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return 0;
+    }
+    struct dev_ctx *x = &dev->ctx[dev->free_ctx[--dev->nfree]];
+    memset(&x->io, 0, sizeof(x->io));
+    x->used = 1;
+    x->qp = qp;
+    x->cid = c->cid;
+    x->cls = (uint8_t)cls;
+    x->t0 = t0;
+    x->bounce = NULL;
+    x->io.user_data = (uint64_t)(x - dev->ctx);
+    x->io.buf_index = -1;
+    if (c->opcode == SDE_CMD_FLUSH) {
+        x->io.op = SDE_OP_FSYNC;
+    } else {
+        x->client_addr = b->addr + c->buf_offset;
+        x->io.op = c->opcode == SDE_CMD_READ ? SDE_OP_READ : SDE_OP_WRITE;
+        x->io.len = c->length;
+        x->io.offset = off;
+        if (b->flags & SDE_BUF_BOUNCE) {
+            /* compat path: the media I/O goes through the daemon's memory, then a copy */
+            if (posix_memalign((void **)&x->bounce, 4096, c->length)) {
+                x->used = 0;
+                dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
+                finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+                return 0;
+            }
+            if (c->opcode == SDE_CMD_WRITE) {
+                memcpy(x->bounce, x->client_addr, c->length);
+                dev->stats.cls[cls].bytes_copied += c->length;
+            }
+            x->io.addr = (uint64_t)(uintptr_t)x->bounce;
+        } else {
+            x->io.addr = (uint64_t)(uintptr_t)x->client_addr;
+            x->io.buf_index = (int16_t)(c->buf - 1);
+        }
+    }
+    sde_queue_io(dev->eng, &x->io); /* room is guaranteed: contexts == engine depth */
+    return 1;
+}
+
+static int reap_engine(sde_dev *dev)
+{
+    sde_io *done[64];
+    int n = sde_reap(dev->eng, done, 64, 0);
+    for (int i = 0; i < n; i++) {
+        struct dev_ctx *x = &dev->ctx[done[i]->user_data];
+        uint16_t st = SDE_SC_SUCCESS;
+        if (x->io.res < 0 || (x->io.op != SDE_OP_FSYNC && (uint32_t)x->io.res != x->io.len))
+            st = SDE_SC_MEDIA_ERROR;
+        if (x->bounce) {
+            if (st == SDE_SC_SUCCESS && x->io.op == SDE_OP_READ && dev->qps[x->qp].active) {
+                memcpy(x->client_addr, x->bounce, x->io.len);
+                dev->stats.cls[x->cls].bytes_copied += x->io.len;
+            }
+            free(x->bounce);
+            x->bounce = NULL;
+        }
+        uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
+        finish(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0);
+        x->used = 0;
+        dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
+    }
+    return n < 0 ? 0 : n;
+}
+
+/* One pass over every queue pair.  Returns the work done. */
+static int pass(sde_dev *dev)
+{
+    int work = 0;
+    sde_sqe batch[FETCH_BATCH];
+    for (int qp = 0; qp < SDE_MAX_QPS; qp++) {
+        struct dev_qp *q = &dev->qps[qp];
+        if (!q->active)
+            continue;
+        int space = sde_cq_space(&q->v);
+        if (space < 0 || !sde_sq_pending(&q->v) || dev->nfree == 0)
+            goto check_broken;
+        /* fetch no more than can complete: CQ room not yet promised, free contexts */
+        int room = space - (int)q->inflight;
+        if (room > FETCH_BATCH)
+            room = FETCH_BATCH;
+        if (room > (int)dev->nfree)
+            room = (int)dev->nfree;
+        if (room <= 0)
+            continue;
+        int k = sde_sq_fetch(&q->v, batch, (uint32_t)room);
+        if (k < 0)
+            goto broken;
+        for (int i = 0; i < k; i++)
+            start_command(dev, qp, &batch[i]);
+        work += k;
+        continue;
+    check_broken:
+        if (space >= 0)
+            continue;
+    broken:
+        /* the client broke the ring protocol: stop its queue, keep serving the rest */
+        dev->stats.broken_queues++;
+        sde_sq_set_dead(&q->v);
+        q->active = 0;
+        kick(q->cfd);
+    }
+    sde_submit_queued(dev->eng);
+    work += reap_engine(dev);
+    return work;
+}
+
+int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
+{
+    uint64_t idle_since = now_ns();
+    while (!*stop) {
+        pthread_mutex_lock(&dev->lock);
+        int work = pass(dev);
+        uint32_t busy = sde_inflight(dev->eng);
+        pthread_mutex_unlock(&dev->lock);
+        uint64_t t = now_ns();
+        if (work || busy) {
+            if (work)
+                idle_since = t;
+            continue;
+        }
+        if (t - idle_since < spin_ns) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        /* go to sleep: tell every client to kick the doorbell, then look once more */
+        pthread_mutex_lock(&dev->lock);
+        int pending = 0;
+        for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+            if (dev->qps[qp].active)
+                pending |= sde_sq_prepare_sleep(&dev->qps[qp].v);
+        pthread_mutex_unlock(&dev->lock);
+        if (!pending && !*stop) {
+            dev->stats.sleeps++;
+            struct pollfd p = {.fd = dev->doorbell, .events = POLLIN};
+            int r = poll(&p, 1, -1);
+            if (r < 0 && errno != EINTR)
+                return -errno;
+            uint64_t v;
+            if (read(dev->doorbell, &v, sizeof(v)) > 0)
+                dev->stats.wakeups++;
+        }
+        pthread_mutex_lock(&dev->lock);
+        for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+            if (dev->qps[qp].active)
+                sde_sq_clear_wakeup(&dev->qps[qp].v);
+        pthread_mutex_unlock(&dev->lock);
+        idle_since = now_ns();
+    }
+    return 0;
+}
+
+/* ---- admin commands, handled by Python --------------------------------------------------- */
+
+int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max)
+{
+    uint64_t v;
+    ssize_t r = read(dev->admin_fd, &v, sizeof(v));
+    (void)r;
+    pthread_mutex_lock(&dev->lock);
+    uint32_t n = 0;
+    while (n < max && dev->admin_head != dev->admin_tail)
+        out[n++] = dev->admin[dev->admin_head++ % ADMIN_CAP];
+    pthread_mutex_unlock(&dev->lock);
+    return (int)n;
+}
+
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
+        finish(dev, qp, SDE_CLASS_ADMIN, cqe->cid, cqe->status, cqe->result, 0, now_ns());
+        ret = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}

@@ -1,0 +1,88 @@
+/*
+ * The device core: the daemon's data plane, in C.  It polls every queue pair's SQ, copies
+ * each command out once, validates it against the sending client's own buffers and the
+ * namespaces, runs block I/O through the io_uring engine straight into the client's
+ * registered buffer, and posts completions.  Admin commands are handed to the daemon's
+ * Python side (sde_dev_admin_pop / sde_dev_complete).  Python owns the control plane and
+ * changes these tables only through the calls below, which take the core's lock.
+ */
+#ifndef SDE_DEV_H
+#define SDE_DEV_H
+#include <stdint.h>
+#include "sde_queue.h"
+
+/* CDEF-BEGIN */
+#define SDE_MAX_QPS 256
+#define SDE_MAX_BUFS 1024
+#define SDE_MAX_NS 64
+#define SDE_MAX_IO_BYTES 1048576
+#define SDE_BUF_BOUNCE 1     /* sde_dev_add_buffer: not a fixed buffer, copy through a bounce */
+
+#define SDE_CLASS_NOP 0
+#define SDE_CLASS_READ 1
+#define SDE_CLASS_WRITE 2
+#define SDE_CLASS_FLUSH 3
+#define SDE_CLASS_ZERO 4
+#define SDE_CLASS_ADMIN 5
+#define SDE_CLASS_INVALID 6
+#define SDE_NCLASSES 7
+#define SDE_LAT_BUCKETS 64   /* latency histogram: power-of-two ns buckets */
+
+typedef struct sde_class_stats {
+    uint64_t commands;
+    uint64_t errors;
+    uint64_t bytes;
+    uint64_t bytes_copied;   /* bytes the daemon copied (bounce path) */
+    uint64_t lat_ns_total;
+    uint64_t lat_hist[64];   /* bucket b: latency in [2^b, 2^(b+1)) ns */
+} sde_class_stats;
+
+typedef struct sde_dev_stats {
+    sde_class_stats cls[7];
+    uint64_t broken_queues;  /* queues stopped because the client broke the ring protocol */
+    uint64_t sleeps;
+    uint64_t wakeups;
+} sde_dev_stats;
+
+typedef struct sde_admin_cmd {
+    int32_t qp;
+    uint32_t client;
+    sde_sqe sqe;
+} sde_admin_cmd;
+
+typedef struct sde_dev sde_dev;
+
+int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
+                sde_dev **out);
+void sde_dev_free(sde_dev *dev);
+int sde_dev_doorbell_fd(sde_dev *dev);   /* clients kick it; Python kicks it to wake the loop */
+int sde_dev_admin_fd(sde_dev *dev);      /* readable when admin commands wait for Python */
+
+/* Queue pairs: mem is the mapped queue-pair memory (initialised by sde_qp_init). */
+int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd);
+/* Stop serving a queue pair (its client left).  Completions of its in-flight commands are
+ * dropped.  Returns the commands still in flight: unmap only when it reaches 0. */
+int sde_dev_remove_qp(sde_dev *dev, int qp);
+int sde_dev_qp_inflight(sde_dev *dev, int qp);
+/* Mark every queue pair dead (shutdown): clients waiting are woken with an error. */
+void sde_dev_shutdown_qps(sde_dev *dev);
+
+/* Buffers of a client: handle >= 1, or -errno. */
+int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags);
+int sde_dev_remove_buffer(sde_dev *dev, int handle);
+int sde_dev_client_inflight(sde_dev *dev, uint32_t client);
+
+/* Namespaces 1..SDE_MAX_NS: a byte range of the media (bytes 0: delete). */
+int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, uint64_t start, uint64_t bytes);
+
+/* The data plane: serve until *stop becomes nonzero.  Polls for spin_ns after the last work,
+ * then sleeps on the doorbell.  Returns 0 or -errno. */
+int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
+
+/* Admin commands for Python, and their completions. */
+int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe);
+
+void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
+/* CDEF-END */
+#endif

@@ -1,0 +1,63 @@
+"""Exceptions of the client library: one class per status class, raised in one place
+(`raise_for_status`)."""
+
+from __future__ import annotations
+
+from ssdemu.queue_layout import STATUS, STATUS_NAMES
+
+
+class DeviceError(Exception):
+    """A command completed with an error status."""
+
+    def __init__(self, status: int, what: str):
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, f"status {status}")
+        super().__init__(f"{what}: {self.status_name}")
+
+
+class InvalidCommandError(DeviceError):
+    """Bad opcode or field."""
+
+
+class NamespaceError(DeviceError):
+    """No such namespace."""
+
+
+class InvalidBufferError(DeviceError):
+    """The buffer is not this client's, or the range falls outside it."""
+
+
+class OutOfRangeError(DeviceError):
+    """LBA range past the end of the namespace."""
+
+
+class MediaError(DeviceError):
+    """The media behind the device failed the I/O."""
+
+
+class CapacityError(DeviceError):
+    """No room left on the device."""
+
+
+class DeviceGoneError(Exception):
+    """The daemon shut down or the connection is lost."""
+
+
+class ConnectError(Exception):
+    """The daemon refused the connection or a control request."""
+
+
+_BY_STATUS = {
+    STATUS["INVALID_OPCODE"]: InvalidCommandError,
+    STATUS["INVALID_FIELD"]: InvalidCommandError,
+    STATUS["INVALID_NAMESPACE"]: NamespaceError,
+    STATUS["INVALID_BUFFER"]: InvalidBufferError,
+    STATUS["LBA_OUT_OF_RANGE"]: OutOfRangeError,
+    STATUS["MEDIA_ERROR"]: MediaError,
+    STATUS["CAPACITY_EXCEEDED"]: CapacityError,
+}
+
+
+def raise_for_status(status: int, what: str) -> None:
+    if status != STATUS["SUCCESS"]:
+        raise _BY_STATUS.get(status, DeviceError)(status, what)

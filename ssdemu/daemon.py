@@ -1,0 +1,433 @@
+"""`ssdemu serve`: the device process.
+
+Threads: the data plane runs in C (`sde_dev_run`, the GIL released) and serves every queue
+pair; this Python thread runs the control plane on a Unix SOCK_SEQPACKET socket (clients,
+queue pairs, buffers), the admin commands the data plane hands over, and shutdown.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import mmap
+import os
+import selectors
+import signal
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ssdemu import _engine, control
+from ssdemu.media import Media
+from ssdemu.namespaces import NamespaceTable
+from ssdemu.profile import Profile
+from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
+
+ffi, lib = _engine.ffi, _engine.lib
+log = logging.getLogger("ssdemu.serve")
+
+F_GET_SEALS = 1034
+F_SEAL_SHRINK = 0x0002
+LOG_PAGE_COUNTERS = 1
+CLASS_NAMES = ["nop", "read", "write", "flush", "zero", "admin", "invalid"]
+
+
+@dataclass
+class QueuePair:
+    index: int
+    fd: int
+    mm: mmap.mmap
+    cfd: int
+
+
+@dataclass
+class Buffer:
+    handle: int
+    fd: int
+    mm: mmap.mmap
+    nbytes: int
+    bounce: bool
+
+
+@dataclass
+class Departure:
+    """What a departed client (or a destroyed queue pair) held, freed once the data plane has
+    no command of it in flight."""
+
+    qps: list[QueuePair]
+    buffers: list[tuple[int, Buffer]]
+
+
+@dataclass
+class Client:
+    cid: int
+    sock: socket.socket
+    uid: int
+    pid: int
+    qps: dict[int, QueuePair] = field(default_factory=dict)
+    buffers: dict[int, Buffer] = field(default_factory=dict)
+
+
+class Daemon:
+    def __init__(self, profile: Profile, media: Media, socket_path: str,
+                 allowed_uids: set[int] | None = None):
+        self.profile = profile
+        self.media = media
+        self.socket_path = socket_path
+        self.allowed_uids = allowed_uids if allowed_uids is not None else {os.getuid(), 0}
+        out = ffi.new("sde_dev **")
+        r = lib.sde_dev_new(media.fd, media.size, media.lba_size, profile.queue.io_depth, out)
+        if r < 0:
+            raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
+        self.dev = out[0]
+        self.namespaces = NamespaceTable(media.size, media.lba_size, lib.SDE_MAX_NS)
+        self.clients: dict[int, Client] = {}
+        self.draining: list[Departure] = []
+        self._next_client = 1
+        self._stop_flag = ffi.new("int *", 0)
+        self._stopping = False
+        self.sel = selectors.DefaultSelector()
+        self.listener: socket.socket | None = None
+        self.data_plane: threading.Thread | None = None
+
+    # -- lifecycle --
+    def start(self) -> None:
+        if os.path.exists(self.socket_path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                probe.connect(self.socket_path)
+                probe.close()
+                raise OSError(errno.EADDRINUSE, f"a daemon already serves {self.socket_path}")
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(self.socket_path)  # a stale socket from a daemon that died
+            finally:
+                probe.close()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(self.socket_path)
+        os.chmod(self.socket_path, 0o666)  # access is decided by SO_PEERCRED, not the mode
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
+        spin_ns = self.profile.queue.spin_us * 1000
+        self.data_plane = threading.Thread(
+            target=lib.sde_dev_run, args=(self.dev, self._stop_flag, spin_ns),
+            name="ssdemu-data-plane", daemon=True)
+        self.data_plane.start()
+        log.info("serving %s on %s: %s, %d bytes, %d-byte blocks", self.profile.name,
+                 self.socket_path, self.media.spec, self.media.size, self.media.lba_size)
+
+    def request_stop(self, *_):
+        self._stopping = True
+
+    def serve_forever(self) -> None:
+        while not self._stopping:
+            for key, _ in self.sel.select(timeout=0.2):
+                kind, client = key.data
+                if kind == "accept":
+                    self._accept()
+                elif kind == "admin":
+                    self._admin()
+                else:
+                    self._client_message(client)
+            self._reap_drained()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        log.info("shutting down: %d clients", len(self.clients))
+        lib.sde_dev_shutdown_qps(self.dev)  # clients waiting are woken and told
+        self._stop_flag[0] = 1
+        os.eventfd_write(lib.sde_dev_doorbell_fd(self.dev), 1)
+        if self.data_plane:
+            self.data_plane.join(timeout=10)
+        for client in list(self.clients.values()):
+            self._drop_client(client)
+        deadline = time.monotonic() + 5
+        while self.draining and time.monotonic() < deadline:
+            self._reap_drained(force=True)
+        if self.listener:
+            self.sel.unregister(self.listener)
+            self.listener.close()
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        lib.sde_dev_free(self.dev)  # waits for the media I/O still in flight
+        self.dev = ffi.NULL
+        log.info("stopped")
+
+    # -- clients --
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET,
+                                                             socket.SO_PEERCRED, 12))
+        if uid not in self.allowed_uids:
+            log.warning("refused pid %d: uid %d is not allowed", pid, uid)
+            try:
+                control.send(sock, {"ok": False, "error": f"uid {uid} is not allowed to use "
+                                    "this device"})
+            finally:
+                sock.close()
+            return
+        client = Client(self._next_client, sock, uid, pid)
+        self._next_client += 1
+        self.clients[client.cid] = client
+        sock.setblocking(True)
+        sock.settimeout(5)
+        self.sel.register(sock, selectors.EVENT_READ, ("client", client))
+        log.info("client %d connected: pid %d uid %d", client.cid, pid, uid)
+
+    def _client_message(self, client: Client) -> None:
+        try:
+            msg, fds = control.recv(client.sock)
+        except (OSError, control.ControlError) as e:
+            log.warning("client %d: %s; dropping it", client.cid, e)
+            self._drop_client(client)
+            return
+        if msg is None or msg.get("op") == "bye":
+            log.info("client %d disconnected", client.cid)
+            self._drop_client(client)
+            return
+        try:
+            reply, out_fds = self._handle(client, msg, fds)
+        except Exception as e:  # a bug on our side: tell the client, keep serving
+            log.exception("client %d: request %r failed", client.cid, msg.get("op"))
+            reply, out_fds = {"ok": False, "error": f"internal error: {e}"}, []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            control.send(client.sock, reply, out_fds)
+        except OSError:
+            self._drop_client(client)
+
+    def _handle(self, client: Client, msg: dict, fds: list[int]):
+        op = msg.get("op")
+        if op == "hello":
+            if msg.get("version") != PROTOCOL_VERSION:
+                return {"ok": False, "error": f"protocol version {msg.get('version')!r} is "
+                        f"not supported: this daemon speaks {PROTOCOL_VERSION}"}, []
+            return {"ok": True, "version": PROTOCOL_VERSION, "device": self.identify()}, []
+        if op == "create_qp":
+            return self._create_qp(client, msg)
+        if op == "destroy_qp":
+            qp = client.qps.pop(int(msg.get("qid", -1)), None)
+            if qp is None:
+                return {"ok": False, "error": "no such queue pair"}, []
+            lib.sde_dev_remove_qp(self.dev, qp.index)
+            self.draining.append(Departure([qp], []))
+            return {"ok": True}, []
+        if op == "register_buffer":
+            return self._register_buffer(client, msg, fds)
+        if op == "unregister_buffer":
+            return self._unregister_buffer(client, int(msg.get("handle", -1)))
+        return {"ok": False, "error": f"unknown request {op!r}"}, []
+
+    def _create_qp(self, client: Client, msg: dict):
+        entries = msg.get("entries")
+        q = self.profile.queue
+        if (not isinstance(entries, int) or entries < 2 or entries > q.max_entries
+                or entries & (entries - 1)):
+            return {"ok": False, "error": f"queue entries must be a power of two in "
+                    f"2..{q.max_entries}"}, []
+        if len(client.qps) >= q.max_queue_pairs:
+            return {"ok": False, "error": f"at most {q.max_queue_pairs} queue pairs"}, []
+        nbytes = lib.sde_qp_bytes(entries, entries)
+        fd = os.memfd_create("ssdemu-qp", os.MFD_CLOEXEC)
+        os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
+        addr = ffi.cast("void *", ffi.from_buffer(mm))
+        cfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        lib.sde_qp_init(addr, entries, entries, 0)
+        index = lib.sde_dev_add_qp(self.dev, addr, nbytes, client.cid, cfd)
+        if index < 0:
+            mm.close()
+            os.close(fd)
+            os.close(cfd)
+            return {"ok": False, "error": "the device has no free queue pair"}, []
+        client.qps[index] = QueuePair(index, fd, mm, cfd)
+        return ({"ok": True, "qid": index, "bytes": nbytes, "entries": entries},
+                [fd, lib.sde_dev_doorbell_fd(self.dev), cfd])
+
+    def _register_buffer(self, client: Client, msg: dict, fds: list[int]):
+        nbytes = msg.get("bytes")
+        if len(fds) != 1 or not isinstance(nbytes, int) or nbytes <= 0:
+            return {"ok": False, "error": "register_buffer takes one memfd and its size"}, []
+        fd = os.dup(fds[0])
+        try:
+            st = os.fstat(fd)
+            seals = fcntl.fcntl(fd, F_GET_SEALS)
+        except OSError as e:
+            os.close(fd)
+            return {"ok": False, "error": f"buffer descriptor unusable: {e.strerror}"}, []
+        # a buffer the client could shrink would fault the daemon: require the seal
+        if not seals & F_SEAL_SHRINK or st.st_size < nbytes or nbytes % mmap.PAGESIZE:
+            os.close(fd)
+            return {"ok": False, "error": "buffers must be memfds sealed against shrinking, "
+                    "whole pages, at least as large as declared"}, []
+        mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
+        addr = ffi.cast("void *", ffi.from_buffer(mm))
+        bounce = bool(msg.get("bounce"))
+        handle = lib.sde_dev_add_buffer(self.dev, client.cid, addr, nbytes,
+                                        lib.SDE_BUF_BOUNCE if bounce else 0)
+        if handle < 0:
+            mm.close()
+            os.close(fd)
+            return {"ok": False, "error": "the device has no free buffer slot"}, []
+        client.buffers[handle] = Buffer(handle, fd, mm, nbytes, bounce)
+        return {"ok": True, "handle": handle}, []
+
+    def _unregister_buffer(self, client: Client, handle: int):
+        buf = client.buffers.get(handle)
+        if buf is None:
+            return {"ok": False, "error": "no such buffer"}, []
+        if lib.sde_dev_client_inflight(self.dev, client.cid):
+            return {"ok": False, "error": "commands are in flight: reap them first"}, []
+        lib.sde_dev_remove_buffer(self.dev, handle)
+        del client.buffers[handle]
+        self._release_buffer(buf)
+        return {"ok": True}, []
+
+    def _release_buffer(self, buf: Buffer) -> None:
+        _close_mapping(buf.mm)
+        os.close(buf.fd)
+
+    def _drop_client(self, client: Client) -> None:
+        if self.clients.pop(client.cid, None) is None:
+            return
+        try:
+            self.sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+        for qp in client.qps.values():
+            lib.sde_dev_remove_qp(self.dev, qp.index)
+        self.draining.append(Departure(list(client.qps.values()),
+                                       list(client.buffers.items())))
+
+    def _reap_drained(self, force: bool = False) -> None:
+        """Free what departed clients held once none of their commands is in flight (their
+        media I/O may still be writing into those buffers)."""
+        still = []
+        for dep in self.draining:
+            if any(lib.sde_dev_qp_inflight(self.dev, qp.index) > 0 for qp in dep.qps):
+                still.append(dep)
+                continue
+            for qp in dep.qps:
+                _close_mapping(qp.mm)
+                os.close(qp.fd)
+                os.close(qp.cfd)
+            for handle, buf in dep.buffers:
+                lib.sde_dev_remove_buffer(self.dev, handle)
+                self._release_buffer(buf)
+        self.draining = still
+        if force and still:
+            time.sleep(0.01)
+
+    # -- admin commands --
+    def identify(self) -> dict:
+        return {
+            "model": "ssdemu", "profile": self.profile.name,
+            "description": self.profile.description,
+            "capacity_bytes": self.media.size, "logical_block_bytes": self.media.lba_size,
+            "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
+            "max_queue_entries": self.profile.queue.max_entries,
+            "media": str(self.media.spec), "protocol_version": PROTOCOL_VERSION,
+            "commands": sorted(OPCODES),
+        }
+
+    def log_page(self, page: int) -> dict | None:
+        if page != LOG_PAGE_COUNTERS:
+            return None
+        st = ffi.new("sde_dev_stats *")
+        lib.sde_dev_get_stats(self.dev, st)
+        classes = {}
+        for i, name in enumerate(CLASS_NAMES):
+            c = st.cls[i]
+            classes[name] = {
+                "commands": c.commands, "errors": c.errors, "bytes": c.bytes,
+                "bytes_copied": c.bytes_copied,
+                "mean_latency_ns": c.lat_ns_total / c.commands if c.commands else 0.0,
+                # bucket b holds latencies in [2^b, 2^(b+1)) ns
+                "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
+                                              if c.lat_hist[b]},
+            }
+        return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
+                "sleeps": st.sleeps, "wakeups": st.wakeups}
+
+    def _admin(self) -> None:
+        cmds = ffi.new("sde_admin_cmd[64]")
+        while True:
+            n = lib.sde_dev_admin_pop(self.dev, cmds, 64)
+            if n <= 0:
+                return
+            for i in range(n):
+                a = cmds[i]
+                status, result = self._admin_one(a.client, a.sqe)
+                cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": status,
+                                            "result": result})
+                lib.sde_dev_complete(self.dev, a.qp, cqe)
+
+    def _admin_one(self, client_id: int, sqe) -> tuple[int, int]:
+        op = sqe.opcode
+        if op == OPCODES["NS_CREATE"]:
+            try:
+                ns = self.namespaces.create(int(sqe.param0))
+            except ValueError:
+                return STATUS["INVALID_FIELD"], 0
+            if ns is None:
+                return STATUS["CAPACITY_EXCEEDED"], 0
+            lib.sde_dev_set_ns(self.dev, ns.nsid, ns.start, ns.nbytes)
+            log.info("namespace %d created: %d bytes at %d", ns.nsid, ns.nbytes, ns.start)
+            return STATUS["SUCCESS"], ns.nsid
+        if op == OPCODES["NS_DELETE"]:
+            if not self.namespaces.delete(int(sqe.nsid)):
+                return STATUS["INVALID_NAMESPACE"], 0
+            lib.sde_dev_set_ns(self.dev, sqe.nsid, 0, 0)
+            return STATUS["SUCCESS"], 0
+        if op == OPCODES["IDENTIFY"]:
+            data = self.identify()
+        elif op == OPCODES["NS_LIST"]:
+            data = [{"nsid": n.nsid, "bytes": n.nbytes, "start": n.start}
+                    for n in sorted(self.namespaces.by_id.values(), key=lambda n: n.nsid)]
+        elif op == OPCODES["GET_LOG"]:
+            data = self.log_page(int(sqe.param0))
+            if data is None:
+                return STATUS["INVALID_FIELD"], 0
+        else:
+            return STATUS["INVALID_OPCODE"], 0
+        # the answer goes into the client's own buffer, as JSON
+        client = self.clients.get(client_id)
+        buf = client.buffers.get(int(sqe.buf)) if client else None
+        if buf is None:
+            return STATUS["INVALID_BUFFER"], 0
+        payload = json.dumps(data).encode()
+        off, length = int(sqe.buf_offset), int(sqe.length)
+        if off > buf.nbytes or length > buf.nbytes - off or len(payload) > length:
+            return STATUS["INVALID_BUFFER"], len(payload)
+        buf.mm[off:off + len(payload)] = payload
+        return STATUS["SUCCESS"], len(payload)
+
+
+def _close_mapping(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # cffi still holds a view: the mapping goes when that view does
+
+
+def serve(profile: Profile, media: Media, socket_path: str,
+          allowed_uids: set[int] | None = None) -> int:
+    daemon = Daemon(profile, media, socket_path, allowed_uids)
+    daemon.start()
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    daemon.serve_forever()
+    return 0

@@ -1,0 +1,285 @@
+"""The device process with real client processes: block I/O, validation of every SQE field,
+clients that die, other uids, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from daemon_util import DaemonProcess
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hostlib
+from ssdemu import control
+from ssdemu.queue_layout import CQE_DTYPE, OPCODES, SQE_DTYPE, ffi
+
+NS_BYTES = 16 << 20
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = DaemonProcess(str(tmp_path / "sde.sock"))
+    yield d
+    code, err = d.terminate()
+    assert code == 0, err
+
+
+@pytest.fixture
+def dev(daemon):
+    with hostlib.connect(daemon.socket_path) as d:
+        d.nsid = d.ns_create(NS_BYTES)
+        yield d
+
+
+def test_layout_matches_c():
+    assert SQE_DTYPE.itemsize == ffi.sizeof("sde_sqe") == 64
+    assert CQE_DTYPE.itemsize == ffi.sizeof("sde_cqe") == 32
+    for dtype, ctype in ((SQE_DTYPE, "sde_sqe"), (CQE_DTYPE, "sde_cqe")):
+        for name, field in ffi.typeof(ctype).fields:
+            assert dtype.fields[name][1] == field.offset == ffi.offsetof(ctype, name)
+    # the NVMe-like offsets the docs table states
+    assert [SQE_DTYPE.fields[n][1] for n in ("opcode", "cid", "nsid", "buf", "length",
+                                              "buf_offset", "lba", "param0",
+                                              "submit_time_ns")] == [0, 2, 4, 8, 12, 16, 24,
+                                                                     40, 56]
+
+
+@settings(deadline=None, max_examples=15,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blocks=st.integers(1, 2048), lba=st.integers(0, 1000), seed=st.integers(0, 2**31),
+       registered=st.booleans())
+def test_block_io_round_trip(dev, blocks, lba, seed, registered):
+    n = min(blocks * 512, 1 << 20)
+    data = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+    if registered:
+        src, dst = dev.alloc(n), dev.alloc(n)
+        src[:] = data
+    else:
+        src, dst = data, np.zeros(n, np.uint8)  # plain arrays: the bounce path
+    assert dev.write(dev.nsid, lba, src) == n
+    assert dev.read(dev.nsid, lba, dst) == n
+    assert np.array_equal(dst, data)
+    if registered:
+        dev.free(src)
+        dev.free(dst)
+
+
+def test_zero_copy_is_measured(dev):
+    buf = dev.alloc(1 << 20)
+    dev.write(dev.nsid, 0, buf)
+    before = dev.log()["classes"]["read"]["bytes_copied"]
+    for _ in range(4):
+        dev.read(dev.nsid, 0, buf)
+    assert dev.log()["classes"]["read"]["bytes_copied"] == before
+    plain = np.zeros(65536, np.uint8)
+    dev.read(dev.nsid, 0, plain)
+    assert dev.log()["classes"]["read"]["bytes_copied"] == before + 65536
+
+
+def _raw(dev, **fields):
+    opcode = fields.pop("opcode", OPCODES["READ"])
+    f = dev.submit(opcode, "raw", **fields)
+    with pytest.raises(hostlib.DeviceError) as e:
+        f.result(timeout=10)
+    return e.value.status_name
+
+
+def test_every_field_is_validated(dev, daemon, tmp_path):
+    buf = dev.alloc(8192)
+    (h, off) = dev._locate(buf)
+    good = dict(nsid=dev.nsid, buf=h, buf_offset=off, length=4096, lba=0)
+    assert dev.submit(OPCODES["READ"], "ok", **good).result() == 4096
+    cases = {
+        "INVALID_OPCODE": dict(opcode=99),
+        "INVALID_FIELD": dict(flags=1),
+        "INVALID_NAMESPACE": dict(nsid=42),
+        "INVALID_BUFFER": dict(buf=999),
+        "LBA_OUT_OF_RANGE": dict(lba=NS_BYTES // 512),
+    }
+    for status, bad in cases.items():
+        assert _raw(dev, **(good | bad)) == status, bad
+    assert _raw(dev, **(good | dict(length=0))) == "INVALID_FIELD"
+    assert _raw(dev, **(good | dict(length=1000))) == "INVALID_FIELD"
+    assert _raw(dev, **(good | dict(length=2 << 20))) == "INVALID_FIELD"
+    assert _raw(dev, **(good | dict(buf_offset=8192))) == "INVALID_BUFFER"
+    assert _raw(dev, **(good | dict(buf_offset=100))) == "INVALID_BUFFER"
+    assert _raw(dev, **(good | dict(lba=NS_BYTES // 512 - 1, length=8192))) == \
+        "LBA_OUT_OF_RANGE"
+    assert _raw(dev, opcode=OPCODES["FLUSH"], nsid=77) == "INVALID_NAMESPACE"
+    assert _raw(dev, opcode=OPCODES["NS_DELETE"], nsid=77) == "INVALID_NAMESPACE"
+    assert _raw(dev, opcode=OPCODES["GET_LOG"], param0=99, buf=h, length=4096) == \
+        "INVALID_FIELD"
+    # another client's buffer handle is refused like a missing one
+    with hostlib.connect(daemon.socket_path) as other:
+        theirs = other.alloc(4096)
+        th, _ = other._locate(theirs)
+        assert _raw(dev, **(good | dict(buf=th))) == "INVALID_BUFFER"
+        assert other.read(dev.nsid, 0, theirs) == 4096  # and they carry on
+    assert dev.submit(OPCODES["READ"], "ok", **good).result() == 4096
+
+
+CLIENT = textwrap.dedent("""
+    import os, sys, numpy as np, hostlib
+    dev = hostlib.connect(sys.argv[1])
+    ns = int(sys.argv[2])
+    bufs = [dev.alloc(1 << 20) for _ in range(8)]
+    futures = [dev.read_async(ns, 0, b) for b in bufs]  # in flight, never reaped
+    print("submitted", flush=True)
+    os.kill(os.getpid(), 9)
+""")
+
+
+def test_killed_client_leaves_daemon_healthy_and_frees_its_memory(dev, daemon):
+    dev.write(dev.nsid, 0, dev.alloc(1 << 20))
+    fds, maps = daemon.open_fds(), daemon.mappings("ssdemu-buf")
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", CLIENT, daemon.socket_path, str(dev.nsid)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == -signal.SIGKILL and "submitted" in p.stdout, p.stderr
+    deadline = time.monotonic() + 10
+    while (daemon.open_fds() > fds or daemon.mappings("ssdemu-buf") > maps) and \
+            time.monotonic() < deadline:
+        dev.nop()  # the daemon reaps departed clients between requests
+        time.sleep(0.05)
+    assert daemon.open_fds() == fds
+    assert daemon.mappings("ssdemu-buf") == maps
+    out = dev.alloc(4096)
+    assert dev.read(dev.nsid, 0, out) == 4096
+
+
+OTHER_UID = textwrap.dedent("""
+    import os, sys, hostlib
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+    try:
+        hostlib.connect(sys.argv[1])
+    except hostlib.ConnectError as e:
+        print(e)
+""")
+
+
+def test_other_uid_is_refused():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another uid")
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="ssdemu-uid-")  # reachable by uid 65534, unlike pytest's
+    os.chmod(d, 0o755)
+    daemon = DaemonProcess(os.path.join(d, "sde.sock"))
+    try:
+        p = subprocess.run([sys.executable, "-c", OTHER_UID, daemon.socket_path],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+        assert "uid 65534 is not allowed" in p.stdout, p.stdout + p.stderr
+        assert "refused pid" in daemon.terminate()[1]
+    finally:
+        daemon.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_protocol_version_mismatch_is_refused(daemon):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(daemon.socket_path)
+    control.send(s, {"op": "hello", "version": 999})
+    reply, _ = control.recv(s)
+    s.close()
+    assert not reply["ok"] and "protocol version 999 is not supported" in reply["error"]
+
+
+def test_garbage_on_the_socket_drops_only_that_client(daemon, dev):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(daemon.socket_path)
+    s.send(b"\xff\x00 not json")
+    s.close()
+    dev.nop()
+    assert dev.identify()["profile"] == "star2000d"
+
+
+def test_sigterm_with_commands_in_flight_ends_cleanly(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    dev = hostlib.connect(d.socket_path)
+    ns = dev.ns_create(NS_BYTES)
+    bufs = [dev.alloc(1 << 20) for _ in range(16)]
+    futures = [dev.read_async(ns, 0, b) for b in bufs]
+    code, err = d.terminate()
+    assert code == 0, err
+    assert "stopped" in err
+    outcomes = set()
+    for f in futures:
+        try:
+            outcomes.add(f.result(timeout=10))
+        except hostlib.DeviceGoneError:
+            outcomes.add("gone")
+    assert outcomes <= {1 << 20, "gone"}
+    with pytest.raises((hostlib.DeviceGoneError, hostlib.ConnectError)):
+        dev.nop()
+    assert not os.path.exists(d.socket_path)
+
+
+def test_bad_media_and_profile_exit_with_one_line(tmp_path):
+    for args, msg in ((["--media", "mem:lots"], "bad media spec"),
+                      (["--media", "mem:1M", "--profile", "nope"], "no profile 'nope'")):
+        p = subprocess.run([sys.executable, "-m", "ssdemu", "serve", "--socket",
+                            str(tmp_path / "x.sock"), *args], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 1
+        assert p.stderr.strip().splitlines()[-1].startswith("ssdemu: error: ")
+        assert msg in p.stderr
+
+
+def test_admin_commands(dev):
+    ident = dev.identify()
+    assert ident["capacity_bytes"] == 64 << 20 and ident["logical_block_bytes"] == 512
+    assert "READ" in ident["commands"]
+    second = dev.ns_create(8 << 20)
+    assert {n["nsid"] for n in dev.namespaces()} == {dev.nsid, second}
+    with pytest.raises(hostlib.CapacityError):
+        dev.ns_create(1 << 30)
+    with pytest.raises(hostlib.InvalidCommandError):
+        dev.ns_create(1000)
+    dev.ns_delete(second)
+    with pytest.raises(hostlib.NamespaceError):
+        dev.read(second, 0, np.zeros(512, np.uint8))
+    page = dev.log()
+    assert page["classes"]["admin"]["commands"] >= 4
+
+
+def test_write_zeroes_deallocate_flush(dev):
+    buf = dev.alloc(65536)
+    buf[:] = 7
+    dev.write(dev.nsid, 0, buf)
+    dev.write_zeroes(dev.nsid, 0, 4096)
+    dev.deallocate(dev.nsid, 8, 4096)
+    dev.flush(dev.nsid)
+    dev.read(dev.nsid, 0, buf)
+    assert (buf[:8192] == 0).all() and (buf[8192:] == 7).all()
+
+
+def test_many_clients_at_once(daemon):
+    code = textwrap.dedent("""
+        import sys, numpy as np, hostlib
+        dev = hostlib.connect(sys.argv[1])
+        ns = dev.ns_create(1 << 20)
+        qp2 = dev.queue_pair(64)
+        b = dev.alloc(1 << 20)
+        for i in range(20):
+            b[:] = i
+            dev.write(ns, 0, b)
+            b[:] = 255
+            dev.read(ns, 0, b)
+            assert (b == i).all()
+        print("ok")
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, daemon.socket_path],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == "ok", err
