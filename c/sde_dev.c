@@ -27,13 +27,17 @@
 #define ADMIN_CAP 4096
 #define FETCH_BATCH 64
 
+#define STAGE 64
+
 struct dev_qp {
     int in_use;     /* slot taken (until inactive and drained) */
     int active;     /* serving */
     uint32_t client;
     int cfd;        /* the client's completion eventfd */
-    uint32_t inflight;
+    uint32_t inflight; /* fetched, not yet posted (staged completions count) */
+    uint32_t nstage;
     sde_qp_view v;
+    sde_cqe stage[STAGE]; /* completions of this pass, posted together: one fence, one kick */
 };
 
 struct dev_buf {
@@ -202,6 +206,8 @@ int sde_dev_remove_qp(sde_dev *dev, int qp)
         if (q->active)
             sde_sq_set_dead(&q->v);
         q->active = 0;
+        q->inflight -= q->nstage; /* staged completions go nowhere now */
+        q->nstage = 0;
         ret = (int)q->inflight;
         if (!ret)
             q->in_use = 0;
@@ -329,22 +335,35 @@ static void account(sde_dev *dev, int cls, uint16_t status, uint64_t bytes, uint
     c->lat_hist[b]++;
 }
 
-/* Post one completion on queue pair qp (if it still serves) and retire the command. */
+/* Post what a queue pair has staged; one kick if its client sleeps. */
+static void flush_stage(struct dev_qp *q)
+{
+    if (!q->nstage)
+        return;
+    if (sde_cq_post(&q->v, q->stage, q->nstage))
+        kick(q->cfd);
+    q->inflight -= q->nstage;
+    q->nstage = 0;
+}
+
+/* Complete one command of queue pair qp: stage its completion (posted at the end of the
+ * pass), or drop it if the queue no longer serves. */
 static void finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
                    uint64_t result, uint64_t bytes, uint64_t t0)
 {
     struct dev_qp *q = &dev->qps[qp];
     uint64_t lat = now_ns() - t0;
     account(dev, cls, status, bytes, lat);
-    q->inflight--;
     if (!q->active) {
+        q->inflight--;
         if (!q->inflight)
             q->in_use = 0;
         return;
     }
-    sde_cqe c = {.cid = cid, .status = status, .result = result, .device_time_ns = lat};
-    if (sde_cq_post(&q->v, &c, 1))
-        kick(q->cfd);
+    q->stage[q->nstage++] = (sde_cqe){.cid = cid, .status = status, .result = result,
+                                      .device_time_ns = lat};
+    if (q->nstage == STAGE)
+        flush_stage(q);
 }
 
 /* Check a block command against the namespace and the client's buffer.  Returns a status;
@@ -542,10 +561,15 @@ static int pass(sde_dev *dev)
         dev->stats.broken_queues++;
         sde_sq_set_dead(&q->v);
         q->active = 0;
+        q->inflight -= q->nstage;
+        q->nstage = 0;
         kick(q->cfd);
     }
     sde_submit_queued(dev->eng);
     work += reap_engine(dev);
+    for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+        if (dev->qps[qp].nstage)
+            flush_stage(&dev->qps[qp]);
     return work;
 }
 
@@ -555,36 +579,42 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
     while (!*stop) {
         pthread_mutex_lock(&dev->lock);
         int work = pass(dev);
-        uint32_t busy = sde_inflight(dev->eng);
         pthread_mutex_unlock(&dev->lock);
         uint64_t t = now_ns();
-        if (work || busy) {
-            if (work)
-                idle_since = t;
+        if (work) {
+            idle_since = t;
             continue;
         }
         if (t - idle_since < spin_ns) {
             __builtin_ia32_pause();
             continue;
         }
-        /* go to sleep: tell every client to kick the doorbell, then look once more */
+        /* Sleep until a completion or the doorbell.  First tell every client to kick the
+         * doorbell, then look once more (the other half of the handshake is theirs). */
         pthread_mutex_lock(&dev->lock);
         int pending = 0;
         for (int qp = 0; qp < SDE_MAX_QPS; qp++)
             if (dev->qps[qp].active)
                 pending |= sde_sq_prepare_sleep(&dev->qps[qp].v);
+        int armed = pending ? 0 : sde_engine_arm_poll(dev->eng, dev->doorbell);
         pthread_mutex_unlock(&dev->lock);
         if (!pending && !*stop) {
+            if (armed < 0)
+                return armed;
             dev->stats.sleeps++;
-            struct pollfd p = {.fd = dev->doorbell, .events = POLLIN};
-            int r = poll(&p, 1, -1);
-            if (r < 0 && errno != EINTR)
-                return -errno;
+            /* I/O completions and doorbell kicks both end this wait; the engine is only
+             * touched here by this thread, the lock is not needed to block in it */
+            int r = sde_engine_wait(dev->eng);
+            if (r < 0)
+                return r;
+        }
+        pthread_mutex_lock(&dev->lock);
+        work = pass(dev); /* consumes the poll's completion too */
+        if (sde_engine_take_poll(dev->eng)) {
             uint64_t v;
             if (read(dev->doorbell, &v, sizeof(v)) > 0)
                 dev->stats.wakeups++;
         }
-        pthread_mutex_lock(&dev->lock);
         for (int qp = 0; qp < SDE_MAX_QPS; qp++)
             if (dev->qps[qp].active)
                 sde_sq_clear_wakeup(&dev->qps[qp].v);
@@ -615,6 +645,7 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe)
     int ret = -EINVAL;
     if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
         finish(dev, qp, SDE_CLASS_ADMIN, cqe->cid, cqe->status, cqe->result, 0, now_ns());
+        flush_stage(&dev->qps[qp]);
         ret = 0;
     }
     pthread_mutex_unlock(&dev->lock);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <linux/fs.h>
 #include <liburing.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 #define SDE_IOV_MAX 1024
 #define SDE_MIN_ALIGN 512u
+#define SDE_POLL_TAG UINT64_MAX /* user_data of the doorbell poll, never a slot */
 
 struct sde_slot {
     sde_io *io;
@@ -48,6 +50,8 @@ struct sde_engine {
     int bufs_registered;      /* the table is registered with the kernel (whole or sparse) */
     uint8_t *buf_reg;         /* per slot: registered as a fixed buffer */
     uint32_t queued;          /* SQEs prepared but not yet handed to the kernel */
+    int poll_armed;           /* a POLL_ADD on an outside fd (the daemon's doorbell) is set */
+    int poll_fired;
     sde_stats stats;
 };
 
@@ -215,10 +219,12 @@ void sde_engine_free(sde_engine *eng)
             struct io_uring_cqe *cqe;
             if (io_uring_wait_cqe(&eng->ring, &cqe) < 0)
                 break;
-            uint32_t s = (uint32_t)io_uring_cqe_get_data64(cqe);
-            free(eng->slots[s].trunc);
+            uint64_t tag = io_uring_cqe_get_data64(cqe);
+            if (tag != SDE_POLL_TAG) {
+                free(eng->slots[(uint32_t)tag].trunc);
+                eng->inflight--;
+            }
             io_uring_cqe_seen(&eng->ring, cqe);
-            eng->inflight--;
         }
         io_uring_queue_exit(&eng->ring);
     }
@@ -562,6 +568,11 @@ int sde_reap(sde_engine *eng, sde_io **out, uint32_t max, uint32_t min_complete)
         }
         uint64_t t1 = now_ns();
         for (unsigned i = 0; i < k; i++) {
+            if (io_uring_cqe_get_data64(cqes[i]) == SDE_POLL_TAG) {
+                eng->poll_armed = 0;
+                eng->poll_fired = 1;
+                continue;
+            }
             uint32_t s = (uint32_t)io_uring_cqe_get_data64(cqes[i]);
             struct sde_slot *slot = &eng->slots[s];
             sde_io *io = slot->io;
@@ -596,6 +607,36 @@ int sde_run(sde_engine *eng, sde_io *ios, uint32_t n)
         finished += (uint32_t)got;
     }
     return (int)n;
+}
+
+int sde_engine_arm_poll(sde_engine *eng, int fd)
+{
+    if (eng->poll_armed)
+        return 0;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&eng->ring);
+    if (!sqe) {
+        io_uring_submit(&eng->ring);
+        sqe = io_uring_get_sqe(&eng->ring);
+        if (!sqe)
+            return -EBUSY;
+    }
+    io_uring_prep_poll_add(sqe, fd, POLLIN);
+    io_uring_sqe_set_data64(sqe, SDE_POLL_TAG);
+    int ret = io_uring_submit(&eng->ring);
+    eng->queued = 0;
+    if (ret < 0)
+        return ret;
+    eng->poll_armed = 1;
+    return 0;
+}
+
+int sde_engine_wait(sde_engine *eng) { return wait_cq(eng); }
+
+int sde_engine_take_poll(sde_engine *eng)
+{
+    int fired = eng->poll_fired;
+    eng->poll_fired = 0;
+    return fired;
 }
 
 uint32_t sde_inflight(const sde_engine *eng) { return eng->inflight; }

@@ -129,6 +129,13 @@ int sde_reap(sde_engine *eng, sde_io **out, uint32_t max, uint32_t min_complete)
 /* Run n I/Os to completion at the engine's queue depth.  Returns n or -errno. */
 int sde_run(sde_engine *eng, sde_io *ios, uint32_t n);
 
+/* One waiting point for I/O and an outside event: arm a one-shot poll for POLLIN on fd
+ * (no-op while armed); sde_engine_wait blocks until any completion is ready; after a reap,
+ * sde_engine_take_poll tells (once) whether the poll fired. */
+int sde_engine_arm_poll(sde_engine *eng, int fd);
+int sde_engine_wait(sde_engine *eng);
+int sde_engine_take_poll(sde_engine *eng);
+
 uint32_t sde_inflight(const sde_engine *eng);
 void sde_get_stats(const sde_engine *eng, sde_stats *out);
 

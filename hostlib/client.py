@@ -20,7 +20,7 @@ import numpy as np
 
 from hostlib.errors import ConnectError, DeviceGoneError, raise_for_status
 from ssdemu import _engine, control
-from ssdemu.queue_layout import CQE_DTYPE, OPCODES, PROTOCOL_VERSION, SQE_DTYPE
+from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION
 
 ffi, lib = _engine.ffi, _engine.lib
 
@@ -85,15 +85,14 @@ class QueuePair:
             raise ConnectError("the daemon handed over a malformed queue pair")
         self._free_cids = list(range(entries - 1, -1, -1))
         self.pending: dict[int, Future] = {}
-        self._cqes = np.zeros(entries, dtype=CQE_DTYPE)
-        self._cqe_ptr = ffi.cast("sde_cqe *", _addr(self._cqes))
+        self._cqes = ffi.new("sde_cqe[]", entries)
         self._kicked = ffi.new("int *")
         self.kicks = 0
 
-    def submit(self, sqes: np.ndarray, futures: list[Future]) -> int:
-        """Publish commands (cids already set); returns how many the ring took."""
-        n = lib.sde_sq_submit(self.mem, ffi.cast("sde_sqe *", _addr(sqes)), len(sqes),
-                              self.doorbell_fd, self._kicked)
+    def submit(self, sqes, futures: list[Future]) -> int:
+        """Publish commands (a cffi sde_sqe array, cids already set); returns how many the
+        ring took."""
+        n = lib.sde_sq_submit(self.mem, sqes, len(futures), self.doorbell_fd, self._kicked)
         if n < 0:
             raise DeviceGoneError(f"doorbell failed: {os.strerror(-n)}")
         self.kicks += self._kicked[0]
@@ -109,12 +108,12 @@ class QueuePair:
         return self._free_cids.pop()
 
     def poll(self) -> int:
-        n = lib.sde_cq_reap(self.mem, self._cqe_ptr, self.entries)
+        n = lib.sde_cq_reap(self.mem, self._cqes, self.entries)
         for i in range(n):
             c = self._cqes[i]
-            f = self.pending.pop(int(c["cid"]), None)
+            f = self.pending.pop(c.cid, None)
             if f is not None:
-                f._complete(int(c["status"]), int(c["result"]))
+                f._complete(c.status, c.result)
                 self._free_cids.append(f.cid)
         return n
 
@@ -218,23 +217,53 @@ class Device:
         return None, 0
 
     # -- commands --
-    def _sqe(self, opcode: int, **fields) -> np.ndarray:
-        sqe = np.zeros(1, dtype=SQE_DTYPE)
-        sqe["opcode"] = opcode
-        for k, v in fields.items():
-            sqe[k] = v
-        return sqe
-
     def submit(self, opcode: int, what: str, after=None, qp: QueuePair | None = None,
                **fields) -> Future:
+        """One command (fields as in sde_sqe); returns its Future."""
         qp = qp or self.qp
-        sqe = self._sqe(opcode, **fields)
         cid = qp.new_cid()
-        sqe["cid"] = cid
+        fields["opcode"] = opcode
+        fields["cid"] = cid
+        sqe = ffi.new("sde_sqe[1]", [fields])
         f = Future(qp, cid, what, after)
         while qp.submit(sqe, [f]) == 0:  # SQ full: back-pressure
             qp.wait(None)
         return f
+
+    def submit_batch(self, commands: list[dict], qp: QueuePair | None = None) -> list[Future]:
+        """Many commands in one ring update (as cuFileBatchIOSubmit): each a dict of sde_sqe
+        fields with an `opcode`.  Returns their Futures, in order."""
+        qp = qp or self.qp
+        if len(commands) > qp.entries:
+            raise ValueError(f"a batch holds at most {qp.entries} commands (the queue size)")
+        fields, futures = [], []
+        for c in commands:
+            d = dict(c, cid=qp.new_cid())
+            d.setdefault("opcode", OPCODES["NOP"])
+            fields.append(d)
+            futures.append(Future(qp, d["cid"], f"batch command {d['opcode']}"))
+        sqes = ffi.new("sde_sqe[]", fields)
+        done = 0
+        while done < len(futures):
+            done += qp.submit(sqes + done, futures[done:])
+            if done < len(futures):
+                qp.wait(None)
+        return futures
+
+    def reap(self, futures: list[Future], min_done: int = 1,
+             timeout: float | None = None) -> list[Future]:
+        """Wait until at least min_done of these futures are done (as cuFileBatchIOGetStatus);
+        returns the done ones."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.qp.poll()
+            done = [f for f in futures if f.finished]
+            if len(done) >= min(min_done, len(futures)):
+                return done
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return done
+            self.qp.wait(left)
 
     def nop(self) -> None:
         self.submit(OPCODES["NOP"], "nop").result()

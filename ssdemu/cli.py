@@ -80,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "default 1 as fio's; 0: all that are ready)")
     io.add_argument("--json", action="store_true", help="print one JSON object")
 
+    qb = bsub.add_parser("queue", help="the queue and daemon: NOP round trips, 4 KiB reads "
+                         "through the queue against fio, bytes copied")
+    qb.add_argument("--socket", help="a running daemon (default: start one on --media)")
+    qb.add_argument("--media", default="mem:512M", help="media of the daemon started here")
+    qb.add_argument("--seconds", type=_positive_float, default=5.0)
+    qb.add_argument("--ns-size", type=_size_arg, default=256 << 20,
+                    help="namespace the reads run over")
+    qb.add_argument("--json", action="store_true", help="print one JSON object")
+
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
@@ -126,7 +135,16 @@ def _cmd_serve(args) -> int:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid})
 
 
+def _cmd_bench_queue(args) -> int:
+    from bench.queue import bench_queue, format_table
+
+    report = bench_queue(args.socket, args.media, args.seconds, args.ns_size)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
 COMMANDS = {
+    ("bench", "queue"): _cmd_bench_queue,
     ("serve", None): _cmd_serve,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,

@@ -339,7 +339,8 @@ class Daemon:
             "capacity_bytes": self.media.size, "logical_block_bytes": self.media.lba_size,
             "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
             "max_queue_entries": self.profile.queue.max_entries,
-            "media": str(self.media.spec), "protocol_version": PROTOCOL_VERSION,
+            "media": str(self.media.spec), "media_path": self.media.fio_path,
+            "protocol_version": PROTOCOL_VERSION,
             "commands": sorted(OPCODES),
         }
 

@@ -13,12 +13,12 @@ import time
 
 import numpy as np
 import pytest
-from daemon_util import DaemonProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostlib
 from ssdemu import control
+from ssdemu.daemon_process import DaemonProcess
 from ssdemu.queue_layout import CQE_DTYPE, OPCODES, SQE_DTYPE, ffi
 
 NS_BYTES = 16 << 20

@@ -1,4 +1,4 @@
-"""Starting and stopping a real `ssdemu serve` process for tests."""
+"""Starting and stopping a real `ssdemu serve` process (tests, benchmarks, the demo)."""
 
 from __future__ import annotations
 
