@@ -8,6 +8,7 @@ the same run; the bytes the daemon copies per read, registered buffer vs bounce 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -116,7 +117,7 @@ def bench_queue(socket_path: str | None, media: str, seconds: float, ns_bytes: i
         return run_bench(daemon.socket_path, seconds, ns_bytes)
     finally:
         code, err = daemon.terminate()
-        os.rmdir(d)
+        shutil.rmtree(d, ignore_errors=True)
         if code != 0:
             raise RuntimeError(f"the benchmark's daemon exited with {code}: {err[-300:]}")
 

@@ -308,19 +308,30 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
 
 /* ---- the data plane ------------------------------------------------------------------- */
 
-static int class_of(uint8_t op)
+/* The opcode table: every opcode's command class (stored + 1, so a gap reads as 0 and means
+ * "no such opcode").  The compiler checks the table covers every opcode; a test checks that
+ * every opcode has a class and every admin opcode a Python handler. */
+static const uint8_t opcode_class[SDE_CMD_LAST] = {
+    [SDE_CMD_NOP] = SDE_CLASS_NOP + 1,
+    [SDE_CMD_READ] = SDE_CLASS_READ + 1,
+    [SDE_CMD_WRITE] = SDE_CLASS_WRITE + 1,
+    [SDE_CMD_FLUSH] = SDE_CLASS_FLUSH + 1,
+    [SDE_CMD_WRITE_ZEROES] = SDE_CLASS_ZERO + 1,
+    [SDE_CMD_DEALLOCATE] = SDE_CLASS_ZERO + 1,
+    [SDE_CMD_IDENTIFY] = SDE_CLASS_ADMIN + 1,
+    [SDE_CMD_NS_CREATE] = SDE_CLASS_ADMIN + 1,
+    [SDE_CMD_NS_DELETE] = SDE_CLASS_ADMIN + 1,
+    [SDE_CMD_NS_LIST] = SDE_CLASS_ADMIN + 1,
+    [SDE_CMD_GET_LOG] = SDE_CLASS_ADMIN + 1,
+};
+_Static_assert(sizeof(opcode_class) == SDE_CMD_LAST, "one entry per opcode");
+
+int sde_dev_opcode_class(uint32_t op)
 {
-    switch (op) {
-    case SDE_CMD_NOP: return SDE_CLASS_NOP;
-    case SDE_CMD_READ: return SDE_CLASS_READ;
-    case SDE_CMD_WRITE: return SDE_CLASS_WRITE;
-    case SDE_CMD_FLUSH: return SDE_CLASS_FLUSH;
-    case SDE_CMD_WRITE_ZEROES:
-    case SDE_CMD_DEALLOCATE: return SDE_CLASS_ZERO;
-    default: return op >= SDE_CMD_IDENTIFY && op < SDE_CMD_LAST ? SDE_CLASS_ADMIN
-                                                                : SDE_CLASS_INVALID;
-    }
+    return op < SDE_CMD_LAST && opcode_class[op] ? opcode_class[op] - 1 : SDE_CLASS_INVALID;
 }
+
+static int class_of(uint8_t op) { return sde_dev_opcode_class(op); }
 
 static void account(sde_dev *dev, int cls, uint16_t status, uint64_t bytes, uint64_t lat)
 {
@@ -450,6 +461,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
             sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
             a->qp = qp;
             a->client = q->client;
+            a->t0_ns = t0;
             a->sqe = *c;
             kick(dev->admin_fd);
             return 0;
@@ -639,12 +651,12 @@ int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max)
     return (int)n;
 }
 
-int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe)
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns)
 {
     pthread_mutex_lock(&dev->lock);
     int ret = -EINVAL;
     if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
-        finish(dev, qp, SDE_CLASS_ADMIN, cqe->cid, cqe->status, cqe->result, 0, now_ns());
+        finish(dev, qp, SDE_CLASS_ADMIN, cqe->cid, cqe->status, cqe->result, 0, t0_ns);
         flush_stage(&dev->qps[qp]);
         ret = 0;
     }

@@ -47,6 +47,7 @@ typedef struct sde_dev_stats {
 typedef struct sde_admin_cmd {
     int32_t qp;
     uint32_t client;
+    uint64_t t0_ns;  /* when the data plane fetched it: pass back to sde_dev_complete */
     sde_sqe sqe;
 } sde_admin_cmd;
 
@@ -81,8 +82,11 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
 
 /* Admin commands for Python, and their completions. */
 int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
-int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe);
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns);
 
 void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
+
+/* The command class an opcode dispatches to (SDE_CLASS_INVALID for none). */
+int sde_dev_opcode_class(uint32_t op);
 /* CDEF-END */
 #endif

@@ -60,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another uid allowed to connect (the daemon's own and root are)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
 
+    ctl = sub.add_parser("ctl", help="admin commands against a running daemon")
+    ctl.add_argument("--socket", required=True)
+    ctl.add_argument("--json", action="store_true", help="print one JSON object")
+    csub = ctl.add_subparsers(dest="ctl", required=True, parser_class=_Parser)
+    csub.add_parser("identify", help="what the device is")
+    csub.add_parser("ns-list", help="namespaces")
+    nc = csub.add_parser("ns-create", help="create a namespace")
+    nc.add_argument("size", type=_size_arg, help="bytes, with K/M/G/T")
+    nd = csub.add_parser("ns-delete", help="delete a namespace")
+    nd.add_argument("nsid", type=_positive_int)
+    lg = csub.add_parser("log", help="a log page (1: counters, latency, bytes copied)")
+    lg.add_argument("page", type=_positive_int, nargs="?", default=1)
+
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
 
@@ -143,12 +156,31 @@ def _cmd_bench_queue(args) -> int:
     return 0
 
 
+def _cmd_ctl(args) -> int:
+    from ssdemu.ctl import run
+
+    arg = {"ns-create": "size", "ns-delete": "nsid", "log": "page"}.get(args.ctl)
+    print(run(args.socket, args.ctl, str(getattr(args, arg)) if arg else None, args.json))
+    return 0
+
+
 COMMANDS = {
     ("bench", "queue"): _cmd_bench_queue,
     ("serve", None): _cmd_serve,
+    ("ctl", "identify"): _cmd_ctl,
+    ("ctl", "ns-list"): _cmd_ctl,
+    ("ctl", "ns-create"): _cmd_ctl,
+    ("ctl", "ns-delete"): _cmd_ctl,
+    ("ctl", "log"): _cmd_ctl,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
 }
+
+
+def _client_errors() -> tuple[type[Exception], ...]:
+    import hostlib
+
+    return (hostlib.DeviceError, hostlib.ConnectError, hostlib.DeviceGoneError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     key = (args.command, getattr(args, args.command, None))
     try:
         return COMMANDS[key](args)
-    except (SsdemuError, ValueError, RuntimeError, OSError) as e:
+    except (SsdemuError, ValueError, RuntimeError, OSError, *_client_errors()) as e:
         print(f"ssdemu: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:

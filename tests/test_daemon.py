@@ -52,6 +52,20 @@ def test_layout_matches_c():
                                                                      40, 56]
 
 
+def test_every_opcode_has_a_handler():
+    from ssdemu.daemon import ADMIN_HANDLERS
+    from ssdemu.queue_layout import lib
+
+    for name, op in OPCODES.items():
+        cls = lib.sde_dev_opcode_class(op)
+        assert cls != lib.SDE_CLASS_INVALID, name
+        if cls == lib.SDE_CLASS_ADMIN:
+            assert op in ADMIN_HANDLERS, name
+    assert set(ADMIN_HANDLERS) <= set(OPCODES.values())
+    assert lib.sde_dev_opcode_class(6) == lib.SDE_CLASS_INVALID  # a gap in the table
+    assert lib.sde_dev_opcode_class(255) == lib.SDE_CLASS_INVALID
+
+
 @settings(deadline=None, max_examples=15,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(blocks=st.integers(1, 2048), lba=st.integers(0, 1000), seed=st.integers(0, 2**31),

@@ -1,0 +1,39 @@
+"""`ssdemu ctl`: an nvme-cli-like admin tool against a running daemon."""
+
+from __future__ import annotations
+
+import json
+
+import hostlib
+from ssdemu.units import format_size
+
+
+def run(socket_path: str, action: str, arg: str | None, as_json: bool) -> str:
+    with hostlib.connect(socket_path, entries=8) as dev:
+        if action == "identify":
+            data = dev.identify()
+            text = "\n".join(f"{k:<22}{v}" for k, v in data.items())
+        elif action == "ns-list":
+            data = dev.namespaces()
+            rows = [f"{'nsid':>5}  {'size':>10}  {'start':>14}"]
+            rows += [f"{n['nsid']:>5}  {format_size(n['bytes']):>10}  {n['start']:>14}"
+                     for n in data]
+            text = "\n".join(rows)
+        elif action == "ns-create":
+            data = {"nsid": dev.ns_create(int(arg))}
+            text = f"created namespace {data['nsid']}"
+        elif action == "ns-delete":
+            dev.ns_delete(int(arg))
+            data = {"deleted": int(arg)}
+            text = f"deleted namespace {arg}"
+        else:  # log
+            data = dev.log(int(arg) if arg else 1)
+            rows = [f"{'class':<8}{'commands':>10}{'errors':>8}{'bytes':>14}{'copied':>12}"
+                    f"{'mean us':>10}"]
+            for name, c in data["classes"].items():
+                rows.append(f"{name:<8}{c['commands']:>10}{c['errors']:>8}{c['bytes']:>14}"
+                            f"{c['bytes_copied']:>12}{c['mean_latency_ns'] / 1000:>10.1f}")
+            rows.append(f"broken queues {data['broken_queues']}, sleeps {data['sleeps']}, "
+                        f"wakeups {data['wakeups']}")
+            text = "\n".join(rows)
+    return json.dumps(data) if as_json else text
