@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="namespace the reads run over")
     qb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    dv = bsub.add_parser("device", help="the timing model in virtual time against the "
+                         "profile's analytical figures")
+    dv.add_argument("--profile", default="star2000d")
+    dv.add_argument("--json", action="store_true", help="print one JSON object")
+
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
@@ -164,7 +169,16 @@ def _cmd_ctl(args) -> int:
     return 0
 
 
+def _cmd_bench_device(args) -> int:
+    from bench.device import bench_device, format_table
+
+    report = bench_device(args.profile)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
 COMMANDS = {
+    ("bench", "device"): _cmd_bench_device,
     ("bench", "queue"): _cmd_bench_queue,
     ("serve", None): _cmd_serve,
     ("ctl", "identify"): _cmd_ctl,

@@ -1,8 +1,10 @@
-"""Device profiles: YAML files, validated on load.  A profile is named (a file in
-ssdemu/profiles/) or given as a path.  Units are in the field names."""
+"""Device profiles: YAML files, validated on load, units in the field names.  A profile is
+named (a file in ssdemu/profiles/) or given as a path.  Nothing anywhere branches on a
+profile's name: only its figures matter."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from dataclasses import dataclass
 
@@ -18,6 +20,43 @@ class ProfileError(SsdemuError):
 
 
 @dataclass(frozen=True)
+class HostLink:
+    bandwidth_bytes_per_s: float  # effective, after encoding and protocol overhead
+    latency_ns: float  # one way, added once per command
+
+
+@dataclass(frozen=True)
+class Nand:
+    channels: int
+    dies_per_channel: int
+    planes_per_die: int
+    page_bytes: int
+    t_read_ns: float
+    t_prog_ns: float
+    t_erase_ns: float
+    channel_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Controller:
+    cores: int
+    command_overhead_ns: float  # per command, on one core
+
+
+@dataclass(frozen=True)
+class WriteCache:
+    enabled: bool  # volatile: with it, flush makes writes durable; without, completion does
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Compute:
+    tops: float
+    units: int
+    memory_bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class QueueConfig:
     max_queue_pairs: int
     max_entries: int
@@ -29,18 +68,55 @@ class QueueConfig:
 class Profile:
     name: str
     description: str
+    host_link: HostLink
+    nand: Nand
+    controller: Controller
+    write_cache: WriteCache
+    compute: Compute
     queue: QueueConfig
+
+
+SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
+            "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig}
+# upper bounds that catch unit mistakes (a latency in seconds, a size in GB)
+_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
+           "memory_bytes_per_s": 1e13, "tops": 1e4, "max_queue_pairs": 256,
+           "max_entries": 65536, "io_depth": 4096, "channels": 256, "cores": 256,
+           "units": 1024, "page_bytes": 1 << 20}
 
 
 def available() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def _positive_int(data: dict, key: str, where: str, top: int) -> int:
-    v = data.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= top:
-        raise ProfileError(f"{where}.{key} must be a whole number in 1..{top}, got {v!r}")
-    return v
+def _section(where: str, data, cls):
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where} must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
+    missing = set(fields) - set(data)
+    if missing:
+        raise ProfileError(f"{where}: missing fields {sorted(missing)}")
+    values = {}
+    for name, f in fields.items():
+        v = data[name]
+        if f.type == "bool":
+            if not isinstance(v, bool):
+                raise ProfileError(f"{where}.{name} must be true or false, got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ProfileError(f"{where}.{name} must be a number, got {v!r}")
+        elif f.type == "int" and int(v) != v:
+            raise ProfileError(f"{where}.{name} must be a whole number, got {v!r}")
+        elif v <= 0 and not (name == "bytes" or name == "latency_ns"):
+            raise ProfileError(f"{where}.{name} must be positive, got {v!r}")
+        elif v < 0:
+            raise ProfileError(f"{where}.{name} must not be negative, got {v!r}")
+        elif v > _LIMITS.get(name, float("inf")):
+            raise ProfileError(f"{where}.{name} = {v!r} is past {_LIMITS[name]:g}: check units")
+        values[name] = int(v) if f.type == "int" else v
+    return cls(**values)
 
 
 def load(name_or_path: str) -> Profile:
@@ -53,26 +129,21 @@ def load(name_or_path: str) -> Profile:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ProfileError(f"profile {path} is not valid YAML: {e}") from None
+    return parse(data, str(path))
+
+
+def parse(data, where: str = "profile") -> Profile:
     if not isinstance(data, dict):
-        raise ProfileError(f"profile {path} must be a mapping")
-    unknown = set(data) - {"name", "description", "queue"}
+        raise ProfileError(f"{where} must be a mapping")
+    unknown = set(data) - {"name", "description", *SECTIONS}
     if unknown:
-        raise ProfileError(f"profile {path}: unknown fields {sorted(unknown)}")
+        raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
     name = data.get("name")
     if not isinstance(name, str) or not name:
-        raise ProfileError(f"profile {path}: name must be a non-empty string")
-    q = data.get("queue")
-    if not isinstance(q, dict):
-        raise ProfileError(f"profile {path}: queue must be a mapping")
-    unknown = set(q) - {"max_queue_pairs", "max_entries", "io_depth", "spin_us"}
-    if unknown:
-        raise ProfileError(f"profile {path}: unknown fields queue.{sorted(unknown)}")
-    queue = QueueConfig(
-        max_queue_pairs=_positive_int(q, "max_queue_pairs", "queue", 256),
-        max_entries=_positive_int(q, "max_entries", "queue", 65536),
-        io_depth=_positive_int(q, "io_depth", "queue", 4096),
-        spin_us=_positive_int(q, "spin_us", "queue", 1_000_000),
-    )
-    if queue.max_entries & (queue.max_entries - 1):
-        raise ProfileError(f"profile {path}: queue.max_entries must be a power of two")
-    return Profile(name, str(data.get("description", "")), queue)
+        raise ProfileError(f"{where}: name must be a non-empty string")
+    sections = {key: _section(f"{where}: {key}", data.get(key), cls)
+                for key, cls in SECTIONS.items()}
+    q = sections["queue"]
+    if q.max_entries & (q.max_entries - 1):
+        raise ProfileError(f"{where}: queue.max_entries must be a power of two")
+    return Profile(name=name, description=str(data.get("description", "")), **sections)

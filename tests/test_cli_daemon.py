@@ -67,3 +67,18 @@ def test_bench_queue_json():
     assert r["bytes_copied_per_read_bounce"] == 4096
     if shutil.which("fio"):
         assert r["ratio_fio"] == r["randread_4k_qd32_iops"] / r["fio_randread_4k_qd32_iops"]
+
+
+@pytest.mark.parametrize("profile", ["star2000d", "pcie4-tlc"])
+def test_bench_device_json(profile):
+    p = ssdemu("bench", "device", "--profile", profile, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert abs(r["seq_read_1m_qd32"]["error_pct"]) <= 2
+    assert abs(r["rand_read_4k_qd256"]["error_pct"]) <= 2
+    assert r["rand_read_4k_qd256"]["analytical_iops"] > 0
+
+
+def test_bench_device_unknown_profile():
+    p = ssdemu("bench", "device", "--profile", "nope")
+    assert p.returncode == 1 and "no profile 'nope'" in p.stderr

@@ -1,0 +1,168 @@
+"""The timing model in virtual time, the profiles, and their analytical figures."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssdemu.profile import PROFILE_DIR, ProfileError, available, load, parse
+from ssdemu.timing import (
+    DeviceModel,
+    FixedLatencyModel,
+    Resource,
+    VirtualClock,
+    analytical,
+    closed_loop,
+)
+
+PROFILES = available()
+MIB = 1 << 20
+
+
+def test_both_profiles_ship():
+    assert {"star2000d", "pcie4-tlc"} <= set(PROFILES)
+
+
+def _sequential():
+    off = 0
+    while True:
+        yield off
+        off += MIB
+
+
+def _scattered(seed):
+    rng = random.Random(seed)
+    while True:
+        yield rng.randrange((1 << 40) // 4096) * 4096
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_model_reaches_the_analytical_figures(name):
+    p = load(name)
+    a = analytical(p)
+    elapsed, _ = closed_loop(DeviceModel(p), "read", 32, 1024, MIB, _sequential())
+    bw = 1024 * MIB / (elapsed * 1e-9)
+    assert abs(bw / a.seq_read_bytes_per_s - 1) <= 0.02
+    elapsed, _ = closed_loop(DeviceModel(p), "read", 256, 60_000, 4096, _scattered(3))
+    iops = 60_000 / (elapsed * 1e-9)
+    assert abs(iops / a.rand_read_4k_iops - 1) <= 0.02
+
+
+def test_star2000d_matches_its_claims():
+    a = analytical(load("star2000d"))
+    assert abs(a.seq_read_bytes_per_s / 14e9 - 1) <= 0.05
+    assert abs(a.rand_read_4k_iops / 3.5e6 - 1) <= 0.05
+
+
+def test_pcie4_tlc_matches_the_970_pro():
+    a = analytical(load("pcie4-tlc"))
+    assert a.seq_read_bytes_per_s == pytest.approx(3.5e9)
+    assert a.rand_read_4k_iops == pytest.approx(500e3)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["read", "write", "flush", "nop"]),
+                         st.integers(0, 5_000), st.integers(0, 1 << 30),
+                         st.sampled_from([512, 4096, 16384, 65536, MIB])), max_size=80)
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.sampled_from(PROFILES), seq=ops)
+def test_completions_follow_submissions_and_resources_never_go_back(name, seq):
+    m = DeviceModel(load(name))
+    t = 0.0
+    resources = [*m.controller.units, *m.planes, *m.channels, m.link]
+    before = [r.next_free for r in resources]
+    for op, gap, off, n in seq:
+        t += gap
+        done = getattr(m, op)(t) if op in ("flush", "nop") else getattr(m, op)(t, off, n)
+        assert done > t
+        after = [r.next_free for r in resources]
+        assert all(x >= y for x, y in zip(after, before, strict=True))
+        before = after
+
+
+def test_submissions_must_not_go_back_in_time():
+    m = DeviceModel(load("pcie4-tlc"))
+    m.read(100_000.0, 0, 4096)
+    with pytest.raises(ValueError, match="precedes"):
+        m.read(10.0, 0, 4096)
+
+
+def test_virtual_clock_never_goes_back():
+    c = VirtualClock()
+    c.jump(5.0)
+    c.jump(5.0)
+    with pytest.raises(ValueError, match="cannot go back"):
+        c.jump(4.0)
+
+
+def test_resource_fills_gaps_in_time_order():
+    r = Resource()
+    assert r.hold(0, 10) == 10
+    assert r.hold(50, 10) == 60  # leaves the gap 10..50
+    assert r.hold(20, 5) == 25  # a late-booked but earlier-ready stage uses it
+    assert r.hold(0, 30) == 90  # no gap long enough: queue at the end
+    assert r.next_free == 90
+    r.forget_before(100)
+    assert r.gaps == []
+
+
+def test_write_cache_changes_when_writes_complete():
+    data = yaml.safe_load((PROFILE_DIR / "pcie4-tlc.yaml").read_text())
+    cached = DeviceModel(parse(data))
+    data["write_cache"]["enabled"] = False
+    direct = DeviceModel(parse(data))
+    t_cached = cached.write(0.0, 0, 65536)
+    t_direct = direct.write(0.0, 0, 65536)
+    assert t_direct - t_cached >= 185_000 * 0.99  # a NAND program
+    assert cached.flush(t_cached) >= t_direct  # flush waits for the programs
+
+
+def test_fixed_latency_model():
+    f = FixedLatencyModel.from_profile(load("pcie4-tlc"))
+    assert f.read(1000.0, 0, 4096) - 1000.0 == f.read(5000.0, 8192, 4096) - 5000.0
+    assert f.read_ns > 35_760  # at least a page read
+    assert f.write_ns < f.read_ns + 1  # with the write cache: no program on the path
+
+
+def _profile_data():
+    return yaml.safe_load((PROFILE_DIR / "star2000d.yaml").read_text())
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda d: d["nand"].pop("channels"), "missing fields"),
+    (lambda d: d["nand"].__setitem__("t_read_ms", 3), "unknown fields"),
+    (lambda d: d["nand"].__setitem__("channels", -2), "must be positive"),
+    (lambda d: d["nand"].__setitem__("channels", 2.5), "whole number"),
+    (lambda d: d["host_link"].__setitem__("bandwidth_bytes_per_s", "fast"), "a number"),
+    (lambda d: d["host_link"].__setitem__("bandwidth_bytes_per_s", 14e15), "check units"),
+    (lambda d: d["write_cache"].__setitem__("enabled", 1), "true or false"),
+    (lambda d: d.pop("compute"), "compute must be a mapping"),
+    (lambda d: d.__setitem__("speed", 3), "unknown fields"),
+    (lambda d: d["queue"].__setitem__("max_entries", 1000), "power of two"),
+])
+def test_bad_profiles_are_refused(edit, msg):
+    data = _profile_data()
+    edit(data)
+    with pytest.raises(ProfileError, match=msg):
+        parse(data)
+
+
+def test_unknown_profile_names_the_shipped_ones():
+    with pytest.raises(ProfileError, match="shipped: .*star2000d"):
+        load("nonesuch")
+
+
+def test_profile_from_a_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    data = _profile_data()
+    data["name"] = "mine"
+    path.write_text(yaml.safe_dump(data))
+    assert load(str(path)).name == "mine"
+    path.write_text("name: [unclosed")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load(str(path))
