@@ -323,6 +323,11 @@ static const uint8_t opcode_class[SDE_CMD_LAST] = {
     [SDE_CMD_NS_DELETE] = SDE_CLASS_ADMIN + 1,
     [SDE_CMD_NS_LIST] = SDE_CLASS_ADMIN + 1,
     [SDE_CMD_GET_LOG] = SDE_CLASS_ADMIN + 1,
+    [SDE_CMD_KV_STORE] = SDE_CLASS_KV + 1,
+    [SDE_CMD_KV_RETRIEVE] = SDE_CLASS_KV + 1,
+    [SDE_CMD_KV_DELETE] = SDE_CLASS_KV + 1,
+    [SDE_CMD_KV_EXIST] = SDE_CLASS_KV + 1,
+    [SDE_CMD_KV_LIST] = SDE_CLASS_KV + 1,
 };
 _Static_assert(sizeof(opcode_class) == SDE_CMD_LAST, "one entry per opcode");
 
@@ -457,7 +462,9 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
         finish(dev, qp, cls, c->cid, st, st ? 0 : c->length, c->length, t0);
         return 0;
     default:
-        if (cls == SDE_CLASS_ADMIN && dev->admin_tail - dev->admin_head < ADMIN_CAP) {
+        /* admin and KV commands run in Python (the store, the firmware kernels) */
+        if ((cls == SDE_CLASS_ADMIN || cls == SDE_CLASS_KV) &&
+            dev->admin_tail - dev->admin_head < ADMIN_CAP) {
             sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
             a->qp = qp;
             a->client = q->client;
@@ -467,7 +474,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
             return 0;
         }
         finish(dev, qp, cls, c->cid,
-               cls == SDE_CLASS_ADMIN ? SDE_SC_INTERNAL : SDE_SC_INVALID_OPCODE, 0, 0, t0);
+               cls == SDE_CLASS_INVALID ? SDE_SC_INVALID_OPCODE : SDE_SC_INTERNAL, 0, 0, t0);
         return 0;
     }
     if (st != SDE_SC_SUCCESS) {
@@ -651,12 +658,15 @@ int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max)
     return (int)n;
 }
 
-int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns)
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, uint32_t opcode,
+                     uint64_t bytes, uint64_t bytes_copied)
 {
     pthread_mutex_lock(&dev->lock);
     int ret = -EINVAL;
     if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
-        finish(dev, qp, SDE_CLASS_ADMIN, cqe->cid, cqe->status, cqe->result, 0, t0_ns);
+        int cls = class_of((uint8_t)opcode);
+        dev->stats.cls[cls].bytes_copied += bytes_copied;
+        finish(dev, qp, cls, cqe->cid, cqe->status, cqe->result, bytes, t0_ns);
         flush_stage(&dev->qps[qp]);
         ret = 0;
     }

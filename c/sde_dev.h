@@ -25,7 +25,8 @@
 #define SDE_CLASS_ZERO 4
 #define SDE_CLASS_ADMIN 5
 #define SDE_CLASS_INVALID 6
-#define SDE_NCLASSES 7
+#define SDE_CLASS_KV 7
+#define SDE_NCLASSES 8
 #define SDE_LAT_BUCKETS 64   /* latency histogram: power-of-two ns buckets */
 
 typedef struct sde_class_stats {
@@ -38,7 +39,7 @@ typedef struct sde_class_stats {
 } sde_class_stats;
 
 typedef struct sde_dev_stats {
-    sde_class_stats cls[7];
+    sde_class_stats cls[8];
     uint64_t broken_queues;  /* queues stopped because the client broke the ring protocol */
     uint64_t sleeps;
     uint64_t wakeups;
@@ -82,7 +83,9 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
 
 /* Admin commands for Python, and their completions. */
 int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
-int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns);
+/* opcode: the command's (for its class); bytes it moved and bytes the daemon copied. */
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, uint32_t opcode,
+                     uint64_t bytes, uint64_t bytes_copied);
 
 void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
 

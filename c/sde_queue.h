@@ -38,7 +38,15 @@
 #define SDE_CMD_NS_DELETE 18
 #define SDE_CMD_NS_LIST 19
 #define SDE_CMD_GET_LOG 20
-#define SDE_CMD_LAST 21
+/* KV commands (the NVMe KV command set's Store, Retrieve, Delete, Exist, List): the key is
+ * lba (bytes 0-7) and key_hi (bytes 8-15), its length in param1 (1..16); Store's option in
+ * param0 (1 only if the key exists, 2 only if it does not). */
+#define SDE_CMD_KV_STORE 32
+#define SDE_CMD_KV_RETRIEVE 33
+#define SDE_CMD_KV_DELETE 34
+#define SDE_CMD_KV_EXIST 35
+#define SDE_CMD_KV_LIST 36
+#define SDE_CMD_LAST 37
 
 /* completion status */
 #define SDE_SC_SUCCESS 0
@@ -51,6 +59,11 @@
 #define SDE_SC_ABORTED 7
 #define SDE_SC_CAPACITY_EXCEEDED 8
 #define SDE_SC_INTERNAL 9
+/* the NVMe KV command set's own status codes */
+#define SDE_SC_KV_INVALID_VALUE_SIZE 0x85
+#define SDE_SC_KV_INVALID_KEY_SIZE 0x86
+#define SDE_SC_KV_KEY_NOT_EXIST 0x87
+#define SDE_SC_KV_KEY_EXISTS 0x89
 
 /* ring flags */
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */

@@ -4,7 +4,8 @@ Groups are `group` consecutive elements of the flat input (the last one may be s
 Asymmetric: scale = (max - min) / (2^bits - 1), zero = min, code = floor((x - min) / scale +
 1/2) in [0, 2^bits - 1], x' = code * scale + zero.  Symmetric: scale = max|x| / (2^(bits-1) - 1),
 code = floor(x / scale + 1/2) in [-qmax, qmax], stored offset by 2^(bits-1).  Either way
-|x - x'| <= scale / 2 plus float rounding.  A constant group has scale 0 and comes back exact.
+|x - x'| <= scale / 2 plus float rounding.  A constant group comes back exact when
+asymmetric (scale 0), and within float rounding when symmetric.
 int4 packs element 2j in the low nibble and 2j+1 in the high nibble of byte j.
 
 Kernels convert a chunk of whole groups to float32 at a time (firmware.convert), then work

@@ -8,6 +8,10 @@ from hostlib.errors import (
     DeviceGoneError,
     InvalidBufferError,
     InvalidCommandError,
+    InvalidKeySizeError,
+    InvalidValueSizeError,
+    KeyExistsError,
+    KeyNotFoundError,
     MediaError,
     NamespaceError,
     OutOfRangeError,
@@ -15,6 +19,7 @@ from hostlib.errors import (
 
 __all__ = [
     "CapacityError", "ConnectError", "Device", "DeviceError", "DeviceGoneError", "Future",
-    "InvalidBufferError", "InvalidCommandError", "MediaError", "NamespaceError",
-    "OutOfRangeError", "QueuePair", "connect",
+    "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
+    "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "MediaError",
+    "NamespaceError", "OutOfRangeError", "QueuePair", "connect",
 ]

@@ -27,7 +27,7 @@ ffi, lib = _engine.ffi, _engine.lib
 F_ADD_SEALS = 1033
 F_SEAL_SHRINK = 0x0002
 F_SEAL_GROW = 0x0004
-BOUNCE_BYTES = 1 << 20
+BOUNCE_BYTES = 4 << 20  # holds the largest KV value (2 MiB) and admin replies
 DEFAULT_ENTRIES = 256
 SPIN_NS = 50_000
 GONE = -1  # a future's status when the daemon shut down before completing it
@@ -316,6 +316,71 @@ class Device:
     def deallocate(self, nsid: int, lba: int, nbytes: int) -> None:
         self.submit(OPCODES["DEALLOCATE"], "deallocate", nsid=nsid, lba=lba,
                     length=nbytes).result()
+
+    # -- KV (the NVMe KV command set) --
+    @staticmethod
+    def _key_fields(key: bytes) -> dict:
+        if not isinstance(key, (bytes, bytearray)):
+            raise TypeError("keys are bytes")
+        padded = bytes(key).ljust(16, b"\0")[:16]
+        return {"lba": int.from_bytes(padded[:8], "little"),
+                "key_hi": int.from_bytes(padded[8:], "little"), "param1": len(key)}
+
+    def _staged(self, data) -> tuple[int, int, int]:
+        """(handle, offset, length) of data: in place if in a registered buffer, else copied
+        into the bounce buffer."""
+        arr = data if isinstance(data, np.ndarray) else np.frombuffer(bytes(data), np.uint8)
+        handle, off = self._locate(arr)
+        if handle is not None:
+            return handle, off, arr.nbytes
+        self._check_bounce(arr)
+        self._bounce[:arr.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        return self._bounce_handle, 0, arr.nbytes
+
+    def kv_put(self, key: bytes, value, only_if_exists: bool = False,
+               only_if_not_exists: bool = False) -> bool:
+        """Store a value (bytes or a uint8 array, 1 B to 2 MiB); True if the key existed."""
+        mode = 1 if only_if_exists else 2 if only_if_not_exists else 0
+        handle, off, n = self._staged(value)
+        return bool(self.submit(OPCODES["KV_STORE"], f"kv store {bytes(key)!r}",
+                                buf=handle, buf_offset=off, length=n, param0=mode,
+                                **self._key_fields(key)).result())
+
+    def kv_get(self, key: bytes, out: np.ndarray | None = None) -> bytes | int:
+        """The value (bytes), or, with `out` (a registered buffer), its length."""
+        if out is not None:
+            handle, off = self._locate(out)
+            if handle is None:
+                raise ValueError("out must be a buffer from Device.alloc")
+            return self.submit(OPCODES["KV_RETRIEVE"], f"kv retrieve {bytes(key)!r}",
+                               buf=handle, buf_offset=off, length=out.nbytes,
+                               **self._key_fields(key)).result()
+        self._check_bounce(self._bounce[:0])
+        n = self.submit(OPCODES["KV_RETRIEVE"], f"kv retrieve {bytes(key)!r}",
+                        buf=self._bounce_handle, length=BOUNCE_BYTES,
+                        **self._key_fields(key)).result()
+        return bytes(self._bounce[:n])
+
+    def kv_delete(self, key: bytes) -> None:
+        self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}",
+                    **self._key_fields(key)).result()
+
+    def kv_exists(self, key: bytes) -> bool:
+        from hostlib.errors import KeyNotFoundError
+
+        try:
+            self.submit(OPCODES["KV_EXIST"], "kv exist", **self._key_fields(key)).result()
+            return True
+        except KeyNotFoundError:
+            return False
+
+    def kv_list(self, start: bytes = b"", max_keys: int = 1024) -> list[bytes]:
+        fields = self._key_fields(start) if start else {}
+        self._check_bounce(self._bounce[:0])
+        n = self.submit(OPCODES["KV_LIST"], "kv list", buf=self._bounce_handle,
+                        length=min(BOUNCE_BYTES, 17 * max_keys), **fields).result()
+        raw = bytes(self._bounce[:17 * n])
+        return [raw[i * 17 + 1:i * 17 + 1 + raw[i * 17]] for i in range(n)]
 
     # -- admin --
     def _admin_json(self, opcode: int, what: str, **fields):

@@ -39,6 +39,22 @@ class CapacityError(DeviceError):
     """No room left on the device."""
 
 
+class KeyNotFoundError(DeviceError):
+    """KV: the key does not exist."""
+
+
+class KeyExistsError(DeviceError):
+    """KV: the key exists (store only if it does not)."""
+
+
+class InvalidKeySizeError(InvalidCommandError):
+    """KV: keys are 1 to 16 bytes."""
+
+
+class InvalidValueSizeError(InvalidCommandError):
+    """KV: values are 1 byte to 2 MiB, and a retrieve needs room for the whole value."""
+
+
 class DeviceGoneError(Exception):
     """The daemon shut down or the connection is lost."""
 
@@ -55,6 +71,10 @@ _BY_STATUS = {
     STATUS["LBA_OUT_OF_RANGE"]: OutOfRangeError,
     STATUS["MEDIA_ERROR"]: MediaError,
     STATUS["CAPACITY_EXCEEDED"]: CapacityError,
+    STATUS["KV_KEY_NOT_EXIST"]: KeyNotFoundError,
+    STATUS["KV_KEY_EXISTS"]: KeyExistsError,
+    STATUS["KV_INVALID_KEY_SIZE"]: InvalidKeySizeError,
+    STATUS["KV_INVALID_VALUE_SIZE"]: InvalidValueSizeError,
 }
 
 

@@ -58,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", required=True, help="the Unix socket clients connect to")
     serve.add_argument("--allow-uid", type=int, action="append", default=[],
                        help="another uid allowed to connect (the daemon's own and root are)")
+    serve.add_argument("--format", action="store_true",
+                       help="format the media even if it holds something else")
     serve.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+
+    fmt = sub.add_parser("format", help="create a fresh ssdemu device on the media")
+    fmt.add_argument("--media", required=True,
+                     help="file:PATH[:SIZE], block:/dev/NAME or mem:SIZE")
 
     ctl = sub.add_parser("ctl", help="admin commands against a running daemon")
     ctl.add_argument("--socket", required=True)
@@ -150,7 +156,20 @@ def _cmd_serve(args) -> int:
                         format="%(asctime)s ssdemu[%(process)d] %(levelname)s %(message)s")
     profile = load(args.profile)
     with open_media(args.media) as media:
-        return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid})
+        return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
+                     args.format)
+
+
+def _cmd_format(args) -> int:
+    from ssdemu.media import open_media
+    from ssdemu.store import Store
+
+    with open_media(args.media) as media:
+        store = Store.format(media)
+        print(f"formatted {media.spec}: {store.d_len} bytes of data region, journal "
+              f"{store.j_len} bytes")
+        store.close()
+    return 0
 
 
 def _cmd_bench_queue(args) -> int:
@@ -181,6 +200,7 @@ COMMANDS = {
     ("bench", "device"): _cmd_bench_device,
     ("bench", "queue"): _cmd_bench_queue,
     ("serve", None): _cmd_serve,
+    ("format", None): _cmd_format,
     ("ctl", "identify"): _cmd_ctl,
     ("ctl", "ns-list"): _cmd_ctl,
     ("ctl", "ns-create"): _cmd_ctl,

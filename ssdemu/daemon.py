@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import mmap
 import os
@@ -23,9 +22,10 @@ from dataclasses import dataclass, field
 
 from ssdemu import _engine, control
 from ssdemu.media import Media
-from ssdemu.namespaces import NamespaceTable
 from ssdemu.profile import Profile
 from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
+from ssdemu.slowpath import Outcome, SlowPath
+from ssdemu.store import Store, StoreError, probe
 
 ffi, lib = _engine.ffi, _engine.lib
 log = logging.getLogger("ssdemu.serve")
@@ -33,7 +33,7 @@ log = logging.getLogger("ssdemu.serve")
 F_GET_SEALS = 1034
 F_SEAL_SHRINK = 0x0002
 LOG_PAGE_COUNTERS = 1
-CLASS_NAMES = ["nop", "read", "write", "flush", "zero", "admin", "invalid"]
+CLASS_NAMES = ["nop", "read", "write", "flush", "zero", "admin", "invalid", "kv"]
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Client:
 
 class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
-                 allowed_uids: set[int] | None = None):
+                 allowed_uids: set[int] | None = None, format_media: bool = False):
         self.profile = profile
         self.media = media
         self.socket_path = socket_path
@@ -84,7 +84,10 @@ class Daemon:
         if r < 0:
             raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
         self.dev = out[0]
-        self.namespaces = NamespaceTable(media.size, media.lba_size, lib.SDE_MAX_NS)
+        self.store = open_store(media, format_media, not profile.write_cache.enabled)
+        for nsid, (offset, nbytes) in self.store.namespaces.items():
+            lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
+        self.slowpath = SlowPath(self)
         self.clients: dict[int, Client] = {}
         self.draining: list[Departure] = []
         self._next_client = 1
@@ -158,6 +161,8 @@ class Daemon:
                 os.unlink(self.socket_path)
             except FileNotFoundError:
                 pass
+        self.store.flush()
+        self.store.close()
         if stuck:  # freeing under a running data plane would crash: leave it to exit()
             log.error("the data plane did not stop; exiting without freeing the device")
         else:
@@ -341,7 +346,8 @@ class Daemon:
         return {
             "model": "ssdemu", "profile": self.profile.name,
             "description": self.profile.description,
-            "capacity_bytes": self.media.size, "logical_block_bytes": self.media.lba_size,
+            "capacity_bytes": self.store.d_len, "media_bytes": self.media.size,
+            "logical_block_bytes": self.media.lba_size,
             "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
             "max_queue_entries": self.profile.queue.max_entries,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
@@ -366,7 +372,9 @@ class Daemon:
                                               if c.lat_hist[b]},
             }
         return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
-                "sleeps": st.sleeps, "wakeups": st.wakeups}
+                "sleeps": st.sleeps, "wakeups": st.wakeups,
+                "logical_bytes": self.store.logical_bytes,
+                "physical_bytes": self.store.physical_bytes}
 
     def _admin(self) -> None:
         cmds = ffi.new("sde_admin_cmd[64]")
@@ -376,64 +384,44 @@ class Daemon:
                 return
             for i in range(n):
                 a = cmds[i]
-                status, result = self._admin_one(a.client, a.sqe)
-                cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": status,
-                                            "result": result})
-                lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns)
+                try:
+                    out = self.slowpath.run(self.clients.get(a.client), a.sqe)
+                except Exception:  # a bug on our side: the client gets an error, we go on
+                    log.exception("command %d failed", a.sqe.opcode)
+                    out = Outcome(STATUS["INTERNAL"])
+                cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": out.status,
+                                            "result": out.result})
+                lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns, a.sqe.opcode, out.bytes,
+                                     out.copied)
 
-    def _admin_one(self, client_id: int, sqe) -> tuple[int, int]:
-        handler = ADMIN_HANDLERS.get(sqe.opcode)
-        if handler is None:
-            return STATUS["INVALID_OPCODE"], 0
-        out = handler(self, sqe)
-        if isinstance(out, tuple):  # (status, result): no data to return
-            return out
-        if out is None:
-            return STATUS["INVALID_FIELD"], 0
-        # the answer goes into the client's own buffer, as JSON
-        client = self.clients.get(client_id)
-        buf = client.buffers.get(int(sqe.buf)) if client else None
-        if buf is None:
-            return STATUS["INVALID_BUFFER"], 0
-        payload = json.dumps(out).encode()
-        off, length = int(sqe.buf_offset), int(sqe.length)
-        if off > buf.nbytes or length > buf.nbytes - off or len(payload) > length:
-            return STATUS["INVALID_BUFFER"], len(payload)
-        buf.mm[off:off + len(payload)] = payload
-        return STATUS["SUCCESS"], len(payload)
+    # -- namespaces, kept in the store on the media --
+    def namespace_list(self) -> list[dict]:
+        return [{"nsid": nsid, "bytes": nbytes, "start": off}
+                for nsid, (off, nbytes) in sorted(self.store.namespaces.items())]
 
-    def _ns_create(self, sqe) -> tuple[int, int]:
-        try:
-            ns = self.namespaces.create(int(sqe.param0))
-        except ValueError:
-            return STATUS["INVALID_FIELD"], 0
-        if ns is None:
-            return STATUS["CAPACITY_EXCEEDED"], 0
-        lib.sde_dev_set_ns(self.dev, ns.nsid, ns.start, ns.nbytes)
-        log.info("namespace %d created: %d bytes at %d", ns.nsid, ns.nbytes, ns.start)
-        return STATUS["SUCCESS"], ns.nsid
+    def create_namespace(self, nbytes: int) -> int:
+        nsid, offset = self.store.ns_create(nbytes)
+        lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
+        log.info("namespace %d created: %d bytes at %d", nsid, nbytes, offset)
+        return nsid
 
-    def _ns_delete(self, sqe) -> tuple[int, int]:
-        if not self.namespaces.delete(int(sqe.nsid)):
-            return STATUS["INVALID_NAMESPACE"], 0
-        lib.sde_dev_set_ns(self.dev, sqe.nsid, 0, 0)
-        log.info("namespace %d deleted", sqe.nsid)
-        return STATUS["SUCCESS"], 0
-
-    def _ns_list(self, sqe) -> list[dict]:
-        return [{"nsid": n.nsid, "bytes": n.nbytes, "start": n.start}
-                for n in sorted(self.namespaces.by_id.values(), key=lambda n: n.nsid)]
+    def delete_namespace(self, nsid: int) -> None:
+        self.store.ns_delete(nsid)
+        lib.sde_dev_set_ns(self.dev, nsid, 0, 0)
+        log.info("namespace %d deleted", nsid)
 
 
-# Admin opcodes the data plane hands to Python: each returns (status, result) or data for the
-# client's buffer (None: a bad field).  A test checks every admin opcode is here.
-ADMIN_HANDLERS = {
-    OPCODES["IDENTIFY"]: lambda d, sqe: d.identify(),
-    OPCODES["NS_CREATE"]: Daemon._ns_create,
-    OPCODES["NS_DELETE"]: Daemon._ns_delete,
-    OPCODES["NS_LIST"]: Daemon._ns_list,
-    OPCODES["GET_LOG"]: lambda d, sqe: d.log_page(int(sqe.param0)),
-}
+def open_store(media: Media, format_media: bool, durable_on_completion: bool) -> Store:
+    """Serve media that holds an ssdemu device; format blank media (or any, with
+    --format); refuse everything else with one clear line."""
+    state = probe(media)
+    if format_media or state == "blank":
+        log.info("formatting %s", media.spec)
+        return Store.format(media, durable_on_completion)
+    if state == "foreign":
+        raise StoreError(f"{media.spec} holds something that is not an ssdemu device; "
+                         "give --format to overwrite it")
+    return Store.open(media, durable_on_completion)
 
 
 def _close_mapping(mm: mmap.mmap) -> None:
@@ -444,8 +432,8 @@ def _close_mapping(mm: mmap.mmap) -> None:
 
 
 def serve(profile: Profile, media: Media, socket_path: str,
-          allowed_uids: set[int] | None = None) -> int:
-    daemon = Daemon(profile, media, socket_path, allowed_uids)
+          allowed_uids: set[int] | None = None, format_media: bool = False) -> int:
+    daemon = Daemon(profile, media, socket_path, allowed_uids, format_media)
     daemon.start()
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)

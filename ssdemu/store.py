@@ -45,7 +45,7 @@ MAX_VALUE = 2 << 20
 _SB = struct.Struct("<8sIIQQQQQ")  # magic, version, block, media, journal off/len, data off/len
 _REC = struct.Struct("<4sQBB16sQQI16sI")  # magic seq op klen key ext_off length crc hash nsid
 _REC_MAGIC = b"SJR1"
-OP_PUT, OP_DELETE = 1, 2
+OP_PUT, OP_DELETE, OP_NS_CREATE, OP_NS_DELETE = 1, 2, 3, 4
 
 STORE_ANY, STORE_IF_EXISTS, STORE_IF_NOT_EXISTS = 0, 1, 2
 
@@ -108,6 +108,7 @@ class Store:
         self.by_digest: dict[bytes, Extent] = {}
         self.free: list[tuple[int, int]] = []  # (offset, bytes), sorted
         self.seq = 0
+        self.namespaces: dict[int, tuple[int, int]] = {}  # nsid -> (offset, bytes)
         self._staging = alloc_aligned(MAX_VALUE + self.block)
 
     # -- layout --
@@ -183,13 +184,14 @@ class Store:
         return bytes(buf[:nbytes])
 
     # -- journal --
-    def _append(self, op: int, key: bytes, entry: Entry | None) -> None:
+    def _append(self, op: int, key: bytes, entry: Entry | None, offset: int = 0,
+                length: int = 0) -> None:
         if (self.seq + 1) * RECORD_BYTES > self.j_len - RECORD_BYTES:
             raise StoreFull("the journal is full")
         self.seq += 1
         ext = entry.extent if entry else None
         body = _REC.pack(_REC_MAGIC, self.seq, op, len(key), key.ljust(16, b"\0"),
-                         ext.offset if ext else 0, entry.length if entry else 0,
+                         ext.offset if ext else offset, entry.length if entry else length,
                          entry.crc if entry else 0, entry.digest if entry else bytes(16), 0)
         rec = body + struct.pack("<I", zlib.crc32(body))
         # the record after it is zeroed in the same write: a replay stops there
@@ -212,8 +214,14 @@ class Store:
             key = key[:klen]
             if op == OP_PUT:
                 live[key] = (off, length, vcrc, digest)
-            else:
+            elif op == OP_DELETE:
                 live.pop(key, None)
+            elif op == OP_NS_CREATE:
+                self.namespaces[int.from_bytes(key, "little")] = (off, length)
+            elif op == OP_NS_DELETE:
+                self.namespaces.pop(int.from_bytes(key, "little"), None)
+            else:
+                break
             seq = rseq
         self.seq = seq
         used = {}
@@ -226,10 +234,11 @@ class Store:
             self.index[key] = Entry(length, vcrc, digest, ext)
         # everything the live extents do not cover is free (orphans of a crash included)
         cursor, free = self.d_off, []
-        for ext in sorted(used.values(), key=lambda e: e.offset):
-            if ext.offset > cursor:
-                free.append((cursor, ext.offset - cursor))
-            cursor = max(cursor, ext.offset + ext.nbytes)
+        taken = [(e.offset, e.nbytes) for e in used.values()] + list(self.namespaces.values())
+        for off, nbytes in sorted(taken):
+            if off > cursor:
+                free.append((cursor, off - cursor))
+            cursor = max(cursor, off + nbytes)
         if cursor < self.d_off + self.d_len:
             free.append((cursor, self.d_off + self.d_len - cursor))
         self.free = free
@@ -252,7 +261,10 @@ class Store:
         for d, e in list(self.by_digest.items()):
             if e is ext:
                 del self.by_digest[d]
-        self.free.append((ext.offset, ext.nbytes))
+        self._free_extent(ext.offset, ext.nbytes)
+
+    def _free_extent(self, offset: int, nbytes: int) -> None:
+        self.free.append((offset, nbytes))
         self.free.sort()
         merged = []
         for off, size in self.free:
@@ -324,6 +336,33 @@ class Store:
 
     def flush(self) -> None:
         self.engine.fsync()
+
+    # -- block namespaces: extents of the data region, recorded in the journal --
+    MAX_NAMESPACES = 64
+
+    def ns_create(self, nbytes: int) -> tuple[int, int]:
+        """A new namespace of nbytes (a positive multiple of the block): (nsid, offset)."""
+        if nbytes <= 0 or nbytes % self.block:
+            raise ValueError(f"namespace size must be a positive multiple of {self.block}")
+        nsid = next((i for i in range(1, self.MAX_NAMESPACES + 1)
+                     if i not in self.namespaces), None)
+        if nsid is None:
+            raise StoreFull("no namespace id left")
+        offset = self._alloc(nbytes)
+        try:
+            self._append(OP_NS_CREATE, nsid.to_bytes(4, "little"), None, offset, nbytes)
+        except Exception:
+            self._free_extent(offset, nbytes)
+            raise
+        self.namespaces[nsid] = (offset, nbytes)
+        return nsid, offset
+
+    def ns_delete(self, nsid: int) -> None:
+        if nsid not in self.namespaces:
+            raise KeyNotFound(nsid)
+        self._append(OP_NS_DELETE, nsid.to_bytes(4, "little"), None)
+        offset, nbytes = self.namespaces.pop(nsid)
+        self._free_extent(offset, nbytes)
 
     @property
     def logical_bytes(self) -> int:

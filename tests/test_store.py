@@ -225,3 +225,27 @@ def test_full_journal_refuses_changes(media_path):
             s.put(f"k{i}".encode(), b"x")
     n = len(s.list(limit=10**6))
     assert n > 0 and s.get(b"k0") == b"x"
+
+
+def test_namespaces_persist_and_share_the_data_region(media_path):
+    m, s = fresh(media_path)
+    n1, off1 = s.ns_create(4 << 20)
+    s.put(b"kv", b"value")
+    n2, off2 = s.ns_create(1 << 20)
+    assert n1 == 1 and n2 == 2 and off1 != off2
+    s.ns_delete(n1)
+    with pytest.raises(ValueError, match="multiple"):
+        s.ns_create(1000)
+    with pytest.raises(StoreFull):
+        s.ns_create(1 << 30)
+    s.flush()
+    s.close()
+    m.close()
+    with open_media(f"file:{media_path}") as m2:
+        s2 = Store.open(m2)
+        assert s2.namespaces == {2: (off2, 1 << 20)}
+        assert s2.get(b"kv") == b"value"
+        # the deleted namespace's extent is free again, the live one is not
+        n3, off3 = s2.ns_create(4 << 20)
+        assert not off2 <= off3 < off2 + (1 << 20)
+        s2.close()

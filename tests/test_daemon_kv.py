@@ -1,0 +1,133 @@
+"""KV commands through a real daemon, the store's persistence across daemon restarts
+(clean and kill -9), and media the daemon must refuse."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hostlib
+from ssdemu.daemon_process import DaemonProcess
+
+
+@pytest.fixture
+def drive(tmp_path, disk_dir):
+    """A daemon on a file on ext4 (so a restart finds the same bytes)."""
+    path = os.path.join(disk_dir, "drive.img")
+    d = DaemonProcess(str(tmp_path / "sde.sock"), media=f"file:{path}:64M")
+    d.media_path = path
+    yield d
+    d.kill()
+
+
+@settings(deadline=None, max_examples=25,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.binary(min_size=1, max_size=16), st.binary(min_size=1, max_size=70000),
+                       min_size=1, max_size=8))
+def test_kv_round_trip(drive, items):
+    with hostlib.connect(drive.socket_path) as dev:
+        for k in dev.kv_list(max_keys=10_000):
+            dev.kv_delete(k)
+        for k, v in items.items():
+            assert dev.kv_put(k, v) is False
+        for k, v in items.items():
+            assert dev.kv_get(k) == v
+            assert dev.kv_exists(k)
+        assert sorted(dev.kv_list()) == sorted(items)
+        buf = dev.alloc(1 << 20)  # zero-copy on the client side too
+        k, v = next(iter(items.items()))
+        assert dev.kv_get(k, out=buf) == len(v) and bytes(buf[:len(v)]) == v
+
+
+def test_kv_statuses(drive):
+    with hostlib.connect(drive.socket_path) as dev:
+        with pytest.raises(hostlib.KeyNotFoundError):
+            dev.kv_get(b"missing")
+        with pytest.raises(hostlib.KeyNotFoundError):
+            dev.kv_delete(b"missing")
+        with pytest.raises(hostlib.KeyNotFoundError):
+            dev.kv_put(b"k", b"v", only_if_exists=True)
+        assert dev.kv_put(b"k", b"v", only_if_not_exists=True) is False
+        with pytest.raises(hostlib.KeyExistsError):
+            dev.kv_put(b"k", b"w", only_if_not_exists=True)
+        assert dev.kv_put(b"k", b"w", only_if_exists=True) is True
+        with pytest.raises(hostlib.InvalidKeySizeError):
+            dev.kv_put(b"x" * 17, b"v")
+        with pytest.raises(hostlib.InvalidKeySizeError):
+            dev.kv_get(b"")
+        with pytest.raises(hostlib.InvalidValueSizeError):
+            dev.kv_put(b"big", np.zeros((2 << 20) + 512, np.uint8))
+        small = dev.alloc(4096)
+        dev.kv_put(b"v8k", b"z" * 8192)
+        with pytest.raises(hostlib.InvalidValueSizeError):
+            dev.kv_get(b"v8k", out=small)
+        assert not dev.kv_exists(b"nope")
+
+
+def test_prefix_sharing_adds_only_new_bytes(drive):
+    with hostlib.connect(drive.socket_path) as dev:
+        block = os.urandom(65536)
+        base = dev.log()
+        dev.kv_put(b"tenantA/blk0", block)
+        one = dev.log()
+        dev.kv_put(b"tenantA/blk0", block)  # the same key: touched, reported as existing
+        dev.kv_put(b"tenantB/blk0", block)  # another salt, same bytes: stored once
+        two = dev.log()
+        assert one["physical_bytes"] - base["physical_bytes"] == 65536
+        assert two["physical_bytes"] == one["physical_bytes"]
+        assert two["logical_bytes"] - base["logical_bytes"] == 2 * 65536
+
+
+def test_data_survives_restart_and_kill_9(drive, tmp_path):
+    with hostlib.connect(drive.socket_path) as dev:
+        ns = dev.ns_create(4 << 20)
+        buf = dev.alloc(1 << 20)
+        buf[:] = np.arange(1 << 20, dtype=np.uint32).astype(np.uint8)
+        dev.write(ns, 0, buf)
+        dev.kv_put(b"durable", b"yes" * 100)
+        dev.flush()  # the write cache is on (star2000d): flush makes it durable
+    drive.proc.send_signal(signal.SIGKILL)
+    drive.proc.wait()
+    again = DaemonProcess(str(tmp_path / "again.sock"), media=f"file:{drive.media_path}")
+    try:
+        with hostlib.connect(again.socket_path) as dev:
+            assert dev.kv_get(b"durable") == b"yes" * 100
+            assert [n["nsid"] for n in dev.namespaces()] == [ns]
+            out = dev.alloc(1 << 20)
+            dev.read(ns, 0, out)
+            assert np.array_equal(out, np.arange(1 << 20, dtype=np.uint32).astype(np.uint8))
+        code, err = again.terminate()
+        assert code == 0, err
+    finally:
+        again.kill()
+
+
+def test_serve_refuses_foreign_media(tmp_path, disk_dir):
+    path = os.path.join(disk_dir, "foreign.img")
+    with open(path, "wb") as f:
+        f.write(os.urandom(8 << 20))
+    args = [sys.executable, "-m", "ssdemu", "serve", "--media", f"file:{path}", "--socket",
+            str(tmp_path / "x.sock")]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1].startswith("ssdemu: error: ")
+    assert "not an ssdemu device; give --format" in p.stderr
+    d = DaemonProcess(str(tmp_path / "y.sock"), media=f"file:{path}", extra=["--format"])
+    code, err = d.terminate()
+    assert code == 0 and "formatting" in err
+
+
+def test_format_command(disk_dir):
+    path = os.path.join(disk_dir, "new.img")
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "format", "--media", f"file:{path}:16M"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "formatted" in p.stdout
+    with open(path, "rb") as f:
+        assert f.read(8) == b"SSDEMU\x00\x01"
