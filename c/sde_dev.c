@@ -328,6 +328,12 @@ static const uint8_t opcode_class[SDE_CMD_LAST] = {
     [SDE_CMD_KV_DELETE] = SDE_CLASS_KV + 1,
     [SDE_CMD_KV_EXIST] = SDE_CLASS_KV + 1,
     [SDE_CMD_KV_LIST] = SDE_CLASS_KV + 1,
+    [SDE_CMD_KV_STORE_QUANTIZED] = SDE_CLASS_COMPUTE + 1,
+    [SDE_CMD_KV_RETRIEVE_DEQUANTIZED] = SDE_CLASS_COMPUTE + 1,
+    [SDE_CMD_PREFIX_MATCH] = SDE_CLASS_COMPUTE + 1,
+    [SDE_CMD_PREFIX_MATCH_TOKENS] = SDE_CLASS_COMPUTE + 1,
+    [SDE_CMD_PIN] = SDE_CLASS_COMPUTE + 1,
+    [SDE_CMD_UNPIN] = SDE_CLASS_COMPUTE + 1,
 };
 _Static_assert(sizeof(opcode_class) == SDE_CMD_LAST, "one entry per opcode");
 
@@ -463,7 +469,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
         return 0;
     default:
         /* admin and KV commands run in Python (the store, the firmware kernels) */
-        if ((cls == SDE_CLASS_ADMIN || cls == SDE_CLASS_KV) &&
+        if ((cls == SDE_CLASS_ADMIN || cls == SDE_CLASS_KV || cls == SDE_CLASS_COMPUTE) &&
             dev->admin_tail - dev->admin_head < ADMIN_CAP) {
             sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
             a->qp = qp;
@@ -667,7 +673,10 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
         int cls = class_of((uint8_t)opcode);
         dev->stats.cls[cls].bytes_copied += bytes_copied;
         finish(dev, qp, cls, cqe->cid, cqe->status, cqe->result, bytes, t0_ns);
-        flush_stage(&dev->qps[qp]);
+        struct dev_qp *q = &dev->qps[qp];
+        if (cqe->device_time_ns && q->nstage) /* a modelled time (compute) replaces the measured */
+            q->stage[q->nstage - 1].device_time_ns = cqe->device_time_ns;
+        flush_stage(q);
         ret = 0;
     }
     pthread_mutex_unlock(&dev->lock);

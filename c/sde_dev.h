@@ -26,7 +26,8 @@
 #define SDE_CLASS_ADMIN 5
 #define SDE_CLASS_INVALID 6
 #define SDE_CLASS_KV 7
-#define SDE_NCLASSES 8
+#define SDE_CLASS_COMPUTE 8
+#define SDE_NCLASSES 9
 #define SDE_LAT_BUCKETS 64   /* latency histogram: power-of-two ns buckets */
 
 typedef struct sde_class_stats {
@@ -39,7 +40,7 @@ typedef struct sde_class_stats {
 } sde_class_stats;
 
 typedef struct sde_dev_stats {
-    sde_class_stats cls[8];
+    sde_class_stats cls[9];
     uint64_t broken_queues;  /* queues stopped because the client broke the ring protocol */
     uint64_t sleeps;
     uint64_t wakeups;

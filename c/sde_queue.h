@@ -46,7 +46,22 @@
 #define SDE_CMD_KV_DELETE 34
 #define SDE_CMD_KV_EXIST 35
 #define SDE_CMD_KV_LIST 36
-#define SDE_CMD_LAST 37
+/* Compute commands, run by the in-drive firmware under the TOPS budget:
+ * KV_STORE_QUANTIZED: the buffer holds a 64-byte request (magic SQRQ, element dtype, scheme
+ *   name, block shape) and the raw KV block; the drive quantizes it and stores the compressed
+ *   block under the key (KV_RETRIEVE returns that compressed block).
+ * KV_RETRIEVE_DEQUANTIZED: the drive dequantizes the stored block into the buffer.
+ * PREFIX_MATCH: the buffer holds N 16-byte keys; result = the leading run present.
+ * PREFIX_MATCH_TOKENS: the buffer holds a 16-byte root key and token ids (uint32), param0 the
+ *   block size in tokens; the drive hashes the chain itself, then matches.
+ * PIN / UNPIN: a 16-byte key that in-flight work uses is never evicted. */
+#define SDE_CMD_KV_STORE_QUANTIZED 40
+#define SDE_CMD_KV_RETRIEVE_DEQUANTIZED 41
+#define SDE_CMD_PREFIX_MATCH 42
+#define SDE_CMD_PREFIX_MATCH_TOKENS 43
+#define SDE_CMD_PIN 44
+#define SDE_CMD_UNPIN 45
+#define SDE_CMD_LAST 46
 
 /* completion status */
 #define SDE_SC_SUCCESS 0

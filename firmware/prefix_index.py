@@ -386,6 +386,12 @@ class PrefixIndex:
             raise ValueError(f"key {key.hex()} is not pinned")
         return int(r)
 
+    def pin_count(self, key: bytes) -> int:
+        """How many pins the key holds (0 for an unpinned or absent key)."""
+        (lo, hi), = keys_array(key)
+        s = find_slot(self.slots, lo, hi)
+        return 0 if s < 0 else max(0, int(self.pin[int(self.slots[s, 3]) - 1]))
+
     def pin_block(self, key: bytes) -> int:
         return self._pin(key, 1)
 

@@ -40,16 +40,18 @@ def _addr(a: np.ndarray) -> int:
 class Future:
     """One command in flight (as kvikio's IOFuture): `done()` polls, `result()` waits."""
 
-    __slots__ = ("qp", "cid", "what", "status", "value", "finished", "_after")
+    __slots__ = ("qp", "cid", "what", "status", "value", "finished", "_after", "device_ns")
 
     def __init__(self, qp: QueuePair, cid: int, what: str, after=None):
         self.qp, self.cid, self.what, self._after = qp, cid, what, after
         self.finished = False
         self.status = None
         self.value = None
+        self.device_ns = 0
 
-    def _complete(self, status: int, result: int) -> None:
+    def _complete(self, status: int, result: int, device_ns: int = 0) -> None:
         self.status, self.value, self.finished = status, result, True
+        self.device_ns = device_ns  # the CQE's: modelled compute time, or measured service
 
     def done(self) -> bool:
         if not self.finished:
@@ -66,6 +68,7 @@ class Future:
         if self.status == GONE:
             raise DeviceGoneError(f"{self.what}: the device shut down before completing it")
         raise_for_status(self.status, self.what)
+        self.qp.last_device_ns = self.device_ns
         if self._after is not None:
             self._after(self.value)
             self._after = None
@@ -88,6 +91,7 @@ class QueuePair:
         self._cqes = ffi.new("sde_cqe[]", entries)
         self._kicked = ffi.new("int *")
         self.kicks = 0
+        self.last_device_ns = 0  # of the last command whose result() returned
 
     def submit(self, sqes, futures: list[Future]) -> int:
         """Publish commands (a cffi sde_sqe array, cids already set); returns how many the
@@ -113,7 +117,7 @@ class QueuePair:
             c = self._cqes[i]
             f = self.pending.pop(c.cid, None)
             if f is not None:
-                f._complete(c.status, c.result)
+                f._complete(c.status, c.result, c.device_time_ns)
                 self._free_cids.append(f.cid)
         return n
 
@@ -381,6 +385,62 @@ class Device:
                         length=min(BOUNCE_BYTES, 17 * max_keys), **fields).result()
         raw = bytes(self._bounce[:17 * n])
         return [raw[i * 17 + 1:i * 17 + 1 + raw[i * 17]] for i in range(n)]
+
+    # -- compute: the drive's firmware --
+    def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str) -> int:
+        """Store a KV block (tokens, 2, layers, kv_heads, head_dim; fp16/bf16 as uint16 bits)
+        quantized in the drive; returns the compressed size.  kv_get returns the compressed
+        block, kv_get_dequantized the block."""
+        from firmware.layout import dtype_code
+        from ssdemu.queue_layout import pack_quant_request
+
+        t, two, layers, heads, dim = block.shape
+        header = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
+                                                  dim), np.uint8)
+        payload = np.concatenate([header, np.ascontiguousarray(block).reshape(-1).view(
+            np.uint8)])
+        handle, off, n = self._staged(payload)
+        return self.submit(OPCODES["KV_STORE_QUANTIZED"], f"kv store quantized {key!r}",
+                           buf=handle, buf_offset=off, length=n,
+                           **self._key_fields(key)).result()
+
+    def kv_get_dequantized(self, key: bytes, out: np.ndarray) -> np.ndarray:
+        """Dequantized in the drive, into `out` (the block's shape and carrier dtype)."""
+        handle, off = self._locate(out)
+        view = out.reshape(-1).view(np.uint8)
+        if handle is None:
+            self._check_bounce(view)
+            handle, off = self._bounce_handle, 0
+        n = self.submit(OPCODES["KV_RETRIEVE_DEQUANTIZED"], f"kv retrieve dequantized {key!r}",
+                        buf=handle, buf_offset=off, length=out.nbytes,
+                        **self._key_fields(key)).result()
+        if handle == self._bounce_handle:
+            view[:n] = self._bounce[:n]
+        return out
+
+    def prefix_match(self, keys) -> int:
+        """How many leading keys of a chain (16-byte keys) the drive holds."""
+        from firmware.prefix_index import keys_array
+
+        arr = keys_array(keys).view(np.uint8).reshape(-1)
+        handle, off, n = self._staged(arr)
+        return self.submit(OPCODES["PREFIX_MATCH"], "prefix match", buf=handle,
+                           buf_offset=off, length=n).result()
+
+    def prefix_match_tokens(self, tokens, block_tokens: int, root: bytes) -> int:
+        """Like prefix_match, the drive hashing the token ids itself (hostlib.prefix_hash)."""
+        payload = np.concatenate([np.frombuffer(root, np.uint8),
+                                  np.asarray(tokens, dtype="<u4").view(np.uint8)])
+        handle, off, n = self._staged(payload)
+        return self.submit(OPCODES["PREFIX_MATCH_TOKENS"], "prefix match (tokens)",
+                           buf=handle, buf_offset=off, length=n,
+                           param0=block_tokens).result()
+
+    def pin(self, key: bytes) -> int:
+        return self.submit(OPCODES["PIN"], "pin", **self._key_fields(key)).result()
+
+    def unpin(self, key: bytes) -> int:
+        return self.submit(OPCODES["UNPIN"], "unpin", **self._key_fields(key)).result()
 
     # -- admin --
     def _admin_json(self, opcode: int, what: str, **fields):

@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from firmware.cost import ComputeProfile, TopsBudget
+from firmware.prefix_index import PrefixIndex
 from ssdemu import _engine, control
 from ssdemu.media import Media
 from ssdemu.profile import Profile
@@ -33,7 +35,7 @@ log = logging.getLogger("ssdemu.serve")
 F_GET_SEALS = 1034
 F_SEAL_SHRINK = 0x0002
 LOG_PAGE_COUNTERS = 1
-CLASS_NAMES = ["nop", "read", "write", "flush", "zero", "admin", "invalid", "kv"]
+CLASS_NAMES = ["nop", "read", "write", "flush", "zero", "admin", "invalid", "kv", "compute"]
 
 
 @dataclass
@@ -87,6 +89,15 @@ class Daemon:
         self.store = open_store(media, format_media, not profile.write_cache.enabled)
         for nsid, (offset, nbytes) in self.store.namespaces.items():
             lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
+        self.budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
+                                                profile.compute.memory_bytes_per_s))
+        self._origin_ns = time.monotonic_ns()
+        # the drive's prefix index over the store's 16-byte keys (block keys), rebuilt here
+        self.prefix_index = PrefixIndex(index_capacity(self.store.d_len), evict=False)
+        self._next_loc = 0
+        for key in self.store.list(limit=1 << 62):
+            if len(key) == 16:
+                self.index_key(key)
         self.slowpath = SlowPath(self)
         self.clients: dict[int, Client] = {}
         self.draining: list[Departure] = []
@@ -371,7 +382,13 @@ class Daemon:
                 "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
                                               if c.lat_hist[b]},
             }
+        compute = {name: {"calls": k.calls, "ops": k.ops, "bytes": k.bytes,
+                          "device_ns": k.device_ns, "host_ns": k.host_ns,
+                          "host_lag_calls": k.host_lag_calls}
+                   for name, k in self.budget.kernels.items()}
         return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
+                "compute": compute,
+                "compute_utilization": self.budget.utilization(self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
                 "logical_bytes": self.store.logical_bytes,
                 "physical_bytes": self.store.physical_bytes}
@@ -390,9 +407,24 @@ class Daemon:
                     log.exception("command %d failed", a.sqe.opcode)
                     out = Outcome(STATUS["INTERNAL"])
                 cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": out.status,
-                                            "result": out.result})
+                                            "result": out.result,
+                                            "device_time_ns": out.device_ns})
                 lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns, a.sqe.opcode, out.bytes,
                                      out.copied)
+
+    # -- the drive's clock and prefix index --
+    def device_now_ns(self) -> int:
+        return time.monotonic_ns() - self._origin_ns
+
+    def index_key(self, key: bytes) -> None:
+        """Make a stored 16-byte key matchable (raises IndexFullError when full)."""
+        self.prefix_index.insert(key, self._next_loc)
+        self._next_loc += 1
+
+    def unindex_key(self, key: bytes) -> None:
+        if len(key) != 16:
+            return  # only 16-byte keys are block keys
+        self.prefix_index.delete(key)  # never pinned here: kv_delete refuses pinned keys
 
     # -- namespaces, kept in the store on the media --
     def namespace_list(self) -> list[dict]:
@@ -409,6 +441,12 @@ class Daemon:
         self.store.ns_delete(nsid)
         lib.sde_dev_set_ns(self.dev, nsid, 0, 0)
         log.info("namespace %d deleted", nsid)
+
+
+def index_capacity(data_bytes: int) -> int:
+    """Block keys the prefix index holds: one per 4 KiB of data region, at most 1M (96 MiB of
+    index), at least 1,024."""
+    return max(1024, min(data_bytes // 4096, 1 << 20))
 
 
 def open_store(media: Media, format_media: bool, durable_on_completion: bool) -> Store:

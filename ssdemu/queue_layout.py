@@ -3,6 +3,8 @@ the one definition), and the names of opcodes and status codes."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ssdemu import _engine
@@ -30,3 +32,30 @@ ADMIN_OPCODES = {OPCODES[n] for n in ("IDENTIFY", "NS_CREATE", "NS_DELETE", "NS_
 
 def new_sqes(n: int) -> np.ndarray:
     return np.zeros(n, dtype=SQE_DTYPE)
+
+
+# KV_STORE_QUANTIZED's request header, at the start of the command's buffer (the raw KV
+# block follows it): magic, element dtype code (firmware.layout), scheme name, block shape.
+QUANT_REQUEST = struct.Struct("<4sB3x32s4I8x")
+QUANT_REQUEST_MAGIC = b"SQRQ"
+assert QUANT_REQUEST.size == 64
+
+
+def pack_quant_request(dtype_code: int, scheme: str, tokens: int, layers: int, heads: int,
+                       head_dim: int) -> bytes:
+    return QUANT_REQUEST.pack(QUANT_REQUEST_MAGIC, dtype_code, scheme.encode("ascii"), tokens,
+                              layers, heads, head_dim)
+
+
+def unpack_quant_request(raw: bytes):
+    """(dtype code, scheme name, (tokens, layers, heads, head_dim)), or None if malformed."""
+    if len(raw) < QUANT_REQUEST.size:
+        return None
+    magic, dtype, scheme, t, layer, h, d = QUANT_REQUEST.unpack(raw[:QUANT_REQUEST.size])
+    if magic != QUANT_REQUEST_MAGIC:
+        return None
+    try:
+        name = scheme.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return dtype, name, (t, layer, h, d)

@@ -6,10 +6,24 @@ client's buffer (the daemon's mapping of it) and the store, and those copies are
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from firmware.cost import (
+    dequantize_cost,
+    prefix_hash_cost,
+    prefix_match_cost,
+    quantize_cost,
+)
+from firmware.layout import ELEMENT_BYTES, KVShape, storage_dtype
+from firmware.prefix_hash import hash_chain
+from firmware.prefix_index import keys_array
+from firmware.quant import dequantize, parse_scheme, quantize
+from hostlib.prefix_hash import BLOCK_SIZES
 from ssdemu import _engine
-from ssdemu.queue_layout import OPCODES, STATUS
+from ssdemu.queue_layout import OPCODES, QUANT_REQUEST, STATUS, unpack_quant_request
 from ssdemu.store import (
     MAX_KEY,
     MAX_VALUE,
@@ -32,6 +46,7 @@ class Outcome:
     result: int = 0
     bytes: int = 0  # moved for the client
     copied: int = 0  # copied by the daemon
+    device_ns: int = 0  # modelled in-drive time (compute commands), 0: use the measured
 
 
 def _ok(result: int = 0, nbytes: int = 0, copied: int = 0) -> Outcome:
@@ -131,6 +146,14 @@ class SlowPath:
             return _err("INVALID_BUFFER")
         mm, off, length = region
         value = mm[off:off + length]
+        return self._put(key, value, mode, copied=length)
+
+    def _put(self, key: bytes, value, mode: int, copied: int, device_ns: int = 0) -> Outcome:
+        """Store and keep the drive's prefix index in step with the store."""
+        index = self.d.prefix_index
+        new_block_key = len(key) == 16 and not self.d.store.exists(key)
+        if new_block_key and len(index) >= index.capacity:
+            return _err("CAPACITY_EXCEEDED")  # checked first: the store and index agree
         try:
             existed = self.d.store.put(key, value, mode)
         except KeyExists:
@@ -139,7 +162,9 @@ class SlowPath:
             return _err("KV_KEY_NOT_EXIST")
         except StoreFull:
             return _err("CAPACITY_EXCEEDED")
-        return _ok(int(existed), length, length)
+        if new_block_key:
+            self.d.index_key(key)
+        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device_ns)
 
     def kv_retrieve(self, client, sqe):
         key, bad = self._kv_checks(sqe)
@@ -164,10 +189,13 @@ class SlowPath:
         key, bad = self._kv_checks(sqe)
         if bad:
             return bad
+        if len(key) == 16 and self.d.prefix_index.pin_count(key):
+            return _err("INVALID_FIELD")  # in use by in-flight work: unpin it first
         try:
             self.d.store.delete(key)
         except KeyNotFound:
             return _err("KV_KEY_NOT_EXIST")
+        self.d.unindex_key(key)
         return _ok()
 
     def kv_exist(self, client, sqe):
@@ -195,6 +223,146 @@ class SlowPath:
         return _ok(len(keys), len(out), len(out))
 
 
+    # -- compute: the firmware, charged to the TOPS budget --
+    def _charge(self, kernel: str, cost, host_ns: int) -> int:
+        now = self.d.device_now_ns()
+        _, done = self.d.budget.charge(kernel, cost, now, host_ns)
+        return int(done - now)
+
+    def kv_store_quantized(self, client, sqe):
+        key, bad = self._kv_checks(sqe)
+        if bad:
+            return bad
+        region = self._region(client, sqe)
+        if region is None:
+            return _err("INVALID_BUFFER")
+        mm, off, length = region
+        req = unpack_quant_request(bytes(mm[off:off + QUANT_REQUEST.size]))
+        if req is None:
+            return _err("INVALID_FIELD")
+        code, scheme_name, shape = req
+        try:
+            scheme = parse_scheme(scheme_name)
+            kv = KVShape(*shape)
+            carrier = storage_dtype(code)
+        except (ValueError, KeyError):
+            return _err("INVALID_FIELD")
+        raw = length - QUANT_REQUEST.size
+        if code not in ELEMENT_BYTES or raw != kv.nbytes(code):
+            return _err("KV_INVALID_VALUE_SIZE")
+        block = np.frombuffer(mm, dtype=carrier, count=kv.elements,
+                              offset=off + QUANT_REQUEST.size).reshape(kv.array_shape)
+        t0 = time.perf_counter_ns()
+        try:
+            blob = quantize(block, {0: "fp16", 1: "bf16", 2: "fp32"}[code], scheme)
+        except ValueError:
+            return _err("INVALID_FIELD")  # inf or NaN in the block
+        host = time.perf_counter_ns() - t0
+        if blob.nbytes > MAX_VALUE:
+            return _err("KV_INVALID_VALUE_SIZE")
+        cost = quantize_cost(kv.elements, ELEMENT_BYTES[code], scheme, blob.nbytes)
+        device = self._charge("quantize", cost, host)
+        out = self._put(key, blob.tobytes(), STORE_ANY, copied=raw, device_ns=device)
+        out.result = blob.nbytes if out.status == STATUS["SUCCESS"] else out.result
+        return out
+
+    def kv_retrieve_dequantized(self, client, sqe):
+        key, bad = self._kv_checks(sqe)
+        if bad:
+            return bad
+        region = self._region(client, sqe)
+        if region is None:
+            return _err("INVALID_BUFFER")
+        try:
+            blob = self.d.store.get(key)
+        except KeyNotFound:
+            return _err("KV_KEY_NOT_EXIST")
+        except CorruptValue:
+            return _err("MEDIA_ERROR")
+        t0 = time.perf_counter_ns()
+        try:
+            block, dtype = dequantize(blob)
+        except ValueError:  # not a compressed block, or a corrupt one
+            return _err("INVALID_FIELD")
+        host = time.perf_counter_ns() - t0
+        mm, off, length = region
+        if block.nbytes > length:
+            return _err("KV_INVALID_VALUE_SIZE", block.nbytes)
+        mm[off:off + block.nbytes] = block.tobytes()
+        elem = block.dtype.itemsize
+        cost = dequantize_cost(block.size, elem, scheme_of(blob), len(blob))
+        return Outcome(STATUS["SUCCESS"], block.nbytes, block.nbytes, block.nbytes,
+                       self._charge("dequantize", cost, host))
+
+    def _match(self, keys: np.ndarray, extra_ns: int = 0) -> Outcome:
+        t0 = time.perf_counter_ns()
+        hits, _ = self.d.prefix_index.match(keys, touch=True)
+        host = time.perf_counter_ns() - t0
+        probed = max(1, min(hits + 1, len(keys)))
+        device = self._charge("prefix_match", prefix_match_cost(probed), host)
+        return Outcome(STATUS["SUCCESS"], hits, 0, 0, device + extra_ns)
+
+    def prefix_match(self, client, sqe):
+        region = self._region(client, sqe)
+        if region is None or sqe.length == 0 or sqe.length % 16:
+            return _err("INVALID_BUFFER" if region is None else "INVALID_FIELD")
+        mm, off, length = region
+        keys = np.frombuffer(mm, dtype=np.uint8, count=length, offset=off).reshape(-1, 16)
+        return self._match(keys_array(keys.copy()))
+
+    def prefix_match_tokens(self, client, sqe):
+        block_tokens = int(sqe.param0)
+        region = self._region(client, sqe)
+        if region is None:
+            return _err("INVALID_BUFFER")
+        mm, off, length = region
+        if block_tokens not in BLOCK_SIZES or length < 16 or (length - 16) % 4:
+            return _err("INVALID_FIELD")
+        root = np.frombuffer(mm, dtype=np.uint8, count=16, offset=off).copy()
+        tokens = np.frombuffer(mm, dtype="<u4", count=(length - 16) // 4,
+                               offset=off + 16).copy()
+        nblocks = len(tokens) // block_tokens
+        if nblocks == 0:
+            return _ok(0)
+        keys = np.zeros((nblocks, 16), np.uint8)
+        t0 = time.perf_counter_ns()
+        hash_chain(tokens, block_tokens, root, keys)
+        host = time.perf_counter_ns() - t0
+        device = self._charge("prefix_hash", prefix_hash_cost(nblocks, block_tokens), host)
+        return self._match(keys_array(keys), device)
+
+    def _pin(self, sqe, delta: int):
+        key = self._key(sqe)
+        if key is None or len(key) != 16:
+            return _err("KV_INVALID_KEY_SIZE")
+        try:
+            n = (self.d.prefix_index.pin_block(key) if delta > 0
+                 else self.d.prefix_index.unpin_block(key))
+        except KeyError:
+            return _err("KV_KEY_NOT_EXIST")
+        except ValueError:
+            return _err("INVALID_FIELD")  # unpin of a key that is not pinned
+        return _ok(n)
+
+    def pin(self, client, sqe):
+        return self._pin(sqe, 1)
+
+    def unpin(self, client, sqe):
+        return self._pin(sqe, -1)
+
+
+def scheme_of(blob: bytes):
+    """The scheme of a compressed block, for its cost (the header says it all)."""
+    from firmware.blockfmt import SCHEME_FP8, SCHEME_KIVI, open_block
+    from firmware.quant import Scheme
+
+    h, _ = open_block(blob)
+    if h.scheme == SCHEME_FP8:
+        return Scheme("fp8", 8, per_head=h.per_head)
+    kind = "kivi" if h.scheme == SCHEME_KIVI else "int"
+    return Scheme(kind, h.bits, h.group, h.symmetric)
+
+
 HANDLERS = {
     OPCODES["IDENTIFY"]: SlowPath.identify,
     OPCODES["NS_CREATE"]: SlowPath.ns_create,
@@ -206,4 +374,10 @@ HANDLERS = {
     OPCODES["KV_DELETE"]: SlowPath.kv_delete,
     OPCODES["KV_EXIST"]: SlowPath.kv_exist,
     OPCODES["KV_LIST"]: SlowPath.kv_list,
+    OPCODES["KV_STORE_QUANTIZED"]: SlowPath.kv_store_quantized,
+    OPCODES["KV_RETRIEVE_DEQUANTIZED"]: SlowPath.kv_retrieve_dequantized,
+    OPCODES["PREFIX_MATCH"]: SlowPath.prefix_match,
+    OPCODES["PREFIX_MATCH_TOKENS"]: SlowPath.prefix_match_tokens,
+    OPCODES["PIN"]: SlowPath.pin,
+    OPCODES["UNPIN"]: SlowPath.unpin,
 }
