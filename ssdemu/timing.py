@@ -1,7 +1,11 @@
 """The device timing model: pure functions over next-free times per resource, in the style
-of NVMeVirt and FEMU.  A command's data moves at once; the model only computes when it would
-have completed on the device the profile describes.  Nothing here does I/O or reads a clock:
-callers pass times (ns) in and get times out.
+of NVMeVirt and FEMU.  The arithmetic is in C (c/sde_model.c), once, so that the daemon's
+data plane times every command at full speed; this module wraps it and adds the analytical
+figures, the fixed-latency model, the virtual clock and a closed-loop driver.
+
+A command's data moves at once; the model only computes when it would have completed on
+the device the profile describes.  Nothing here does I/O or reads a clock: callers pass
+times (ns) in and get times out.
 
 Resources: controller cores, the NAND die-planes, the NAND channels, the host link, and the
 compute units (firmware.cost.TopsBudget).  Each has a next-free time; a stage on a resource
@@ -31,149 +35,84 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from ssdemu import _engine
 from ssdemu.profile import Profile
+
+ffi, lib = _engine.ffi, _engine.lib
 
 
 class Resource:
-    """Something that does one thing at a time.
-
-    Stages reach a resource out of time order (a read whose die was busy is ready later than
-    the next one), so a plain next-free time would make every later stage wait behind the
-    late one.  The resource remembers its idle gaps before `next_free`, and a stage takes
-    the first gap at or after its ready time that is long enough, else it queues at the
-    end.  Gaps that end before the latest submission can no longer be used (every stage is
-    ready at or after its command's submission) and are forgotten.  `next_free` never
-    decreases."""
-
-    __slots__ = ("gaps", "next_free", "busy")
+    """One resource of the C model alone (for tests of the gap rule)."""
 
     def __init__(self):
-        self.gaps: list[tuple[float, float]] = []  # idle (start, end) before next_free, sorted
-        self.next_free = 0.0
-        self.busy = 0.0
-
-    def forget_before(self, t: float) -> None:
-        g = self.gaps
-        i = 0
-        while i < len(g) and g[i][1] <= t:
-            i += 1
-        if i:
-            del g[:i]
+        self._r = ffi.gc(lib.sde_resource_new(), lib.sde_resource_free)
 
     def hold(self, ready: float, duration: float) -> float:
-        self.busy += duration
-        gaps = self.gaps
-        for i in range(len(gaps)):
-            s, e = gaps[i]
-            if e <= ready:
-                continue
-            start = s if s > ready else ready
-            done = start + duration
-            if done <= e:
-                split = []
-                if start > s:
-                    split.append((s, start))
-                if done < e:
-                    split.append((done, e))
-                gaps[i:i + 1] = split
-                return done
-        start = ready if ready > self.next_free else self.next_free
-        if start > self.next_free:
-            gaps.append((self.next_free, start))
-        self.next_free = start + duration
-        return self.next_free
-
-
-class Pool:
-    """Interchangeable units (controller cores): a stage takes the one free first."""
-
-    def __init__(self, n: int):
-        self.units = [Resource() for _ in range(n)]
-
-    def hold(self, ready: float, duration: float) -> float:
-        unit = min(self.units, key=lambda u: u.next_free)
-        return unit.hold(ready, duration)
+        return lib.sde_resource_hold(self._r, ready, duration)
 
     def forget_before(self, t: float) -> None:
-        for u in self.units:
-            u.forget_before(t)
+        lib.sde_resource_forget_before(self._r, t)
+
+    @property
+    def gaps(self) -> int:
+        return lib.sde_resource_gaps(self._r)
+
+    @property
+    def next_free(self) -> float:
+        return lib.sde_resource_next_free(self._r)
+
+
+def model_params(profile: Profile):
+    n, link, c = profile.nand, profile.host_link, profile.controller
+    return ffi.new("sde_model_params *", {
+        "link_bytes_per_s": link.bandwidth_bytes_per_s, "link_latency_ns": link.latency_ns,
+        "channels": n.channels, "dies_per_channel": n.dies_per_channel,
+        "planes_per_die": n.planes_per_die, "page_bytes": n.page_bytes,
+        "t_read_ns": n.t_read_ns, "t_prog_ns": n.t_prog_ns,
+        "channel_bytes_per_s": n.channel_bytes_per_s, "cores": c.cores,
+        "command_overhead_ns": c.command_overhead_ns,
+        "write_cache": int(profile.write_cache.enabled)})
 
 
 class DeviceModel:
-    """The detailed model of one profile."""
+    """The detailed model of one profile (c/sde_model.c, the one definition the daemon's data
+    plane uses too)."""
 
     def __init__(self, profile: Profile):
         self.p = profile
-        n = profile.nand
-        self.controller = Pool(profile.controller.cores)
-        self.planes = [Resource() for _ in range(n.channels * n.dies_per_channel
-                                                 * n.planes_per_die)]
-        self.channels = [Resource() for _ in range(n.channels)]
-        self.link = Resource()
-        self._ns_per_link_byte = 1e9 / profile.host_link.bandwidth_bytes_per_s
-        self._ns_per_channel_byte = 1e9 / n.channel_bytes_per_s
-        self.nand_bytes_read = 0
-        self.nand_bytes_written = 0
-        self.link_bytes = 0
-        self._horizon = 0.0
-        self._resources = [self.controller, *self.planes, *self.channels, self.link]
+        out = ffi.new("sde_model **")
+        if lib.sde_model_new(model_params(profile), out) < 0:
+            raise ValueError(f"profile {profile.name} does not make a model")
+        self._m = ffi.gc(out[0], lib.sde_model_free)
 
-    def _advance(self, submit: float) -> None:
-        """Commands arrive in submission-time order; drop bookings no stage can use."""
-        if submit < self._horizon:
-            raise ValueError(f"submission at {submit} ns precedes one at {self._horizon} ns")
-        if submit - self._horizon > 50_000:  # prune now and then, not on every command
-            for r in self._resources:
-                r.forget_before(submit)
-            self._horizon = submit
-
-    def _pages(self, offset: int, nbytes: int):
-        """(plane index, channel index, bytes) for each page the range touches."""
-        n = self.p.nand
-        page = n.page_bytes
-        p, end = offset // page, offset + nbytes
-        while p * page < end:
-            lo, hi = max(offset, p * page), min(end, (p + 1) * page)
-            ch = p % n.channels
-            die = (p // n.channels) % n.dies_per_channel
-            plane = (p // (n.channels * n.dies_per_channel)) % n.planes_per_die
-            yield (ch * n.dies_per_channel + die) * n.planes_per_die + plane, ch, hi - lo
-            p += 1
+    @staticmethod
+    def _check(t: float, submit: float) -> float:
+        if t < 0:
+            raise ValueError(f"submission at {submit} ns precedes an earlier one")
+        return t
 
     def read(self, submit: float, offset: int, nbytes: int) -> float:
-        self._advance(submit)
-        t = self.controller.hold(submit, self.p.controller.command_overhead_ns)
-        n = self.p.nand
-        done = t
-        for plane, ch, b in self._pages(offset, nbytes):
-            sensed = self.planes[plane].hold(t, n.t_read_ns)
-            moved = self.channels[ch].hold(sensed, b * self._ns_per_channel_byte)
-            done = max(done, self.link.hold(moved, b * self._ns_per_link_byte))
-        self.nand_bytes_read += nbytes
-        self.link_bytes += nbytes
-        return done + self.p.host_link.latency_ns
+        return self._check(lib.sde_model_read(self._m, submit, offset, nbytes), submit)
 
     def write(self, submit: float, offset: int, nbytes: int) -> float:
-        self._advance(submit)
-        t = self.controller.hold(submit, self.p.controller.command_overhead_ns)
-        n = self.p.nand
-        arrived = self.link.hold(t, nbytes * self._ns_per_link_byte)
-        programmed = arrived
-        for plane, ch, b in self._pages(offset, nbytes):
-            moved = self.channels[ch].hold(arrived, b * self._ns_per_channel_byte)
-            programmed = max(programmed, self.planes[plane].hold(moved, n.t_prog_ns))
-        self.nand_bytes_written += nbytes
-        self.link_bytes += nbytes
-        done = arrived if self.p.write_cache.enabled else programmed
-        return done + self.p.host_link.latency_ns
+        return self._check(lib.sde_model_write(self._m, submit, offset, nbytes), submit)
 
     def flush(self, submit: float) -> float:
-        t = self.controller.hold(submit, self.p.controller.command_overhead_ns)
-        return max([t] + [pl.next_free for pl in self.planes]) + self.p.host_link.latency_ns
+        return self._check(lib.sde_model_flush(self._m, submit), submit)
 
     def nop(self, submit: float) -> float:
-        return self.controller.hold(submit, self.p.controller.command_overhead_ns) + \
-            self.p.host_link.latency_ns
+        return self._check(lib.sde_model_nop(self._m, submit), submit)
+
+    def next_free_times(self) -> list[float]:
+        n = lib.sde_model_next_free(self._m, ffi.NULL, 0)
+        buf = ffi.new("double[]", n)
+        lib.sde_model_next_free(self._m, buf, n)
+        return list(buf)
+
+    def stats(self) -> dict:
+        st = ffi.new("sde_model_stats *")
+        lib.sde_model_get_stats(self._m, st)
+        return {name: getattr(st, name) for name, _ in ffi.typeof("sde_model_stats").fields}
 
 
 class FixedLatencyModel:

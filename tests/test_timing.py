@@ -74,13 +74,12 @@ ops = st.lists(st.tuples(st.sampled_from(["read", "write", "flush", "nop"]),
 def test_completions_follow_submissions_and_resources_never_go_back(name, seq):
     m = DeviceModel(load(name))
     t = 0.0
-    resources = [*m.controller.units, *m.planes, *m.channels, m.link]
-    before = [r.next_free for r in resources]
+    before = m.next_free_times()
     for op, gap, off, n in seq:
         t += gap
         done = getattr(m, op)(t) if op in ("flush", "nop") else getattr(m, op)(t, off, n)
         assert done > t
-        after = [r.next_free for r in resources]
+        after = m.next_free_times()
         assert all(x >= y for x, y in zip(after, before, strict=True))
         before = after
 
@@ -107,8 +106,9 @@ def test_resource_fills_gaps_in_time_order():
     assert r.hold(20, 5) == 25  # a late-booked but earlier-ready stage uses it
     assert r.hold(0, 30) == 90  # no gap long enough: queue at the end
     assert r.next_free == 90
+    assert r.gaps == 2  # 10..20 and 25..50 are still free
     r.forget_before(100)
-    assert r.gaps == []
+    assert r.gaps == 0
 
 
 def test_write_cache_changes_when_writes_complete():
