@@ -112,7 +112,8 @@ def bench_queue(socket_path: str | None, media: str, seconds: float, ns_bytes: i
     if socket_path:
         return run_bench(socket_path, seconds, ns_bytes)
     d = tempfile.mkdtemp(prefix="ssdemu-bench-")
-    daemon = DaemonProcess(os.path.join(d, "sde.sock"), media=media)
+    # the transport is measured, not the modelled drive: no timing model
+    daemon = DaemonProcess(os.path.join(d, "sde.sock"), media=media, extra=["--timing", "off"])
     try:
         return run_bench(daemon.socket_path, seconds, ns_bytes)
     finally:

@@ -15,7 +15,7 @@ import tempfile
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_dev.h", HERE / "sde_model.h"]
+HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_model.h", HERE / "sde_dev.h"]
 SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"

@@ -62,7 +62,7 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
     while (inflight) {
         int n = sde_cq_reap(mem, cqe, qd);
         if (n == 0) {
-            int w = sde_cq_wait(mem, completion_fd, 0, 1000000000);
+            int w = sde_cq_wait(mem, completion_fd, -1, 0, 1000000000);
             if (w < 0) {
                 rc = w;
                 break;

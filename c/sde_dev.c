@@ -62,6 +62,14 @@ struct dev_ctx {
     uint64_t t0;
     uint8_t *bounce;
     uint8_t *client_addr;
+    uint64_t due;    /* real time: post no earlier than this (monotonic ns); 0: at once */
+    uint64_t dtime;  /* the CQE's device time (modelled); 0: the measured latency */
+};
+
+struct held {
+    uint64_t due;
+    int qp;
+    sde_cqe cqe;
 };
 
 struct sde_dev {
@@ -82,6 +90,12 @@ struct sde_dev {
     uint32_t nfree;
     sde_admin_cmd *admin;
     uint32_t admin_head, admin_tail;
+    sde_model *model;     /* NULL: no timing model */
+    int virtual_time;
+    uint64_t origin;      /* real time: the model's zero on the monotonic clock */
+    double vclock;        /* virtual time: the latest submission (never goes back) */
+    struct held *held;    /* min-heap on due: completions waiting for their modelled time */
+    uint32_t nheld, cap_held;
     sde_dev_stats stats;
 };
 
@@ -153,6 +167,8 @@ void sde_dev_free(sde_dev *dev)
     free(dev->ctx);
     free(dev->free_ctx);
     free(dev->admin);
+    free(dev->held);
+    sde_model_free(dev->model);
     pthread_mutex_destroy(&dev->lock);
     free(dev);
 }
@@ -368,24 +384,176 @@ static void flush_stage(struct dev_qp *q)
     q->nstage = 0;
 }
 
+static void stage(struct dev_qp *q, const sde_cqe *c)
+{
+    q->stage[q->nstage++] = *c;
+    if (q->nstage == STAGE)
+        flush_stage(q);
+}
+
+static void drop(struct dev_qp *q)
+{
+    q->inflight--;
+    if (!q->inflight)
+        q->in_use = 0;
+}
+
+static void heap_push(sde_dev *dev, const struct held *h)
+{
+    if (dev->nheld == dev->cap_held) {
+        uint32_t cap = dev->cap_held ? 2 * dev->cap_held : 256;
+        struct held *n = realloc(dev->held, cap * sizeof(*n));
+        if (!n) { /* no memory to hold it: post it now rather than lose it */
+            if (dev->qps[h->qp].active)
+                stage(&dev->qps[h->qp], &h->cqe);
+            else
+                drop(&dev->qps[h->qp]);
+            return;
+        }
+        dev->held = n;
+        dev->cap_held = cap;
+    }
+    uint32_t i = dev->nheld++;
+    while (i && dev->held[(i - 1) / 2].due > h->due) {
+        dev->held[i] = dev->held[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    dev->held[i] = *h;
+}
+
+static struct held heap_pop(sde_dev *dev)
+{
+    struct held top = dev->held[0], last = dev->held[--dev->nheld];
+    uint32_t i = 0;
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= dev->nheld)
+            break;
+        if (c + 1 < dev->nheld && dev->held[c + 1].due < dev->held[c].due)
+            c++;
+        if (dev->held[c].due >= last.due)
+            break;
+        dev->held[i] = dev->held[c];
+        i = c;
+    }
+    if (dev->nheld)
+        dev->held[i] = last;
+    return top;
+}
+
+/* Stage every held completion whose modelled time has come. */
+static int release_due(sde_dev *dev, uint64_t now)
+{
+    int n = 0;
+    while (dev->nheld && dev->held[0].due <= now) {
+        struct held h = heap_pop(dev);
+        struct dev_qp *q = &dev->qps[h.qp];
+        if (q->active)
+            stage(q, &h.cqe);
+        else
+            drop(q);
+        n++;
+    }
+    return n;
+}
+
 /* Complete one command of queue pair qp: stage its completion (posted at the end of the
- * pass), or drop it if the queue no longer serves. */
+ * pass), hold it until `due` (real-time model), or drop it if the queue no longer serves.
+ * dtime: the CQE's device time, 0 for the measured latency. */
+static void finish_at(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
+                      uint64_t result, uint64_t bytes, uint64_t t0, uint64_t due,
+                      uint64_t dtime)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint64_t now = now_ns();
+    uint64_t lat = now - t0;
+    account(dev, cls, status, bytes, lat);
+    if (!q->active) {
+        drop(q);
+        return;
+    }
+    sde_cqe c = {.cid = cid, .status = status, .result = result,
+                 .device_time_ns = dtime ? dtime : lat};
+    if (due > now) {
+        dev->stats.held++;
+        heap_push(dev, &(struct held){due, qp, c});
+        return;
+    }
+    if (due && now > due)
+        dev->stats.host_lag++; /* the media took longer than the modelled device */
+    stage(q, &c);
+}
+
 static void finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
                    uint64_t result, uint64_t bytes, uint64_t t0)
 {
-    struct dev_qp *q = &dev->qps[qp];
-    uint64_t lat = now_ns() - t0;
-    account(dev, cls, status, bytes, lat);
-    if (!q->active) {
-        q->inflight--;
-        if (!q->inflight)
-            q->in_use = 0;
+    finish_at(dev, qp, cls, cid, status, result, bytes, t0, 0, 0);
+}
+
+/* The model's verdict for a command starting now: (due on the monotonic clock, CQE device
+ * time).  Real time: due = origin + completion, device time = the modelled latency.
+ * Virtual time: due 0 (nothing is held), device time = the completion on the virtual clock. */
+static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint64_t off,
+                        uint64_t *due, uint64_t *dtime)
+{
+    *due = 0;
+    *dtime = 0;
+    if (!dev->model)
         return;
+    double submit;
+    if (dev->virtual_time) {
+        double s = (double)c->submit_time_ns;
+        if (s > dev->vclock)
+            dev->vclock = s;
+        submit = dev->vclock; /* the virtual clock never goes back */
+    } else {
+        submit = (double)(t0 - dev->origin);
     }
-    q->stage[q->nstage++] = (sde_cqe){.cid = cid, .status = status, .result = result,
-                                      .device_time_ns = lat};
-    if (q->nstage == STAGE)
-        flush_stage(q);
+    double done;
+    switch (c->opcode) {
+    case SDE_CMD_READ: done = sde_model_read(dev->model, submit, off, c->length); break;
+    case SDE_CMD_WRITE: done = sde_model_write(dev->model, submit, off, c->length); break;
+    case SDE_CMD_FLUSH: done = sde_model_flush(dev->model, submit); break;
+    default: done = sde_model_nop(dev->model, submit); break;
+    }
+    if (done < 0)
+        return; /* cannot happen: submissions come in time order */
+    if (dev->virtual_time) {
+        *dtime = (uint64_t)done;
+    } else {
+        *due = dev->origin + (uint64_t)done;
+        *dtime = (uint64_t)(done - submit);
+        if (!*dtime)
+            *dtime = 1;
+    }
+}
+
+int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time)
+{
+    sde_model *m = NULL;
+    if (p) {
+        int r = sde_model_new(p, &m);
+        if (r < 0)
+            return r;
+    }
+    pthread_mutex_lock(&dev->lock);
+    sde_model_free(dev->model);
+    dev->model = m;
+    dev->virtual_time = virtual_time;
+    dev->origin = now_ns();
+    dev->vclock = 0;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    if (dev->model)
+        sde_model_get_stats(dev->model, out);
+    else
+        memset(out, 0, sizeof(*out));
+    pthread_mutex_unlock(&dev->lock);
 }
 
 /* Check a block command against the namespace and the client's buffer.  Returns a status;
@@ -449,9 +617,12 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     struct dev_buf *b = NULL;
     uint16_t st;
     switch (c->opcode) {
-    case SDE_CMD_NOP:
-        finish(dev, qp, cls, c->cid, SDE_SC_SUCCESS, 0, 0, t0);
+    case SDE_CMD_NOP: {
+        uint64_t due, dtime;
+        model_times(dev, c, t0, 0, &due, &dtime);
+        finish_at(dev, qp, cls, c->cid, SDE_SC_SUCCESS, 0, 0, t0, due, dtime);
         return 0;
+    }
     case SDE_CMD_READ:
     case SDE_CMD_WRITE:
         st = check_block(dev, q, c, 1, &off, &b);
@@ -497,6 +668,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     x->bounce = NULL;
     x->io.user_data = (uint64_t)(x - dev->ctx);
     x->io.buf_index = -1;
+    model_times(dev, c, t0, off, &x->due, &x->dtime);
     if (c->opcode == SDE_CMD_FLUSH) {
         x->io.op = SDE_OP_FSYNC;
     } else {
@@ -544,7 +716,8 @@ static int reap_engine(sde_dev *dev)
             x->bounce = NULL;
         }
         uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
-        finish(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0);
+        finish_at(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0, x->due,
+                  x->dtime);
         x->used = 0;
         dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
     }
@@ -592,6 +765,8 @@ static int pass(sde_dev *dev)
     }
     sde_submit_queued(dev->eng);
     work += reap_engine(dev);
+    if (dev->nheld)
+        work += release_due(dev, now_ns());
     for (int qp = 0; qp < SDE_MAX_QPS; qp++)
         if (dev->qps[qp].nstage)
             flush_stage(&dev->qps[qp]);
@@ -604,10 +779,41 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
     while (!*stop) {
         pthread_mutex_lock(&dev->lock);
         int work = pass(dev);
+        uint64_t next_due = dev->nheld ? dev->held[0].due : 0;
         pthread_mutex_unlock(&dev->lock);
         uint64_t t = now_ns();
         if (work) {
             idle_since = t;
+            continue;
+        }
+        if (next_due) {
+            /* completions wait for their modelled time: poll up to it when it is near,
+             * else wait in io_uring (new commands kick the doorbell) no longer than that */
+            if (next_due <= t + 20000) {
+                __builtin_ia32_pause();
+                continue;
+            }
+            pthread_mutex_lock(&dev->lock);
+            for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+                if (dev->qps[qp].active)
+                    sde_sq_prepare_sleep(&dev->qps[qp].v);
+            int armed = sde_engine_arm_poll(dev->eng, dev->doorbell);
+            pthread_mutex_unlock(&dev->lock);
+            if (armed < 0)
+                return armed;
+            sde_engine_wait_timeout(dev->eng, next_due - t - 10000);
+            pthread_mutex_lock(&dev->lock);
+            pass(dev);
+            if (sde_engine_take_poll(dev->eng)) {
+                uint64_t v;
+                if (read(dev->doorbell, &v, sizeof(v)) > 0)
+                    dev->stats.wakeups++;
+            }
+            for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+                if (dev->qps[qp].active)
+                    sde_sq_clear_wakeup(&dev->qps[qp].v);
+            pthread_mutex_unlock(&dev->lock);
+            idle_since = now_ns();
             continue;
         }
         if (t - idle_since < spin_ns) {
@@ -672,13 +878,43 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
     if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
         int cls = class_of((uint8_t)opcode);
         dev->stats.cls[cls].bytes_copied += bytes_copied;
-        finish(dev, qp, cls, cqe->cid, cqe->status, cqe->result, bytes, t0_ns);
-        struct dev_qp *q = &dev->qps[qp];
-        if (cqe->device_time_ns && q->nstage) /* a modelled time (compute) replaces the measured */
-            q->stage[q->nstage - 1].device_time_ns = cqe->device_time_ns;
-        flush_stage(q);
+        uint64_t dtime = cqe->device_time_ns;
+        uint64_t due = dtime && dev->model && !dev->virtual_time ? t0_ns + dtime : 0;
+        finish_at(dev, qp, cls, cqe->cid, cqe->status, cqe->result, bytes, t0_ns, due, dtime);
+        flush_stage(&dev->qps[qp]);
         ret = 0;
     }
     pthread_mutex_unlock(&dev->lock);
+    if (ret == 0 && dev->nheld)
+        kick(dev->doorbell); /* the data plane may sleep with no timeout: it must see this */
     return ret;
+}
+
+uint64_t sde_dev_model_media(sde_dev *dev, int write, uint64_t offset, uint64_t nbytes,
+                             uint64_t t0_ns, uint64_t submit_ns)
+{
+    pthread_mutex_lock(&dev->lock);
+    uint64_t out = 0;
+    if (dev->model && nbytes) {
+        double submit;
+        if (dev->virtual_time) {
+            if ((double)submit_ns > dev->vclock)
+                dev->vclock = (double)submit_ns;
+            submit = dev->vclock;
+        } else {
+            /* the slow path runs after later fast-path commands: never before the horizon */
+            sde_model_stats st;
+            sde_model_get_stats(dev->model, &st);
+            submit = (double)(t0_ns - dev->origin);
+            if (submit < st.horizon_ns)
+                submit = st.horizon_ns;
+        }
+        double done = write == 2 ? sde_model_nop(dev->model, submit)
+                      : write ? sde_model_write(dev->model, submit, offset, nbytes)
+                              : sde_model_read(dev->model, submit, offset, nbytes);
+        if (done >= 0)
+            out = dev->virtual_time ? (uint64_t)done : (uint64_t)(done - submit) + 1;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return out;
 }

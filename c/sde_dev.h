@@ -10,6 +10,7 @@
 #define SDE_DEV_H
 #include <stdint.h>
 #include "sde_queue.h"
+#include "sde_model.h"
 
 /* CDEF-BEGIN */
 #define SDE_MAX_QPS 256
@@ -44,6 +45,8 @@ typedef struct sde_dev_stats {
     uint64_t broken_queues;  /* queues stopped because the client broke the ring protocol */
     uint64_t sleeps;
     uint64_t wakeups;
+    uint64_t held;           /* completions held until their modelled time (real time) */
+    uint64_t host_lag;       /* commands whose media I/O ended after their modelled time */
 } sde_dev_stats;
 
 typedef struct sde_admin_cmd {
@@ -84,11 +87,26 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
 
 /* Admin commands for Python, and their completions. */
 int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
-/* opcode: the command's (for its class); bytes it moved and bytes the daemon copied. */
+/* opcode: the command's (for its class); bytes it moved and bytes the daemon copied.  A
+ * non-zero cqe->device_time_ns is the modelled time: in real time the completion is held
+ * until t0_ns + that time. */
 int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, uint32_t opcode,
                      uint64_t bytes, uint64_t bytes_copied);
 
 void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
+
+/* Time block commands, NOP and FLUSH with the timing model (c/sde_model.h).  Real time: a
+ * completion is held until its modelled time and its CQE carries the modelled latency; a
+ * media I/O that ends later than that counts as host lag.  Virtual time: the SQE's
+ * submit_time_ns is the submission on a clock that never goes back, the CQE carries the
+ * modelled completion time, nothing is held.  p NULL: no model (measured times). */
+int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time);
+void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out);
+/* The model's time for media work the slow path does (write 1 / read 0 of nbytes at a media
+ * offset; 2: no media work, the controller only) for a command fetched at t0_ns (real) or stamped submit_ns (virtual): the latency
+ * (real time) or the completion time (virtual).  0 without a model. */
+uint64_t sde_dev_model_media(sde_dev *dev, int write, uint64_t offset, uint64_t nbytes,
+                             uint64_t t0_ns, uint64_t submit_ns);
 
 /* The command class an opcode dispatches to (SDE_CLASS_INVALID for none). */
 int sde_dev_opcode_class(uint32_t op);

@@ -632,6 +632,17 @@ int sde_engine_arm_poll(sde_engine *eng, int fd)
 
 int sde_engine_wait(sde_engine *eng) { return wait_cq(eng); }
 
+int sde_engine_wait_timeout(sde_engine *eng, uint64_t timeout_ns)
+{
+    if (io_uring_cq_ready(&eng->ring))
+        return 0;
+    struct __kernel_timespec ts = {.tv_sec = (long long)(timeout_ns / 1000000000ull),
+                                   .tv_nsec = (long long)(timeout_ns % 1000000000ull)};
+    struct io_uring_cqe *cqe;
+    int ret = io_uring_wait_cqe_timeout(&eng->ring, &cqe, &ts);
+    return ret == -EINTR ? 0 : ret;
+}
+
 int sde_engine_take_poll(sde_engine *eng)
 {
     int fired = eng->poll_fired;

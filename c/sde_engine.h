@@ -134,6 +134,8 @@ int sde_run(sde_engine *eng, sde_io *ios, uint32_t n);
  * sde_engine_take_poll tells (once) whether the poll fired. */
 int sde_engine_arm_poll(sde_engine *eng, int fd);
 int sde_engine_wait(sde_engine *eng);
+/* As sde_engine_wait, giving up after timeout_ns (returns -ETIME). */
+int sde_engine_wait_timeout(sde_engine *eng, uint64_t timeout_ns);
 int sde_engine_take_poll(sde_engine *eng);
 
 uint32_t sde_inflight(const sde_engine *eng);

@@ -147,8 +147,11 @@ int sde_sq_submit(void *mem, const sde_sqe *sqes, uint32_t n, int doorbell_fd, i
 /* Client: take up to max completions. */
 int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
 /* Client: wait until a completion is there, or until timeout_ns (0: forever): poll for
- * spin_ns, then sleep on completion_fd.  Returns completions ready, 0 on timeout, -errno. */
-int sde_cq_wait(void *mem, int completion_fd, uint64_t spin_ns, uint64_t timeout_ns);
+ * spin_ns, then sleep on completion_fd.  hangup_fd (the control socket, or -1) becoming
+ * readable or hung up means the daemon is gone: -ENOTCONN, as for a queue marked dead.
+ * Returns completions ready, 0 on timeout, -errno. */
+int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
+                uint64_t timeout_ns);
 /* A closed-loop job through a queue pair, in C (the client side of `ssdemu bench queue`):
  * keeps qd commands of `opcode` in flight, each `bs` bytes at a random block-aligned lba below
  * `nblocks` of namespace nsid, into buffer handle buf (slot i at offset i*bs), for

@@ -115,7 +115,8 @@ int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max)
     return (int)k;
 }
 
-int sde_cq_wait(void *mem, int completion_fd, uint64_t spin_ns, uint64_t timeout_ns)
+int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
+                uint64_t timeout_ns)
 {
     sde_ring_hdr *h = mem;
     uint64_t start = now_ns();
@@ -152,13 +153,20 @@ int sde_cq_wait(void *mem, int completion_fd, uint64_t spin_ns, uint64_t timeout
             }
             wait_ms = (int)((timeout_ns - spent + 999999) / 1000000);
         }
-        struct pollfd p = {.fd = completion_fd, .events = POLLIN};
-        int r = poll(&p, 1, wait_ms);
+        struct pollfd p[2] = {{.fd = completion_fd, .events = POLLIN},
+                              {.fd = hangup_fd, .events = POLLIN | POLLRDHUP}};
+        int r = poll(p, hangup_fd >= 0 ? 2 : 1, wait_ms);
         if (r < 0 && errno != EINTR) {
             STORE_REL(&h->cq_flags, 0);
             return -errno;
         }
-        if (r > 0) {
+        if (r > 0 && hangup_fd >= 0 && p[1].revents) {
+            STORE_REL(&h->cq_flags, 0);
+            if (LOAD_ACQ(&h->cq_tail) != h->cq_head)
+                return (int)(LOAD_ACQ(&h->cq_tail) - h->cq_head);
+            return -ENOTCONN; /* the daemon closed its end: it is gone */
+        }
+        if (r > 0 && p[0].revents) {
             uint64_t v;
             if (read(completion_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
                 STORE_REL(&h->cq_flags, 0);

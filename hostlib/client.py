@@ -78,8 +78,10 @@ class Future:
 class QueuePair:
     """A submission and a completion ring shared with the daemon."""
 
-    def __init__(self, qid: int, nbytes: int, entries: int, fds: list[int]):
+    def __init__(self, qid: int, nbytes: int, entries: int, fds: list[int],
+                 hangup_fd: int = -1):
         mem_fd, self.doorbell_fd, self.completion_fd = fds
+        self.hangup_fd = hangup_fd  # the control socket: the daemon's death shows there
         self.qid, self.entries = qid, entries
         self.mm = mmap.mmap(mem_fd, nbytes, mmap.MAP_SHARED)
         os.close(mem_fd)
@@ -124,7 +126,7 @@ class QueuePair:
     def wait(self, timeout: float | None) -> int:
         if self.poll():
             return 1
-        r = lib.sde_cq_wait(self.mem, self.completion_fd, SPIN_NS,
+        r = lib.sde_cq_wait(self.mem, self.completion_fd, self.hangup_fd, SPIN_NS,
                             0 if timeout is None else max(1, int(timeout * 1e9)))
         if r == -107:  # ENOTCONN: the daemon marked the queue dead
             self._fail_all()
@@ -179,7 +181,8 @@ class Device:
 
     def queue_pair(self, entries: int = DEFAULT_ENTRIES) -> QueuePair:
         reply, fds = self._request({"op": "create_qp", "entries": entries})
-        return QueuePair(reply["qid"], reply["bytes"], reply["entries"], fds)
+        return QueuePair(reply["qid"], reply["bytes"], reply["entries"], fds,
+                         self.sock.fileno())
 
     def _alloc(self, nbytes: int, bounce: bool = False) -> np.ndarray:
         size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE

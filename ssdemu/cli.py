@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", required=True, help="the Unix socket clients connect to")
     serve.add_argument("--allow-uid", type=int, action="append", default=[],
                        help="another uid allowed to connect (the daemon's own and root are)")
+    serve.add_argument("--timing", choices=("detailed", "off"), default="detailed",
+                       help="hold completions until the profile's modelled time (default), "
+                       "or post them when the media is done")
+    serve.add_argument("--clock", choices=("real", "virtual"), default="real",
+                       help="virtual: SQEs carry submission times, CQEs completion times")
     serve.add_argument("--format", action="store_true",
                        help="format the media even if it holds something else")
     serve.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
@@ -157,7 +162,7 @@ def _cmd_serve(args) -> int:
     profile = load(args.profile)
     with open_media(args.media) as media:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
-                     args.format)
+                     args.format, args.timing, args.clock)
 
 
 def _cmd_format(args) -> int:

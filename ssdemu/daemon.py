@@ -28,6 +28,7 @@ from ssdemu.profile import Profile
 from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
 from ssdemu.slowpath import Outcome, SlowPath
 from ssdemu.store import Store, StoreError, probe
+from ssdemu.timing import model_params
 
 ffi, lib = _engine.ffi, _engine.lib
 log = logging.getLogger("ssdemu.serve")
@@ -76,7 +77,8 @@ class Client:
 
 class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
-                 allowed_uids: set[int] | None = None, format_media: bool = False):
+                 allowed_uids: set[int] | None = None, format_media: bool = False,
+                 timing: str = "detailed", clock: str = "real"):
         self.profile = profile
         self.media = media
         self.socket_path = socket_path
@@ -86,6 +88,11 @@ class Daemon:
         if r < 0:
             raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
         self.dev = out[0]
+        self.timing, self.clock = timing, clock
+        if timing == "detailed":
+            r = lib.sde_dev_set_model(self.dev, model_params(profile), int(clock == "virtual"))
+            if r < 0:
+                raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
         self.store = open_store(media, format_media, not profile.write_cache.enabled)
         for nsid, (offset, nbytes) in self.store.namespaces.items():
             lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
@@ -362,6 +369,7 @@ class Daemon:
             "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
             "max_queue_entries": self.profile.queue.max_entries,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
+            "timing": self.timing, "clock": self.clock,
             "protocol_version": PROTOCOL_VERSION,
             "commands": sorted(OPCODES),
         }
@@ -386,7 +394,12 @@ class Daemon:
                           "device_ns": k.device_ns, "host_ns": k.host_ns,
                           "host_lag_calls": k.host_lag_calls}
                    for name, k in self.budget.kernels.items()}
+        ms = ffi.new("sde_model_stats *")
+        lib.sde_dev_model_stats(self.dev, ms)
+        model = {name: getattr(ms, name) for name, _ in ffi.typeof("sde_model_stats").fields}
         return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
+                "timing": self.timing, "clock": self.clock, "held": st.held,
+                "host_lag": st.host_lag, "model": model,
                 "compute": compute,
                 "compute_utilization": self.budget.utilization(self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
@@ -402,7 +415,7 @@ class Daemon:
             for i in range(n):
                 a = cmds[i]
                 try:
-                    out = self.slowpath.run(self.clients.get(a.client), a.sqe)
+                    out = self.slowpath.run(self.clients.get(a.client), a.sqe, a.t0_ns)
                 except Exception:  # a bug on our side: the client gets an error, we go on
                     log.exception("command %d failed", a.sqe.opcode)
                     out = Outcome(STATUS["INTERNAL"])
@@ -470,8 +483,9 @@ def _close_mapping(mm: mmap.mmap) -> None:
 
 
 def serve(profile: Profile, media: Media, socket_path: str,
-          allowed_uids: set[int] | None = None, format_media: bool = False) -> int:
-    daemon = Daemon(profile, media, socket_path, allowed_uids, format_media)
+          allowed_uids: set[int] | None = None, format_media: bool = False,
+          timing: str = "detailed", clock: str = "real") -> int:
+    daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock)
     daemon.start()
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)

@@ -61,11 +61,20 @@ class SlowPath:
     def __init__(self, daemon):
         self.d = daemon
 
-    def run(self, client, sqe) -> Outcome:
+    def run(self, client, sqe, t0_ns: int = 0) -> Outcome:
         handler = HANDLERS.get(sqe.opcode)
         if handler is None:
             return _err("INVALID_OPCODE")
+        self._t0, self._submit = t0_ns, int(sqe.submit_time_ns)
         return handler(self, client, sqe)
+
+    def _media_ns(self, write: bool, key: bytes, nbytes: int) -> int:
+        """The timing model's time for moving a stored value's bytes on the NAND."""
+        entry = self.d.store.index.get(key)
+        if entry is None:
+            return 0
+        return lib.sde_dev_model_media(self.d.dev, int(write), entry.extent.offset, nbytes,
+                                       self._t0, self._submit)
 
     # -- helpers --
     def _region(self, client, sqe):
@@ -164,7 +173,12 @@ class SlowPath:
             return _err("CAPACITY_EXCEEDED")
         if new_block_key:
             self.d.index_key(key)
-        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device_ns)
+        # the NAND program of the value: none when identical bytes were already stored
+        if self.d.store.last_put_wrote:
+            media = self._media_ns(True, key, len(value))
+        else:
+            media = lib.sde_dev_model_media(self.d.dev, 2, 0, 1, self._t0, self._submit)
+        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device_ns + media)
 
     def kv_retrieve(self, client, sqe):
         key, bad = self._kv_checks(sqe)
@@ -183,7 +197,8 @@ class SlowPath:
         if len(value) > length:
             return _err("KV_INVALID_VALUE_SIZE", len(value))
         mm[off:off + len(value)] = value
-        return _ok(len(value), len(value), len(value))
+        return Outcome(STATUS["SUCCESS"], len(value), len(value), len(value),
+                       self._media_ns(False, key, len(value)))
 
     def kv_delete(self, client, sqe):
         key, bad = self._kv_checks(sqe)
@@ -291,8 +306,10 @@ class SlowPath:
         mm[off:off + block.nbytes] = block.tobytes()
         elem = block.dtype.itemsize
         cost = dequantize_cost(block.size, elem, scheme_of(blob), len(blob))
+        # the NAND read of the compressed block, then the firmware's dequantization
         return Outcome(STATUS["SUCCESS"], block.nbytes, block.nbytes, block.nbytes,
-                       self._charge("dequantize", cost, host))
+                       self._media_ns(False, key, len(blob))
+                       + self._charge("dequantize", cost, host))
 
     def _match(self, keys: np.ndarray, extra_ns: int = 0) -> Outcome:
         t0 = time.perf_counter_ns()

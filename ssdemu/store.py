@@ -108,6 +108,7 @@ class Store:
         self.by_digest: dict[bytes, Extent] = {}
         self.free: list[tuple[int, int]] = []  # (offset, bytes), sorted
         self.seq = 0
+        self.last_put_wrote = False  # did the last put write value bytes (not shared ones)
         self.namespaces: dict[int, tuple[int, int]] = {}  # nsid -> (offset, bytes)
         self._staging = alloc_aligned(MAX_VALUE + self.block)
 
@@ -287,10 +288,12 @@ class Store:
         if mode == STORE_IF_NOT_EXISTS and old is not None:
             raise KeyExists(key)
         digest = hashlib.blake2b(value, digest_size=16).digest()
+        self.last_put_wrote = False
         if old is not None and old.digest == digest:
             return True  # the same bytes: nothing to write
         ext = self.by_digest.get(digest)
         if ext is None:  # new content: a new extent (never overwrite shared bytes in place)
+            self.last_put_wrote = True
             nbytes = -(-len(value) // self.block) * self.block
             ext = Extent(self._alloc(nbytes), nbytes, 0)
             self._write(ext.offset, value)

@@ -16,7 +16,10 @@ from ssdemu.profile import load
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory):
-    d = DaemonProcess(str(tmp_path_factory.mktemp("c") / "sde.sock"), media="mem:256M")
+    # no NAND timing here, so that a compute command's device time is the firmware's alone
+    # (tests/test_daemon_timing.py covers the two together)
+    d = DaemonProcess(str(tmp_path_factory.mktemp("c") / "sde.sock"), media="mem:256M",
+                      extra=["--timing", "off"])
     with hostlib.connect(d.socket_path) as device:
         yield device
     code, err = d.terminate()

@@ -131,3 +131,57 @@ def test_format_command(disk_dir):
     assert p.returncode == 0 and "formatted" in p.stdout
     with open(path, "rb") as f:
         assert f.read(8) == b"SSDEMU\x00\x01"
+
+
+KV_WRITER = """
+import sys, hostlib
+dev = hostlib.connect(sys.argv[1])
+for i in range(100000):
+    key = f"k{i}".encode()
+    dev.kv_put(key, (key * 200)[: 50 + (i * 31) % 2000])
+    if i % 20 == 19:
+        dev.flush()                      # durable from here (the write cache is on)
+        print(i, flush=True)
+"""
+
+
+def test_daemon_killed_during_writes_loses_nothing_flushed(drive, tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", KV_WRITER, drive.socket_path],
+                         stdout=subprocess.PIPE, text=True)
+    acked = -1
+    for line in p.stdout:
+        acked = int(line)
+        if acked >= 200:
+            break
+    drive.proc.send_signal(signal.SIGKILL)  # the daemon dies with writes in flight
+    drive.proc.wait()
+    p.wait(timeout=60)
+    again = DaemonProcess(str(tmp_path / "again.sock"), media=f"file:{drive.media_path}")
+    try:
+        with hostlib.connect(again.socket_path) as dev:
+            for i in range(acked + 1):
+                key = f"k{i}".encode()
+                assert dev.kv_get(key) == (key * 200)[: 50 + (i * 31) % 2000]
+            for key in dev.kv_list(max_keys=100_000):
+                i = int(key[1:])
+                assert dev.kv_get(key) == (key * 200)[: 50 + (i * 31) % 2000]
+        assert again.terminate()[0] == 0
+    finally:
+        again.kill()
+
+
+def test_a_corrupted_block_on_the_media_reads_as_an_error(drive):
+    value = os.urandom(8192)
+    with hostlib.connect(drive.socket_path) as dev:
+        dev.kv_put(b"precious", value)
+        dev.flush()
+        with open(drive.media_path, "r+b") as f:  # find the value's bytes and flip one
+            data = f.read()
+            where = data.find(value[:64])
+            assert where > 0
+            f.seek(where + 100)
+            f.write(bytes([data[where + 100] ^ 0xFF]))
+        with pytest.raises(hostlib.MediaError):
+            dev.kv_get(b"precious")
+        dev.kv_put(b"other", b"fine")  # the device carries on
+        assert dev.kv_get(b"other") == b"fine"

@@ -1,0 +1,143 @@
+"""The timing model in the daemon: completions held until their modelled time (real clock),
+completion times on a virtual clock, host lag."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import hostlib
+from ssdemu.daemon_process import DaemonProcess
+from ssdemu.profile import load
+from ssdemu.queue_layout import OPCODES
+from ssdemu.timing import DeviceModel
+
+
+def _daemon(tmp_path, *extra, media="mem:128M"):
+    return DaemonProcess(str(tmp_path / "sde.sock"), media=media, extra=list(extra))
+
+
+def _ns_start(dev, nsid):
+    return next(n["start"] for n in dev.namespaces() if n["nsid"] == nsid)
+
+
+def test_real_time_completion_is_held_for_the_modelled_latency(tmp_path):
+    d = _daemon(tmp_path)
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            ns = dev.ns_create(16 << 20)
+            buf = dev.alloc(4096)
+            t0 = time.perf_counter_ns()
+            dev.read(ns, 0, buf)
+            wall = time.perf_counter_ns() - t0
+            device_ns = dev.qp.last_device_ns  # before any other command replaces it
+            modelled = DeviceModel(load("star2000d")).read(0.0, _ns_start(dev, ns), 4096)
+            assert device_ns == int(modelled)  # the idle device's latency
+            assert wall >= modelled  # and the completion waited for it
+            for _ in range(9):  # warm reads finish on the media before the model: held
+                dev.read(ns, 0, buf)
+            page = dev.log()
+            assert page["held"] >= 1 and page["held"] + page["host_lag"] == 10
+            assert page["model"]["nand_bytes_read"] == 10 * 4096
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def test_virtual_clock_stamps_completions(tmp_path):
+    d = _daemon(tmp_path, "--clock", "virtual")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            ns = dev.ns_create(16 << 20)
+            start = _ns_start(dev, ns)
+            buf = dev.alloc(65536)
+            h, off = dev._locate(buf)
+            model = DeviceModel(load("star2000d"))
+            t = 0
+            for i, (gap, n) in enumerate([(0, 4096), (10, 65536), (5_000_000, 4096),
+                                          (1, 16384), (0, 512)]):
+                t += gap
+                f = dev.submit(OPCODES["READ"], "read", nsid=ns, lba=i * 128, buf=h,
+                               buf_offset=off, length=n, submit_time_ns=t)
+                f.result()
+                expect = model.read(float(t), start + i * 128 * 512, n)
+                assert f.device_ns == int(expect)  # the completion time on the clock
+                assert f.device_ns > t  # never before the submission
+            # an earlier stamp than the clock has reached is taken as "now": no going back
+            f = dev.submit(OPCODES["NOP"], "nop", submit_time_ns=1)
+            f.result()
+            assert f.device_ns >= t
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def test_timing_off_reports_measured_times(tmp_path):
+    d = _daemon(tmp_path, "--timing", "off")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            ns = dev.ns_create(16 << 20)
+            dev.read(ns, 0, dev.alloc(4096))
+            assert dev.log()["held"] == 0
+            assert dev.identify()["timing"] == "off"
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def test_host_lag_is_counted_when_the_media_is_slower(tmp_path, disk_dir):
+    """ext4 under a virtual disk takes hundreds of microseconds for a 4 KiB read; the
+    star2000d model says about 36: each such read is host lag."""
+    d = _daemon(tmp_path, media=f"file:{os.path.join(disk_dir, 'd.img')}:64M")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            ns = dev.ns_create(32 << 20)
+            buf = dev.alloc(1 << 20)
+            dev.write(ns, 0, buf)
+            dev.flush()
+            small = dev.alloc(4096)
+            for i in range(30):
+                dev.read(ns, (i * 7919 % 2000) * 8, small)
+            page = dev.log()
+            assert page["host_lag"] > 0
+            assert page["held"] + page["host_lag"] >= 30
+    finally:
+        assert d.terminate()[0] == 0
+
+
+@pytest.mark.parametrize("clock", ["banana"])
+def test_bad_clock_is_refused(tmp_path, clock):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "serve", "--media", "mem:16M",
+                        "--socket", str(tmp_path / "s"), "--clock", clock],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+def test_kv_and_compute_commands_include_nand_time(tmp_path):
+    import numpy as np
+
+    from firmware.cost import ComputeProfile, TopsBudget, quantize_cost
+
+    profile = load("star2000d")
+    d = _daemon(tmp_path)
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            dev.kv_put(b"value", b"v" * 65536)
+            write_ns = dev.qp.last_device_ns
+            dev.kv_get(b"value")
+            read_ns = dev.qp.last_device_ns
+            assert read_ns >= profile.nand.t_read_ns  # the value was sensed on the NAND
+            assert write_ns >= profile.controller.command_overhead_ns
+            dev.kv_put(b"same", b"v" * 65536)  # identical bytes: no NAND program
+            assert dev.qp.last_device_ns < write_ns
+            x = np.random.default_rng(0).standard_normal((32, 2, 2, 2, 64)).astype(
+                np.float16).view(np.uint16)
+            size = dev.kv_put_quantized(b"q", x, "fp16", "int8_g64")
+            budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
+                                               profile.compute.memory_bytes_per_s))
+            compute_ns = budget.device_ns(quantize_cost(x.size, 2, "int8_g64", size))
+            assert dev.qp.last_device_ns > compute_ns  # firmware, then the NAND program
+    finally:
+        assert d.terminate()[0] == 0
