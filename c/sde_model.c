@@ -175,6 +175,11 @@ double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nby
 {
     if (advance(m, submit) < 0)
         return -1.0;
+    if (m->p.fixed) {
+        m->nand_read += nbytes;
+        m->link_bytes += nbytes;
+        return submit + m->p.fixed_read_ns;
+    }
     double t = controller(m, submit);
     double done = t;
     uint64_t page = m->p.page_bytes;
@@ -199,6 +204,11 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
 {
     if (advance(m, submit) < 0)
         return -1.0;
+    if (m->p.fixed) {
+        m->nand_written += nbytes;
+        m->link_bytes += nbytes;
+        return submit + m->p.fixed_write_ns;
+    }
     double t = controller(m, submit);
     double arrived = res_hold(&m->link, t, (double)nbytes * m->ns_per_link_byte);
     double programmed = arrived;
@@ -223,6 +233,8 @@ double sde_model_flush(sde_model *m, double submit)
 {
     if (advance(m, submit) < 0)
         return -1.0;
+    if (m->p.fixed)
+        return submit + m->p.fixed_other_ns;
     double t = controller(m, submit);
     for (uint32_t i = 0; i < m->nplanes; i++)
         if (m->planes[i].next_free > t)
@@ -234,6 +246,8 @@ double sde_model_nop(sde_model *m, double submit)
 {
     if (advance(m, submit) < 0)
         return -1.0;
+    if (m->p.fixed)
+        return submit + m->p.fixed_other_ns;
     return controller(m, submit) + m->p.link_latency_ns;
 }
 

@@ -21,6 +21,11 @@ typedef struct sde_model_params {
     uint32_t cores;
     double command_overhead_ns;
     int32_t write_cache;
+    /* the simple model beside the detailed one: every command takes a fixed time */
+    int32_t fixed;
+    double fixed_read_ns;
+    double fixed_write_ns;
+    double fixed_other_ns;
 } sde_model_params;
 
 typedef struct sde_model_stats {

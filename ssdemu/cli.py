@@ -58,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", required=True, help="the Unix socket clients connect to")
     serve.add_argument("--allow-uid", type=int, action="append", default=[],
                        help="another uid allowed to connect (the daemon's own and root are)")
-    serve.add_argument("--timing", choices=("detailed", "off"), default="detailed",
-                       help="hold completions until the profile's modelled time (default), "
-                       "or post them when the media is done")
+    serve.add_argument("--timing", choices=("detailed", "fixed", "off"), default="detailed",
+                       help="hold completions until the profile's modelled time (detailed, "
+                       "the default; fixed: every command its unloaded latency), or post "
+                       "them when the media is done (off)")
     serve.add_argument("--clock", choices=("real", "virtual"), default="real",
                        help="virtual: SQEs carry submission times, CQEs completion times")
     serve.add_argument("--format", action="store_true",

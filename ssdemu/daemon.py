@@ -89,8 +89,9 @@ class Daemon:
             raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
         self.dev = out[0]
         self.timing, self.clock = timing, clock
-        if timing == "detailed":
-            r = lib.sde_dev_set_model(self.dev, model_params(profile), int(clock == "virtual"))
+        if timing != "off":
+            r = lib.sde_dev_set_model(self.dev, model_params(profile, fixed=timing == "fixed"),
+                                      int(clock == "virtual"))
             if r < 0:
                 raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
         self.store = open_store(media, format_media, not profile.write_cache.enabled)

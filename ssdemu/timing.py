@@ -62,9 +62,22 @@ class Resource:
         return lib.sde_resource_next_free(self._r)
 
 
-def model_params(profile: Profile):
+def unloaded_latencies(profile: Profile) -> tuple[float, float, float]:
+    """A 4 KiB read, a 4 KiB write and a NOP on an idle detailed model."""
+    return (DeviceModel(profile).read(0.0, 0, 4096), DeviceModel(profile).write(0.0, 0, 4096),
+            DeviceModel(profile).nop(0.0))
+
+
+def model_params(profile: Profile, fixed: bool = False, times=(None, None, None)):
     n, link, c = profile.nand, profile.host_link, profile.controller
+    if fixed:
+        defaults = unloaded_latencies(profile)
+        times = [t if t is not None else d for t, d in zip(times, defaults, strict=True)]
+    else:
+        times = (0.0, 0.0, 0.0)
     return ffi.new("sde_model_params *", {
+        "fixed": int(fixed), "fixed_read_ns": times[0], "fixed_write_ns": times[1],
+        "fixed_other_ns": times[2],
         "link_bytes_per_s": link.bandwidth_bytes_per_s, "link_latency_ns": link.latency_ns,
         "channels": n.channels, "dies_per_channel": n.dies_per_channel,
         "planes_per_die": n.planes_per_die, "page_bytes": n.page_bytes,
@@ -115,36 +128,22 @@ class DeviceModel:
         return {name: getattr(st, name) for name, _ in ffi.typeof("sde_model_stats").fields}
 
 
-class FixedLatencyModel:
-    """The simple model beside the detailed one: every command takes a fixed time, no
-    contention (NVMeVirt's simple FTL)."""
+class FixedLatencyModel(DeviceModel):
+    """The simple model beside the detailed one: every command takes a fixed time, with no
+    contention (NVMeVirt's simple FTL).  The times default to the detailed model's unloaded
+    latencies for a 4 KiB command."""
 
-    @classmethod
-    def from_profile(cls, profile: Profile, nbytes: int = 4096) -> FixedLatencyModel:
-        """The unloaded latencies of an nbytes read and write on the detailed model."""
-        return cls(DeviceModel(profile).read(0.0, 0, nbytes),
-                   DeviceModel(profile).write(0.0, 0, nbytes),
-                   DeviceModel(profile).nop(0.0))
-
-    def __init__(self, read_ns: float, write_ns: float, other_ns: float = 1000.0):
-        self.read_ns, self.write_ns, self.other_ns = read_ns, write_ns, other_ns
-        self.nand_bytes_read = self.nand_bytes_written = self.link_bytes = 0
-
-    def read(self, submit: float, offset: int, nbytes: int) -> float:
-        self.nand_bytes_read += nbytes
-        self.link_bytes += nbytes
-        return submit + self.read_ns
-
-    def write(self, submit: float, offset: int, nbytes: int) -> float:
-        self.nand_bytes_written += nbytes
-        self.link_bytes += nbytes
-        return submit + self.write_ns
-
-    def flush(self, submit: float) -> float:
-        return submit + self.other_ns
-
-    def nop(self, submit: float) -> float:
-        return submit + self.other_ns
+    def __init__(self, profile: Profile, read_ns: float | None = None,
+                 write_ns: float | None = None, other_ns: float | None = None):
+        self.p = profile
+        params = model_params(profile, fixed=True, times=(read_ns, write_ns, other_ns))
+        out = ffi.new("sde_model **")
+        if lib.sde_model_new(params, out) < 0:
+            raise ValueError(f"profile {profile.name} does not make a model")
+        self._m = ffi.gc(out[0], lib.sde_model_free)
+        self.read_ns = params.fixed_read_ns
+        self.write_ns = params.fixed_write_ns
+        self.other_ns = params.fixed_other_ns
 
 
 @dataclass(frozen=True)

@@ -185,3 +185,21 @@ def test_a_corrupted_block_on_the_media_reads_as_an_error(drive):
             dev.kv_get(b"precious")
         dev.kv_put(b"other", b"fine")  # the device carries on
         assert dev.kv_get(b"other") == b"fine"
+
+
+def test_a_chain_sharing_a_prefix_stores_only_its_new_blocks(drive):
+    from hostlib.prefix_hash import chain_keys, root_key
+
+    root = root_key("llama-3-8b")
+    shared = list(range(48))
+    chain_a = chain_keys(shared + list(range(100, 132)), 16, root)  # 5 blocks
+    chain_b = chain_keys(shared + list(range(200, 232)), 16, root)  # 3 shared + 2 new
+    blocks = {k: os.urandom(4096) for k in set(chain_a) | set(chain_b)}
+    with hostlib.connect(drive.socket_path) as dev:
+        for k in chain_a:
+            assert dev.kv_put(k, blocks[k]) is False
+        before = dev.log()["physical_bytes"]
+        existed = [dev.kv_put(k, blocks[k]) for k in chain_b]
+        assert existed == [True, True, True, False, False]  # the prefix is reported existing
+        assert dev.log()["physical_bytes"] - before == 2 * 4096  # only the new blocks' bytes
+        assert dev.prefix_match(chain_b) == 5

@@ -141,3 +141,18 @@ def test_kv_and_compute_commands_include_nand_time(tmp_path):
             assert dev.qp.last_device_ns > compute_ns  # firmware, then the NAND program
     finally:
         assert d.terminate()[0] == 0
+
+
+def test_fixed_latency_model_in_the_daemon(tmp_path):
+    from ssdemu.timing import FixedLatencyModel
+
+    d = _daemon(tmp_path, "--timing", "fixed")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            ns = dev.ns_create(16 << 20)
+            fixed = FixedLatencyModel(load("star2000d"))
+            for n in (4096, 1 << 20):  # any size, the same time
+                dev.read(ns, 0, dev.alloc(n))
+                assert dev.qp.last_device_ns == int(fixed.read_ns)
+    finally:
+        assert d.terminate()[0] == 0

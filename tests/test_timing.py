@@ -123,10 +123,13 @@ def test_write_cache_changes_when_writes_complete():
 
 
 def test_fixed_latency_model():
-    f = FixedLatencyModel.from_profile(load("pcie4-tlc"))
-    assert f.read(1000.0, 0, 4096) - 1000.0 == f.read(5000.0, 8192, 4096) - 5000.0
+    f = FixedLatencyModel(load("pcie4-tlc"))
+    assert f.read(1000.0, 0, 4096) - 1000.0 == f.read(1000.0, 8192, 4096) - 1000.0
+    assert f.read(5000.0, 0, MIB) == 5000.0 + f.read_ns  # no contention, any size
     assert f.read_ns > 35_760  # at least a page read
-    assert f.write_ns < f.read_ns + 1  # with the write cache: no program on the path
+    assert f.write_ns < f.read_ns  # with the write cache: no program on the path
+    g = FixedLatencyModel(load("pcie4-tlc"), read_ns=100.0, write_ns=200.0, other_ns=7.0)
+    assert (g.read(0.0, 0, 512), g.write(10.0, 0, 512), g.nop(20.0)) == (100.0, 210.0, 27.0)
 
 
 def _profile_data():
