@@ -85,6 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     lg = csub.add_parser("log", help="a log page (1: counters, latency, bytes copied)")
     lg.add_argument("page", type=_positive_int, nargs="?", default=1)
 
+    rp = sub.add_parser("replay", help="replay a Mooncake KV-cache trace through the serving "
+                        "model and the drive (model mode: virtual time, sizes only)")
+    rp.add_argument("trace", help="a Mooncake JSONL trace")
+    rp.add_argument("--profile", default="star2000d")
+    rp.add_argument("--model", default="llama-3-8b")
+    rp.add_argument("--mode", choices=("model",), default="model")
+    rp.add_argument("--quant", default="int8_g64",
+                    help="the drive's in-drive quantization scheme ('none': fp16)")
+    rp.add_argument("--capacity", default="hbm=0,dram=0,drive=unbounded",
+                    help="hbm=SIZE,dram=SIZE,drive=SIZE; SIZE bytes, blocks:N or unbounded")
+    rp.add_argument("--prefill-rate", type=_positive_float,
+                    help="the modelled GPU's prefill tokens/s (default: the model's)")
+    rp.add_argument("--skip-bad", action="store_true", help="skip and count bad trace lines")
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
 
@@ -202,7 +217,45 @@ def _cmd_bench_device(args) -> int:
     return 0
 
 
+def _cmd_replay(args) -> int:
+    import dataclasses
+
+    from ssdemu.profile import load
+    from ssdemu.replay import replay_model
+    from ssdemu.serving import model_config, parse_capacities
+    from traces.mooncake import TraceReader
+
+    profile = load(args.profile)
+    model = model_config(args.model)
+    if args.prefill_rate:
+        model = dataclasses.replace(model, prefill_tokens_per_s=args.prefill_rate)
+    quant = None if args.quant == "none" else args.quant
+    sizes = {"hbm": model.block_bytes, "dram": model.block_bytes,
+             "drive": model.stored_block_bytes(quant)}
+    caps = parse_capacities(args.capacity, sizes)
+    reader = TraceReader(args.trace, skip_bad=args.skip_bad)
+    report = replay_model(reader, profile, model, quant, caps)
+    report["skipped_lines"] = reader.skipped
+    if args.json:
+        print(json.dumps(report))
+    else:
+        t = report["ttft_s"]
+        print(f"{report['requests']} requests, {report['blocks']} blocks: block hit ratio "
+              f"{report['block_hit_ratio']:.3f} "
+              f"({', '.join(f'{k} {v:.3f}' for k, v in report['tier_hit_ratio'].items())})")
+        print(f"TTFT p50/p99: with the drive {t['with_drive']['p50']:.3f} / "
+              f"{t['with_drive']['p99']:.3f} s, without {t['without_drive']['p50']:.3f} / "
+              f"{t['without_drive']['p99']:.3f} s")
+        print(f"prefill tokens saved {report['prefill_tokens_saved']:,}; compression "
+              f"{report['compression_ratio']:.2f}x; drive utilization "
+              + ", ".join(f"{k} {v:.1%}" for k, v in report["drive_utilization"].items()))
+        if reader.skipped:
+            print(f"skipped {reader.skipped} bad lines")
+    return 0
+
+
 COMMANDS = {
+    ("replay", None): _cmd_replay,
     ("bench", "device"): _cmd_bench_device,
     ("bench", "queue"): _cmd_bench_queue,
     ("serve", None): _cmd_serve,
@@ -219,8 +272,9 @@ COMMANDS = {
 
 def _client_errors() -> tuple[type[Exception], ...]:
     import hostlib
+    from traces.mooncake import TraceError
 
-    return (hostlib.DeviceError, hostlib.ConnectError, hostlib.DeviceGoneError)
+    return (hostlib.DeviceError, hostlib.ConnectError, hostlib.DeviceGoneError, TraceError)
 
 
 def main(argv: list[str] | None = None) -> int:

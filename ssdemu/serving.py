@@ -1,0 +1,128 @@
+"""The serving side of a replay: model configurations, KV tiers with LRU by block count, and
+the capacity syntax.  Pure logic: no I/O, no clock."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from firmware.layout import KVShape
+from firmware.quant import compressed_nbytes
+from ssdemu.units import parse_size
+
+BLOCK_TOKENS = 512
+TIERS = ("hbm", "dram", "drive")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    element_bytes: int = 2  # fp16
+    prefill_tokens_per_s: float = 10_000.0  # the modelled GPU, configurable
+    decode_tokens_per_s: float = 50.0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.element_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return BLOCK_TOKENS * self.kv_bytes_per_token
+
+    def block_shape(self) -> KVShape:
+        return KVShape(BLOCK_TOKENS, self.layers, self.kv_heads, self.head_dim)
+
+    def stored_block_bytes(self, quant: str | None) -> int:
+        """Bytes of one 512-token block in a tier that stores it under `quant` (None: fp16)."""
+        if not quant:
+            return self.block_bytes
+        return compressed_nbytes(self.block_shape(), quant, "fp16")
+
+
+MODELS = {
+    # Llama-3-8B: 32 layers x 8 KV heads x 128 -> 128 KiB per token (fp16)
+    "llama-3-8b": ModelConfig("llama-3-8b", 32, 8, 128, prefill_tokens_per_s=50_000.0),
+    # Qwen2.5-7B: 28 layers x 4 KV heads x 128 -> 56 KiB per token
+    "qwen2.5-7b": ModelConfig("qwen2.5-7b", 28, 4, 128, prefill_tokens_per_s=55_000.0),
+    # a tiny test model: 2 layers x 2 heads x 64 -> 1 KiB per token
+    "tiny": ModelConfig("tiny", 2, 2, 64, prefill_tokens_per_s=200_000.0),
+}
+
+
+def model_config(name: str) -> ModelConfig:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}: expected one of "
+                         f"{', '.join(sorted(MODELS))}") from None
+
+
+def drive_key(hash_id: int) -> bytes:
+    """The 16-byte drive key of a Mooncake hash id: the id as 8 little-endian bytes, then
+    b"mooncake" (ids of other traces would take another suffix)."""
+    return int(hash_id).to_bytes(8, "little") + b"mooncake"
+
+
+def parse_capacities(text: str, block_bytes: dict[str, int]) -> dict[str, int | None]:
+    """'hbm=80G,dram=blocks:1000,drive=unbounded' -> blocks per tier (None: unbounded).  A
+    tier of B bytes holds floor(B / its stored block size) blocks; tiers not named hold 0."""
+    out: dict[str, int | None] = {t: 0 for t in TIERS}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.match(r"^(hbm|dram|drive)=(.+)$", part)
+        if not m:
+            raise ValueError(f"bad capacity {part!r}: expected TIER=SIZE with TIER one of "
+                             f"{', '.join(TIERS)}")
+        tier, value = m.groups()
+        if value == "unbounded":
+            out[tier] = None
+        elif value.startswith("blocks:"):
+            try:
+                out[tier] = int(value[7:])
+            except ValueError:
+                raise ValueError(f"bad block count in {part!r}") from None
+            if out[tier] < 0:
+                raise ValueError(f"bad block count in {part!r}")
+        else:
+            out[tier] = parse_size(value) // block_bytes[tier]
+    return out
+
+
+class LRUTier:
+    """A KV tier: block ids, least recently used first; capacity in blocks (None: unbounded)."""
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.evictions = 0
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.blocks
+
+    def leading_run(self, ids) -> int:
+        """How many of the request's leading blocks this tier holds."""
+        n = 0
+        for b in ids:
+            if b not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def touch_all(self, ids) -> None:
+        """Insert or touch every block in order (most recent last), then evict LRU blocks
+        down to the capacity."""
+        if self.capacity == 0:
+            return
+        blocks = self.blocks
+        for b in ids:
+            if b in blocks:
+                blocks.move_to_end(b)
+            else:
+                blocks[b] = None
+        if self.capacity is not None:
+            while len(blocks) > self.capacity:
+                blocks.popitem(last=False)
+                self.evictions += 1

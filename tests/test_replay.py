@@ -1,0 +1,165 @@
+"""Traces and model-mode replay: the reader, the generator, exact hit accounting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssdemu.profile import load
+from ssdemu.replay import replay_model
+from ssdemu.serving import LRUTier, drive_key, model_config, parse_capacities
+from traces.mooncake import SAMPLE, Request, TraceError, TraceReader
+from traces.synthetic import generate, write
+
+TINY = model_config("tiny")
+SIZES = {"hbm": TINY.block_bytes, "dram": TINY.block_bytes,
+         "drive": TINY.stored_block_bytes("int8_g64")}
+
+
+def replay(requests, capacity="drive=unbounded", quant="int8_g64"):
+    return replay_model(requests, load("star2000d"), TINY, quant,
+                        parse_capacities(capacity, SIZES))
+
+
+def req(t, ids):
+    return Request(t, len(ids) * 512, 1, tuple(ids))
+
+
+def test_the_sample_trace_reads_whole():
+    r = TraceReader(SAMPLE)
+    reqs = list(r)
+    assert len(reqs) == 3993 and r.skipped == 0
+    assert sum(len(x.hash_ids) for x in reqs) == 121877
+    assert len({h for x in reqs for h in x.hash_ids}) == 43924
+
+
+def test_unbounded_drive_gives_the_published_0640():
+    r = replay(TraceReader(SAMPLE))
+    assert round(r["block_hit_ratio"], 3) == 0.640
+    assert r["tier_hit_ratio"]["drive"] == r["block_hit_ratio"]
+    assert r["ttft_s"]["with_drive"]["p50"] <= r["ttft_s"]["without_drive"]["p50"]
+
+
+def test_hand_made_traces_exact():
+    trace = [req(0, [1, 2, 3]), req(1, [1, 2, 4]), req(2, [9, 2, 3]), req(3, [1, 2, 3, 4])]
+    # hits: 0, then 2 (1,2), then 0 (9 breaks the run), then 4 (1,2,3,4): 6 of 13 blocks
+    assert replay(trace)["block_hit_ratio"] == pytest.approx(6 / 13)
+    # a drive of 3 blocks: LRU by block count
+    r = replay(trace, "drive=blocks:3")
+    # after r0: [1,2,3]; r1 hits 1,2 -> [3,1,2,4] -> evict 3 -> [1,2,4]; r2 hits 0 ->
+    # [9,2,3] after evictions; r3: 1 missing -> 0 hits
+    assert r["block_hit_ratio"] == pytest.approx(2 / 13)
+
+
+def test_tiers_are_inclusive_and_the_fastest_serves():
+    trace = [req(0, [1, 2, 3, 4]), req(1, [1, 2, 3, 4])]
+    r = replay(trace, "hbm=blocks:2,dram=blocks:3,drive=unbounded")
+    # hbm holds 3,4 (the last two): its leading run is 0; dram holds 2,3,4: 0; drive all 4
+    assert r["tier_hit_ratio"] == {"hbm": 0.0, "dram": 0.0, "drive": pytest.approx(4 / 8)}
+    trace = [req(0, [1, 2]), req(1, [1, 2, 3])]
+    r = replay(trace, "hbm=blocks:2,dram=blocks:3,drive=unbounded")
+    assert r["tier_hit_ratio"]["hbm"] == pytest.approx(2 / 5)
+
+
+@settings(deadline=None, max_examples=10)
+@given(seed=st.integers(0, 1000))
+def test_hit_ratio_never_falls_as_capacity_grows(seed):
+    trace = generate(150, seed=seed, prefixes=5, prefix_blocks=6, mean_input_tokens=3000)
+    ratios = [replay(trace, f"drive=blocks:{n}", quant=None)["block_hit_ratio"]
+              for n in (0, 10, 50, 200, 1000)]
+    ratios.append(replay(trace, "drive=unbounded", quant=None)["block_hit_ratio"])
+    assert ratios == sorted(ratios)
+
+
+def test_lru_tier():
+    t = LRUTier(3)
+    t.touch_all([1, 2, 3])
+    t.touch_all([1, 4])  # 2 is now the least recent
+    assert list(t.blocks) == [3, 1, 4] and t.evictions == 1
+    assert t.leading_run([3, 1, 5]) == 2 and LRUTier(0).leading_run([1]) == 0
+
+
+def test_generator_is_seeded_and_shares_prefixes(tmp_path):
+    a, b = generate(50, seed=3), generate(50, seed=3)
+    assert a == b and a != generate(50, seed=4)
+    for r in a:
+        assert len(r.hash_ids) == -(-r.input_length // 512)
+    low = replay(generate(300, seed=1, share=0.1), quant=None)["block_hit_ratio"]
+    high = replay(generate(300, seed=1, share=0.9), quant=None)["block_hit_ratio"]
+    assert high > low
+    path = tmp_path / "t.jsonl"
+    write(a, str(path))
+    assert list(TraceReader(path)) == a
+
+
+@pytest.mark.parametrize("line,reason", [
+    ("not json", "not JSON"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing 'hash_ids'"),
+    ('{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}',
+     "1 hash_ids for 1000 input tokens"),
+    ('{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+     "non-negative"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["x"]}',
+     "list of non-negative integers"),
+    ('[1, 2]', "not a JSON object"),
+])
+def test_bad_lines_name_file_and_line(tmp_path, line, reason):
+    path = tmp_path / "bad.jsonl"
+    good = '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [1]}'
+    path.write_text(good + "\n" + line + "\n" + good + "\n")
+    with pytest.raises(TraceError, match=rf"bad.jsonl:2: .*{reason}"):
+        list(TraceReader(path))
+    r = TraceReader(path, skip_bad=True)
+    assert len(list(r)) == 2 and r.skipped == 1
+
+
+def test_timestamps_must_not_go_back(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write([req(10, [1]), req(5, [2])], str(path))
+    with pytest.raises(TraceError, match=":2: timestamp 5 goes back"):
+        list(TraceReader(path))
+
+
+@pytest.mark.parametrize("text,msg", [("ssd=1G", "bad capacity"), ("drive=blocks:x", "block count"),
+                                      ("drive=12Q", "bad size")])
+def test_bad_capacities(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_capacities(text, SIZES)
+
+
+def test_capacity_in_bytes_uses_the_stored_block_size():
+    caps = parse_capacities("hbm=1M,drive=1M", SIZES)
+    assert caps["hbm"] == (1 << 20) // TINY.block_bytes
+    assert caps["drive"] == (1 << 20) // SIZES["drive"] > caps["hbm"]  # quantized: more fit
+    assert caps["dram"] == 0
+
+
+def test_drive_keys():
+    assert len(drive_key(7)) == 16 and drive_key(7) != drive_key(8)
+    assert drive_key(2**64 - 1)[:8] == b"\xff" * 8
+
+
+def test_cli_replay(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write(generate(100, seed=2), str(path))
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--model", "tiny",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert 0 < r["block_hit_ratio"] < 1 and r["requests"] == 100
+    for key in ("tier_hit_ratio", "prefill_tokens_saved", "host_link_bytes", "nand_bytes",
+                "compression_ratio", "ttft_s", "drive_utilization", "host_lag"):
+        assert key in r
+    with open(path, "a") as f:
+        f.write("garbage\n")
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--model", "tiny"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and f"{path}:101: not JSON" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--model", "tiny",
+                        "--skip-bad"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "skipped 1 bad lines" in p.stdout

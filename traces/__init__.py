@@ -1,0 +1,1 @@
+"""KV-cache traces: the Mooncake JSONL reader and a seeded synthetic generator."""
