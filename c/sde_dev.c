@@ -773,6 +773,43 @@ static int pass(sde_dev *dev)
     return work;
 }
 
+/* Sleep until an I/O completion, a doorbell kick, or (timeout_ns > 0) that much time.  First
+ * tell every client to kick the doorbell, then look once more (the other half of the
+ * handshake is theirs); then serve what woke us. */
+static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns)
+{
+    pthread_mutex_lock(&dev->lock);
+    int pending = 0;
+    for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+        if (dev->qps[qp].active)
+            pending |= sde_sq_prepare_sleep(&dev->qps[qp].v);
+    int armed = pending ? 0 : sde_engine_arm_poll(dev->eng, dev->doorbell);
+    pthread_mutex_unlock(&dev->lock);
+    if (armed < 0)
+        return armed;
+    if (!pending && !*stop) {
+        dev->stats.sleeps++;
+        /* I/O completions and doorbell kicks both end this wait; only this thread waits on
+         * the engine, so the lock is not held while blocked */
+        int r = timeout_ns ? sde_engine_wait_timeout(dev->eng, timeout_ns)
+                           : sde_engine_wait(dev->eng);
+        if (r < 0 && r != -ETIME)
+            return r;
+    }
+    pthread_mutex_lock(&dev->lock);
+    pass(dev); /* consumes the poll's completion too */
+    if (sde_engine_take_poll(dev->eng)) {
+        uint64_t v;
+        if (read(dev->doorbell, &v, sizeof(v)) > 0)
+            dev->stats.wakeups++;
+    }
+    for (int qp = 0; qp < SDE_MAX_QPS; qp++)
+        if (dev->qps[qp].active)
+            sde_sq_clear_wakeup(&dev->qps[qp].v);
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
 int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
 {
     uint64_t idle_since = now_ns();
@@ -786,70 +823,22 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
             idle_since = t;
             continue;
         }
+        uint64_t timeout = 0;
         if (next_due) {
             /* completions wait for their modelled time: poll up to it when it is near,
-             * else wait in io_uring (new commands kick the doorbell) no longer than that */
+             * else sleep no longer than that */
             if (next_due <= t + 20000) {
                 __builtin_ia32_pause();
                 continue;
             }
-            pthread_mutex_lock(&dev->lock);
-            for (int qp = 0; qp < SDE_MAX_QPS; qp++)
-                if (dev->qps[qp].active)
-                    sde_sq_prepare_sleep(&dev->qps[qp].v);
-            int armed = sde_engine_arm_poll(dev->eng, dev->doorbell);
-            pthread_mutex_unlock(&dev->lock);
-            if (armed < 0)
-                return armed;
-            sde_engine_wait_timeout(dev->eng, next_due - t - 10000);
-            pthread_mutex_lock(&dev->lock);
-            pass(dev);
-            if (sde_engine_take_poll(dev->eng)) {
-                uint64_t v;
-                if (read(dev->doorbell, &v, sizeof(v)) > 0)
-                    dev->stats.wakeups++;
-            }
-            for (int qp = 0; qp < SDE_MAX_QPS; qp++)
-                if (dev->qps[qp].active)
-                    sde_sq_clear_wakeup(&dev->qps[qp].v);
-            pthread_mutex_unlock(&dev->lock);
-            idle_since = now_ns();
-            continue;
-        }
-        if (t - idle_since < spin_ns) {
+            timeout = next_due - t - 10000;
+        } else if (t - idle_since < spin_ns) {
             __builtin_ia32_pause();
             continue;
         }
-        /* Sleep until a completion or the doorbell.  First tell every client to kick the
-         * doorbell, then look once more (the other half of the handshake is theirs). */
-        pthread_mutex_lock(&dev->lock);
-        int pending = 0;
-        for (int qp = 0; qp < SDE_MAX_QPS; qp++)
-            if (dev->qps[qp].active)
-                pending |= sde_sq_prepare_sleep(&dev->qps[qp].v);
-        int armed = pending ? 0 : sde_engine_arm_poll(dev->eng, dev->doorbell);
-        pthread_mutex_unlock(&dev->lock);
-        if (!pending && !*stop) {
-            if (armed < 0)
-                return armed;
-            dev->stats.sleeps++;
-            /* I/O completions and doorbell kicks both end this wait; the engine is only
-             * touched here by this thread, the lock is not needed to block in it */
-            int r = sde_engine_wait(dev->eng);
-            if (r < 0)
-                return r;
-        }
-        pthread_mutex_lock(&dev->lock);
-        work = pass(dev); /* consumes the poll's completion too */
-        if (sde_engine_take_poll(dev->eng)) {
-            uint64_t v;
-            if (read(dev->doorbell, &v, sizeof(v)) > 0)
-                dev->stats.wakeups++;
-        }
-        for (int qp = 0; qp < SDE_MAX_QPS; qp++)
-            if (dev->qps[qp].active)
-                sde_sq_clear_wakeup(&dev->qps[qp].v);
-        pthread_mutex_unlock(&dev->lock);
+        int r = sleep_and_serve(dev, stop, timeout);
+        if (r < 0)
+            return r;
         idle_since = now_ns();
     }
     return 0;

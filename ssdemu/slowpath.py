@@ -180,7 +180,8 @@ class SlowPath:
             media = lib.sde_dev_model_media(self.d.dev, 2, 0, 1, self._t0, self._submit)
         return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device_ns + media)
 
-    def kv_retrieve(self, client, sqe):
+    def _stored(self, client, sqe):
+        """(key, client region, stored value) for a retrieve, or the Outcome of a failure."""
         key, bad = self._kv_checks(sqe)
         if bad:
             return bad
@@ -188,12 +189,17 @@ class SlowPath:
         if region is None:
             return _err("INVALID_BUFFER")
         try:
-            value = self.d.store.get(key)
+            return key, region, self.d.store.get(key)
         except KeyNotFound:
             return _err("KV_KEY_NOT_EXIST")
         except CorruptValue:
             return _err("MEDIA_ERROR")
-        mm, off, length = region
+
+    def kv_retrieve(self, client, sqe):
+        found = self._stored(client, sqe)
+        if isinstance(found, Outcome):
+            return found
+        key, (mm, off, length), value = found
         if len(value) > length:
             return _err("KV_INVALID_VALUE_SIZE", len(value))
         mm[off:off + len(value)] = value
@@ -282,18 +288,10 @@ class SlowPath:
         return out
 
     def kv_retrieve_dequantized(self, client, sqe):
-        key, bad = self._kv_checks(sqe)
-        if bad:
-            return bad
-        region = self._region(client, sqe)
-        if region is None:
-            return _err("INVALID_BUFFER")
-        try:
-            blob = self.d.store.get(key)
-        except KeyNotFound:
-            return _err("KV_KEY_NOT_EXIST")
-        except CorruptValue:
-            return _err("MEDIA_ERROR")
+        found = self._stored(client, sqe)
+        if isinstance(found, Outcome):
+            return found
+        key, region, blob = found
         t0 = time.perf_counter_ns()
         try:
             block, dtype = dequantize(blob)
