@@ -487,8 +487,10 @@ def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
           timing: str = "detailed", clock: str = "real") -> int:
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock)
-    daemon.start()
+    # handlers before the socket exists: a client (or a test) that sees the socket may stop
+    # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
+    daemon.start()
     daemon.serve_forever()
     return 0
