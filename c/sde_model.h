@@ -26,6 +26,9 @@ typedef struct sde_model_params {
     double fixed_read_ns;
     double fixed_write_ns;
     double fixed_other_ns;
+    /* transfers of at least this many pages take the bulk path: one booking per plane touched,
+     * per channel and on the link instead of three per page (0: never) */
+    uint32_t bulk_pages;
 } sde_model_params;
 
 typedef struct sde_model_stats {
@@ -37,6 +40,7 @@ typedef struct sde_model_stats {
     uint64_t nand_bytes_read;
     uint64_t nand_bytes_written;
     uint64_t link_bytes;
+    uint64_t gaps;            /* idle gaps kept over all resources (the model's own cost) */
 } sde_model_stats;
 
 typedef struct sde_model sde_model;

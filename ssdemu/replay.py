@@ -37,12 +37,14 @@ def _pcts(values: list[float]) -> dict:
 
 
 def _run(requests, profile: Profile, model: ModelConfig, quant: str | None,
-         capacities: dict, with_drive: bool, host_link_bytes_per_s: float) -> dict:
+         capacities: dict, with_drive: bool, host_link_bytes_per_s: float,
+         bulk_pages: int | None = None) -> dict:
     caps = dict(capacities)
     if not with_drive:
         caps["drive"] = 0
     tiers = {t: LRUTier(caps[t]) for t in TIERS}
-    device = DeviceModel(profile) if with_drive and caps["drive"] != 0 else None
+    device = (DeviceModel(profile, bulk_pages=bulk_pages)
+              if with_drive and caps["drive"] != 0 else None)
     budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
                                        profile.compute.memory_bytes_per_s))
     stored = model.stored_block_bytes(quant)
@@ -135,12 +137,13 @@ def _run(requests, profile: Profile, model: ModelConfig, quant: str | None,
 
 
 def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | None,
-                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S
-                 ) -> dict:
+                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
+                 bulk_pages: int | None = None) -> dict:
+    """bulk_pages: the timing model's bulk threshold (see DeviceModel; 0: page by page)."""
     requests = list(requests)
     t0 = time.perf_counter()
     with_drive = _run(requests, profile, model, quant, capacities, True,
-                      host_link_bytes_per_s)
+                      host_link_bytes_per_s, bulk_pages)
     without = _run(requests, profile, model, quant, capacities, False, host_link_bytes_per_s)
     wall = time.perf_counter() - t0
     drive = with_drive.get("drive", {"host_link_bytes": 0, "nand_bytes": 0,

@@ -68,8 +68,17 @@ def unloaded_latencies(profile: Profile) -> tuple[float, float, float]:
             DeviceModel(profile).nop(0.0))
 
 
-def model_params(profile: Profile, fixed: bool = False, times=(None, None, None)):
+def default_bulk_pages(profile: Profile) -> int:
+    """Transfers of a full stripe (a page on every plane) or more take the model's bulk path."""
+    n = profile.nand
+    return n.channels * n.dies_per_channel * n.planes_per_die
+
+
+def model_params(profile: Profile, fixed: bool = False, times=(None, None, None),
+                 bulk_pages: int | None = None):
     n, link, c = profile.nand, profile.host_link, profile.controller
+    if bulk_pages is None:
+        bulk_pages = default_bulk_pages(profile)
     if fixed:
         defaults = unloaded_latencies(profile)
         times = [t if t is not None else d for t, d in zip(times, defaults, strict=True)]
@@ -84,17 +93,19 @@ def model_params(profile: Profile, fixed: bool = False, times=(None, None, None)
         "t_read_ns": n.t_read_ns, "t_prog_ns": n.t_prog_ns,
         "channel_bytes_per_s": n.channel_bytes_per_s, "cores": c.cores,
         "command_overhead_ns": c.command_overhead_ns,
-        "write_cache": int(profile.write_cache.enabled)})
+        "write_cache": int(profile.write_cache.enabled), "bulk_pages": bulk_pages})
 
 
 class DeviceModel:
     """The detailed model of one profile (c/sde_model.c, the one definition the daemon's data
     plane uses too)."""
 
-    def __init__(self, profile: Profile):
+    def __init__(self, profile: Profile, bulk_pages: int | None = None):
+        """bulk_pages: transfers of this many pages or more are booked in bulk (0: never;
+        default: a full stripe)."""
         self.p = profile
         out = ffi.new("sde_model **")
-        if lib.sde_model_new(model_params(profile), out) < 0:
+        if lib.sde_model_new(model_params(profile, bulk_pages=bulk_pages), out) < 0:
             raise ValueError(f"profile {profile.name} does not make a model")
         self._m = ffi.gc(out[0], lib.sde_model_free)
 

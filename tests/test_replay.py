@@ -45,6 +45,24 @@ def test_unbounded_drive_gives_the_published_0640():
     assert r["ttft_s"]["with_drive"]["p50"] <= r["ttft_s"]["without_drive"]["p50"]
 
 
+def test_bulk_timing_agrees_with_page_timing_on_a_replay():
+    """The replay's modelled times with the bulk path (the default) and page by page, on the
+    first 300 requests of the sample with an 8B model (34 MiB blocks)."""
+    reqs = list(TraceReader(SAMPLE))[:300]
+    llama = model_config("llama-3-8b")
+    caps = parse_capacities("drive=unbounded", {"hbm": 1, "dram": 1, "drive": 1})
+    runs = [replay_model(reqs, load("star2000d"), llama, "int8_g64", caps, bulk_pages=b)
+            for b in (None, 0)]
+    bulk, paged = runs
+    assert bulk["block_hit_ratio"] == paged["block_hit_ratio"]
+    for q in ("p50", "p99", "mean"):
+        a, b = bulk["ttft_s"]["with_drive"][q], paged["ttft_s"]["with_drive"][q]
+        assert abs(a - b) <= 0.02 * b, (q, a, b)
+    for k in ("link", "nand_channels"):
+        assert bulk["drive_utilization"][k] == pytest.approx(paged["drive_utilization"][k],
+                                                             rel=1e-6)
+
+
 def test_hand_made_traces_exact():
     trace = [req(0, [1, 2, 3]), req(1, [1, 2, 4]), req(2, [9, 2, 3]), req(3, [1, 2, 3, 4])]
     # hits: 0, then 2 (1,2), then 0 (9 breaks the run), then 4 (1,2,3,4): 6 of 13 blocks
