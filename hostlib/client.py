@@ -161,6 +161,9 @@ class Device:
         self._buffers: list[tuple[int, int, int]] = []  # (base address, bytes, handle)
         self._arrays: dict[int, np.ndarray] = {}
         self.qp = self.queue_pair(entries)
+        # On a drive with a virtual clock (serve --clock virtual) every command carries this
+        # submission time (ns); an experiment advances it, e.g. to a trace's timestamps.
+        self.submit_time_ns = 0
         self._bounce = self._alloc(BOUNCE_BYTES, bounce=True)
         self._bounce_handle = self._buffers[-1][2]
 
@@ -231,6 +234,7 @@ class Device:
         cid = qp.new_cid()
         fields["opcode"] = opcode
         fields["cid"] = cid
+        fields.setdefault("submit_time_ns", self.submit_time_ns)
         sqe = ffi.new("sde_sqe[1]", [fields])
         f = Future(qp, cid, what, after)
         while qp.submit(sqe, [f]) == 0:  # SQ full: back-pressure
@@ -247,6 +251,7 @@ class Device:
         for c in commands:
             d = dict(c, cid=qp.new_cid())
             d.setdefault("opcode", OPCODES["NOP"])
+            d.setdefault("submit_time_ns", self.submit_time_ns)
             fields.append(d)
             futures.append(Future(qp, d["cid"], f"batch command {d['opcode']}"))
         sqes = ffi.new("sde_sqe[]", fields)

@@ -86,18 +86,28 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("page", type=_positive_int, nargs="?", default=1)
 
     rp = sub.add_parser("replay", help="replay a Mooncake KV-cache trace through the serving "
-                        "model and the drive (model mode: virtual time, sizes only)")
+                        "model and the drive, in virtual time")
     rp.add_argument("trace", help="a Mooncake JSONL trace")
     rp.add_argument("--profile", default="star2000d")
-    rp.add_argument("--model", default="llama-3-8b")
-    rp.add_argument("--mode", choices=("model",), default="model")
+    rp.add_argument("--model", default="llama-3-8b", help="llama-3-8b, qwen2.5-7b or tiny")
+    rp.add_argument("--mode", choices=("model", "data"), default="model",
+                    help="model: sizes only, in this process; data: real KV bytes through "
+                    "a daemon (--socket or --media)")
     rp.add_argument("--quant", default="int8_g64",
                     help="the drive's in-drive quantization scheme ('none': fp16)")
     rp.add_argument("--capacity", default="hbm=0,dram=0,drive=unbounded",
                     help="hbm=SIZE,dram=SIZE,drive=SIZE; SIZE bytes, blocks:N or unbounded")
     rp.add_argument("--prefill-rate", type=_positive_float,
                     help="the modelled GPU's prefill tokens/s (default: the model's)")
+    rp.add_argument("--requests", type=_positive_int, metavar="N",
+                    help="replay only the first N requests")
+    rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")
+    rp.add_argument("--media", help="data mode: start a daemon on this media (formatted "
+                    "first), stop it afterwards")
     rp.add_argument("--skip-bad", action="store_true", help="skip and count bad trace lines")
+    rp.add_argument("--plot", metavar="DIR", help="write hit_ratio.png, ttft_cdf.png and "
+                    "drive_utilization.png into DIR")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
 
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
@@ -218,40 +228,51 @@ def _cmd_bench_device(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    import dataclasses
+    from ssdemu.replay_job import ReplayJob, run
 
-    from ssdemu.profile import load
-    from ssdemu.replay import replay_model
-    from ssdemu.serving import model_config, parse_capacities
-    from traces.mooncake import TraceReader
-
-    profile = load(args.profile)
-    model = model_config(args.model)
-    if args.prefill_rate:
-        model = dataclasses.replace(model, prefill_tokens_per_s=args.prefill_rate)
-    quant = None if args.quant == "none" else args.quant
-    sizes = {"hbm": model.block_bytes, "dram": model.block_bytes,
-             "drive": model.stored_block_bytes(quant)}
-    caps = parse_capacities(args.capacity, sizes)
-    reader = TraceReader(args.trace, skip_bad=args.skip_bad)
-    report = replay_model(reader, profile, model, quant, caps)
-    report["skipped_lines"] = reader.skipped
+    report = run(ReplayJob(
+        trace=args.trace, profile=args.profile, model=args.model, mode=args.mode,
+        quant=None if args.quant == "none" else args.quant, capacity=args.capacity,
+        prefill_rate=args.prefill_rate, skip_bad=args.skip_bad, requests=args.requests,
+        socket=args.socket, media=args.media, plot_dir=args.plot,
+        progress=not args.no_progress))
     if args.json:
         print(json.dumps(report))
     else:
-        t = report["ttft_s"]
-        print(f"{report['requests']} requests, {report['blocks']} blocks: block hit ratio "
-              f"{report['block_hit_ratio']:.3f} "
-              f"({', '.join(f'{k} {v:.3f}' for k, v in report['tier_hit_ratio'].items())})")
-        print(f"TTFT p50/p99: with the drive {t['with_drive']['p50']:.3f} / "
-              f"{t['with_drive']['p99']:.3f} s, without {t['without_drive']['p50']:.3f} / "
-              f"{t['without_drive']['p99']:.3f} s")
-        print(f"prefill tokens saved {report['prefill_tokens_saved']:,}; compression "
-              f"{report['compression_ratio']:.2f}x; drive utilization "
-              + ", ".join(f"{k} {v:.1%}" for k, v in report["drive_utilization"].items()))
-        if reader.skipped:
-            print(f"skipped {reader.skipped} bad lines")
+        _print_replay(report)
+    if report.get("data", {}).get("data_errors"):
+        print(f"ssdemu: error: {report['data']['data_errors']} blocks read back wrong",
+              file=sys.stderr)
+        return EXIT_FAILURE
     return 0
+
+
+def _print_replay(r: dict) -> None:
+    t, u = r["ttft_s"], r["drive_utilization"]
+    print(f"{r['mode']} mode: {r['requests']:,} requests, {r['blocks']:,} blocks of 512 "
+          f"tokens, {r['model']} on {r['profile']} ({r['quant'] or 'fp16'}, compression "
+          f"{r['compression_ratio']:.2f}x)")
+    print(f"block hit ratio {r['block_hit_ratio']:.3f} ("
+          + ", ".join(f"{k} {v:.3f}" for k, v in r["tier_hit_ratio"].items())
+          + f"); prefill tokens saved {r['prefill_tokens_saved']:,}")
+    print(f"TTFT p50 / p99 (modelled): with the drive {t['with_drive']['p50'] * 1e3:.1f} / "
+          f"{t['with_drive']['p99'] * 1e3:.1f} ms, without {t['without_drive']['p50'] * 1e3:.1f}"
+          f" / {t['without_drive']['p99'] * 1e3:.1f} ms")
+    print(f"drive: {r['host_link_bytes'] / 1e9:.2f} GB over the host link, "
+          f"{r['nand_bytes'] / 1e9:.2f} GB on NAND; utilization link {u['link']:.1%}, NAND "
+          f"channels {u['nand_channels']:.1%}, compute {u['compute']:.1%}; host lag "
+          f"{r['host_lag']:,}")
+    if "data" in r:
+        d = r["data"]
+        print(f"data: {d['blocks_verified']:,} blocks read back and verified, "
+              f"{d['data_errors']} wrong, {d['match_mismatches']} match mismatches; "
+              f"{d['logical_bytes'] / 1e9:.2f} GB stored ({d['physical_bytes'] / 1e9:.2f} GB "
+              "on media)")
+    print(f"{r['wall_seconds']:.1f} s wall, {r['requests_per_s']:,.0f} requests/s")
+    if r["skipped_lines"]:
+        print(f"skipped {r['skipped_lines']} bad lines")
+    for p in r.get("plots", []):
+        print(f"wrote {p}")
 
 
 COMMANDS = {

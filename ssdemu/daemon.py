@@ -428,6 +428,12 @@ class Daemon:
 
     # -- the drive's clock and prefix index --
     def device_now_ns(self) -> int:
+        """The drive's clock: since the daemon started (real), or the latest submission stamp
+        (virtual)."""
+        if self.clock == "virtual":  # block I/O stamps the model without the slow path
+            ms = ffi.new("sde_model_stats *")
+            lib.sde_dev_model_stats(self.dev, ms)
+            return max(self.slowpath.vnow, int(ms.horizon_ns))
         return time.monotonic_ns() - self._origin_ns
 
     def index_key(self, key: bytes) -> None:

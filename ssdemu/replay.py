@@ -1,19 +1,29 @@
-"""`ssdemu replay` in model mode: a KV-cache trace through the serving model and the drive's
-timing model, in virtual time, on sizes alone.
+"""`ssdemu replay`: a KV-cache trace through the serving model and the drive, in virtual time.
+
+One accounting loop (`replay`) drives one of two drives: `ModelDrive` (model mode: sizes
+only, the timing model and the TOPS budget in this process) or `replay_data.DataDrive` (data
+mode: real KV bytes through a running daemon with hostlib, so the drive really quantizes,
+matches, stores and reads).  Both see the same commands at the same virtual times, so their
+hit ratios are identical and their modelled times agree (tests/test_replay_data.py).
 
 Hit accounting (exact): a request hits the longest run of its leading blocks present in a
 tier; then all its blocks are inserted or touched in every tier, in order, most recent last;
 each tier evicts by LRU over block counts.  Several tiers are inclusive: every block goes to
 every tier with room, a hit block is served by the fastest tier whose leading run covers it
-(HBM, then DRAM, then the drive), and nothing is promoted or demoted beyond that.  With only
-the drive (hbm=0, dram=0, drive=unbounded) the Mooncake synthetic trace gives 0.640.
+(HBM, then DRAM, then the drive), and nothing is promoted or demoted beyond that.  The drive's
+run comes from the drive's own prefix match.  With only the drive (hbm=0, dram=0,
+drive=unbounded) the Mooncake synthetic trace gives 0.640.
+
+Per request at its arrival t, the drive sees, in order: a prefix match of the request's keys;
+a retrieve of each block it serves (NAND read, then in-drive dequantization as the block
+arrives); a quantized store of each block it does not hold (quantization and the NAND write,
+in the background: nothing waits for them); a delete of each block its LRU evicts.
 
 TTFT model: one GPU serves prefills first come, first served.  A request's prefill computes
 the tokens of the blocks it missed at the model's prefill rate; the blocks it hit load
-meanwhile (DRAM over the host link, the drive through the timing model plus in-drive
-dequantization), layer by layer, so loads overlap the prefill: TTFT = queueing + max(prefill,
-loads).  Without the drive the same trace runs with the drive's capacity at 0.  New blocks
-are quantized in the drive (TOPS budget) and written (timing model) at the request's arrival.
+meanwhile (DRAM over the host link, the drive's blocks when its retrieves complete), layer by
+layer, so loads overlap the prefill: TTFT = queueing + max(prefill, loads).  Without the drive
+the same trace runs with the drive's capacity at 0.
 """
 
 from __future__ import annotations
@@ -22,50 +32,125 @@ import time
 
 import numpy as np
 
-from firmware.cost import ComputeProfile, TopsBudget, dequantize_cost, quantize_cost
+from firmware.cost import (
+    ComputeProfile,
+    TopsBudget,
+    dequantize_cost,
+    prefix_match_cost,
+    quantize_cost,
+)
 from ssdemu.profile import Profile
 from ssdemu.serving import BLOCK_TOKENS, TIERS, LRUTier, ModelConfig
 from ssdemu.timing import DeviceModel
 
 DEFAULT_HOST_LINK_BYTES_PER_S = 50e9  # DRAM -> GPU over PCIe 5.0 x16
+UTILIZATION_SAMPLES = 100  # points of the utilization-over-time series
 
 
-def _pcts(values: list[float]) -> dict:
-    a = np.asarray(values) if values else np.zeros(1)
+def _pcts(values) -> dict:
+    a = np.asarray(values) if len(values) else np.zeros(1)
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
             "mean": float(a.mean())}
 
 
-def _run(requests, profile: Profile, model: ModelConfig, quant: str | None,
-         capacities: dict, with_drive: bool, host_link_bytes_per_s: float,
-         bulk_pages: int | None = None) -> dict:
+def budget_of(profile: Profile) -> TopsBudget:
+    c = profile.compute
+    return TopsBudget(ComputeProfile(c.tops, c.units, c.memory_bytes_per_s))
+
+
+class ModelDrive:
+    """Model mode's drive: the timing model and the TOPS budget, on sizes alone.  Blocks get
+    media slots in order of first store (a page-aligned slot each); an evicted block keeps its
+    slot for when it comes back."""
+
+    def __init__(self, profile: Profile, model: ModelConfig, quant: str | None,
+                 bulk_pages: int | None = None):
+        self.profile = profile
+        self.device = DeviceModel(profile, bulk_pages=bulk_pages)
+        self.budget = budget_of(profile)
+        self.scheme = quant or None
+        self.stored = model.stored_block_bytes(quant)
+        self.elements = model.block_bytes // model.element_bytes
+        page = profile.nand.page_bytes
+        self.slot = -(-self.stored // page) * page
+        self.offsets: dict[int, int] = {}
+
+    def match(self, t_ns: int, ids, expected: int) -> int:
+        probed = max(1, min(expected + 1, len(ids)))
+        self.budget.charge("prefix_match", prefix_match_cost(probed), t_ns)
+        return expected  # the host's LRU mirror is the drive's content
+
+    def load(self, t_ns: int, ids) -> int:
+        done = t_ns
+        for b in ids:
+            d = self.device.read(t_ns, self.offsets[b], self.stored)
+            if self.scheme:
+                cost = dequantize_cost(self.elements, 2, self.scheme, self.stored)
+                _, d = self.budget.charge("dequantize", cost, d)
+            done = max(done, d)
+        return int(done)
+
+    def store(self, t_ns: int, ids) -> None:
+        for b in ids:
+            if self.scheme:
+                self.budget.charge("quantize", quantize_cost(self.elements, 2, self.scheme,
+                                                             self.stored), t_ns)
+            off = self.offsets.get(b)
+            if off is None:
+                off = self.offsets[b] = len(self.offsets) * self.slot
+            self.device.write(t_ns, off, self.stored)
+
+    def evict(self, ids) -> None:
+        pass  # nothing to free: the slot stays the block's
+
+    def counters(self) -> dict:
+        st = self.device.stats()
+        return {"link_busy_ns": st["link_busy_ns"], "channel_busy_ns": st["channel_busy_ns"],
+                "compute_busy_ns": float(sum(self.budget.busy_ns)),
+                "host_link_bytes": st["link_bytes"],
+                "nand_bytes": st["nand_bytes_read"] + st["nand_bytes_written"],
+                "host_lag": 0}  # virtual time in this process: the host never lags
+
+
+def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float) -> dict:
+    span_ns = max(span_ns, 1.0)
+    d = {k: counters[k] - prev.get(k, 0.0) for k in ("link_busy_ns", "channel_busy_ns",
+                                                    "compute_busy_ns")}
+    return {"link": d["link_busy_ns"] / span_ns,
+            "nand_channels": d["channel_busy_ns"] / (profile.nand.channels * span_ns),
+            "compute": d["compute_busy_ns"] / (profile.compute.units * span_ns)}
+
+
+def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, drive,
+           host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
+           progress=None) -> dict:
+    """The accounting loop over a list of requests; `drive` is a ModelDrive, a DataDrive or
+    None (no drive).  progress: called with the number of requests done, now and then."""
     caps = dict(capacities)
-    if not with_drive:
+    if drive is None:
         caps["drive"] = 0
     tiers = {t: LRUTier(caps[t]) for t in TIERS}
-    device = (DeviceModel(profile, bulk_pages=bulk_pages)
-              if with_drive and caps["drive"] != 0 else None)
-    budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
-                                       profile.compute.memory_bytes_per_s))
-    stored = model.stored_block_bytes(quant)
     raw = model.block_bytes
-    elements = raw // model.element_bytes
-    scheme = quant or None
-    offsets: dict[int, int] = {}  # block id -> media offset on the drive
-    next_offset = 0
-    page = profile.nand.page_bytes
-    slot = -(-stored // page) * page
     gpu_free = 0.0
     hits = {t: 0 for t in TIERS}
     blocks_total = hit_blocks = tokens_saved = 0
-    ttft = []
-    timeline = []
-    t_last = 0.0
-    for req in requests:
+    ttft, load_ns, timeline, util = [], [], [], []
+    span_ns = (requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6 if requests else 0
+    window = max(span_ns / UTILIZATION_SAMPLES, 1.0)
+    t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
+    next_sample, prev = t0_ns + window, {}
+    t_ns = t0_ns
+    for i, req in enumerate(requests):
         t = req.timestamp_ms / 1000.0
-        t_last = t
+        t_ns = req.timestamp_ms * 1_000_000
+        if drive is not None and t_ns >= next_sample:
+            c = drive.counters()
+            util.append((t, _utilization(profile, c, prev, t_ns - (next_sample - window))))
+            prev, next_sample = c, t_ns + window
         ids = req.hash_ids
         runs = {name: tier.leading_run(ids) for name, tier in tiers.items()}
+        if drive is not None:
+            runs["drive"] = drive.match(t_ns, ids, runs["drive"])
         served = 0
         load_s = 0.0
         for name in TIERS:  # fastest first
@@ -75,15 +160,8 @@ def _run(requests, profile: Profile, model: ModelConfig, quant: str | None,
             if name == "dram":
                 load_s = max(load_s, n * raw / host_link_bytes_per_s)
             elif name == "drive":
-                t_ns = t * 1e9
-                done = t_ns
-                for b in ids[served:runs[name]]:
-                    done = max(done, device.read(t_ns, offsets[b], stored))
-                if scheme:
-                    _, c_done = budget.charge(
-                        "dequantize", dequantize_cost(elements * n, 2, scheme, stored * n),
-                        done)
-                    done = max(done, c_done)
+                done = drive.load(t_ns, ids[served:runs[name]])
+                load_ns.append(done - t_ns)
                 load_s = max(load_s, (done - t_ns) / 1e9)
             hits[name] += n
             served = runs[name]
@@ -97,69 +175,79 @@ def _run(requests, profile: Profile, model: ModelConfig, quant: str | None,
         busy = max(prefill_s, load_s)
         gpu_free = start + busy
         ttft.append(start - t + busy)
-        if device is not None:  # new blocks: quantized in the drive, then written
-            t_ns = t * 1e9
-            for b in ids:
-                if b in tiers["drive"] or b in offsets and tiers["drive"].capacity is None:
-                    continue
-                if scheme:
-                    budget.charge("quantize", quantize_cost(elements, 2, scheme, stored), t_ns)
-                off = offsets.get(b)
-                if off is None:
-                    off = offsets[b] = next_offset
-                    next_offset += slot
-                device.write(t_ns, off, stored)
-        for tier in tiers.values():
-            tier.touch_all(ids)
-        timeline.append((t, hit_blocks / blocks_total if blocks_total else 0.0))
-    duration_ns = max(t_last * 1e9, 1.0)
+        if drive is not None:
+            drive_tier = tiers["drive"]
+            new = [b for b in dict.fromkeys(ids) if b not in drive_tier]
+            if new:
+                drive.store(t_ns, new)
+        evicted = {name: tier.touch_all(ids) for name, tier in tiers.items()}
+        if drive is not None and evicted["drive"]:
+            drive.evict(evicted["drive"])
+        timeline.append((t, h, len(ids)))  # arrival (s), blocks hit, blocks
+        if progress is not None and (i & 63) == 63:
+            progress(i + 1)
     out = {
         "blocks": blocks_total, "hit_blocks": hit_blocks,
         "block_hit_ratio": hit_blocks / blocks_total if blocks_total else 0.0,
         "tier_hit_ratio": {t: hits[t] / blocks_total if blocks_total else 0.0
                            for t in TIERS},
         "prefill_tokens_saved": tokens_saved,
-        "ttft_s": _pcts(ttft), "timeline": timeline,
+        "ttft": ttft, "timeline": timeline, "drive_load_ns": load_ns,
         "evictions": {t: tiers[t].evictions for t in TIERS},
     }
-    if device is not None:
-        st = device.stats()
-        out["drive"] = {
-            "host_link_bytes": st["link_bytes"],
-            "nand_bytes": st["nand_bytes_read"] + st["nand_bytes_written"],
-            "utilization": {
-                "link": st["link_busy_ns"] / duration_ns,
-                "nand_channels": st["channel_busy_ns"] / (profile.nand.channels * duration_ns),
-                "compute": budget.utilization(duration_ns),
-            },
-        }
+    if drive is not None:
+        c = drive.counters()
+        util.append((t_ns / 1e9, _utilization(profile, c, prev, t_ns - (next_sample - window))))
+        out["drive"] = {"host_link_bytes": c["host_link_bytes"], "nand_bytes": c["nand_bytes"],
+                        "host_lag": c["host_lag"],
+                        "utilization": _utilization(profile, c, {}, span_ns),
+                        "utilization_over_time": util}
+    if progress is not None:
+        progress(len(requests))
     return out
 
 
-def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | None,
-                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
-                 bulk_pages: int | None = None) -> dict:
-    """bulk_pages: the timing model's bulk threshold (see DeviceModel; 0: page by page)."""
-    requests = list(requests)
-    t0 = time.perf_counter()
-    with_drive = _run(requests, profile, model, quant, capacities, True,
-                      host_link_bytes_per_s, bulk_pages)
-    without = _run(requests, profile, model, quant, capacities, False, host_link_bytes_per_s)
-    wall = time.perf_counter() - t0
-    drive = with_drive.get("drive", {"host_link_bytes": 0, "nand_bytes": 0,
-                                     "utilization": {"link": 0.0, "nand_channels": 0.0,
-                                                     "compute": 0.0}})
+def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str | None,
+           capacities: dict, with_drive: dict, without: dict, wall: float) -> dict:
+    """The JSON report of a replay (both modes)."""
+    drive = with_drive.get("drive", {
+        "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "utilization_over_time": [],
+        "utilization": {"link": 0.0, "nand_channels": 0.0, "compute": 0.0}})
     return {
-        "mode": "model", "profile": profile.name, "model": model.name, "quant": quant,
+        "mode": mode, "profile": profile.name, "model": model.name, "quant": quant,
         "requests": len(requests), "blocks": with_drive["blocks"],
         "capacity_blocks": {t: capacities[t] for t in TIERS},
         "block_hit_ratio": with_drive["block_hit_ratio"],
         "tier_hit_ratio": with_drive["tier_hit_ratio"],
+        "evictions": with_drive["evictions"],
         "prefill_tokens_saved": with_drive["prefill_tokens_saved"],
         "host_link_bytes": drive["host_link_bytes"], "nand_bytes": drive["nand_bytes"],
         "compression_ratio": model.block_bytes / model.stored_block_bytes(quant),
-        "ttft_s": {"with_drive": with_drive["ttft_s"], "without_drive": without["ttft_s"]},
+        "ttft_s": {"with_drive": _pcts(with_drive["ttft"]),
+                   "without_drive": _pcts(without["ttft"])},
+        "drive_load_ms": {k: v / 1e6 for k, v in _pcts(with_drive["drive_load_ns"]).items()},
         "drive_utilization": drive["utilization"],
-        "host_lag": 0,  # virtual time: the host never lags the model
+        "host_lag": drive["host_lag"],
         "wall_seconds": wall, "requests_per_s": len(requests) / wall if wall else 0.0,
+        # the series behind --plot
+        "series": {"hit_ratio": with_drive["timeline"],
+                   "ttft_with_drive": with_drive["ttft"],
+                   "ttft_without_drive": without["ttft"],
+                   "utilization": drive["utilization_over_time"]},
     }
+
+
+def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | None,
+                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
+                 bulk_pages: int | None = None, progress=None) -> dict:
+    """Model mode.  bulk_pages: the timing model's bulk threshold (DeviceModel; 0: page by
+    page)."""
+    requests = list(requests)
+    t0 = time.perf_counter()
+    drive = (ModelDrive(profile, model, quant, bulk_pages)
+             if capacities["drive"] != 0 else None)
+    with_drive = replay(requests, profile, model, capacities, drive, host_link_bytes_per_s,
+                        progress)
+    without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s)
+    return report("model", requests, profile, model, quant, capacities, with_drive, without,
+                  time.perf_counter() - t0)

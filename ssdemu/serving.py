@@ -7,6 +7,8 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 from firmware.layout import KVShape
 from firmware.quant import compressed_nbytes
 from ssdemu.units import parse_size
@@ -111,11 +113,12 @@ class LRUTier:
             n += 1
         return n
 
-    def touch_all(self, ids) -> None:
+    def touch_all(self, ids) -> list[int]:
         """Insert or touch every block in order (most recent last), then evict LRU blocks
-        down to the capacity."""
+        down to the capacity; returns the evicted blocks."""
+        evicted: list[int] = []
         if self.capacity == 0:
-            return
+            return evicted
         blocks = self.blocks
         for b in ids:
             if b in blocks:
@@ -124,5 +127,24 @@ class LRUTier:
                 blocks[b] = None
         if self.capacity is not None:
             while len(blocks) > self.capacity:
-                blocks.popitem(last=False)
+                evicted.append(blocks.popitem(last=False)[0])
                 self.evictions += 1
+        return evicted
+
+
+class SyntheticKV:
+    """Synthetic KV values of a model's blocks: Gaussian fp16 (as uint16 bits), a different
+    block for every hash id (a rotation of one base block, with the id in its first four
+    values), so that identical-bytes deduplication in the drive never merges two blocks."""
+
+    def __init__(self, model: ModelConfig, seed: int = 0):
+        self.shape = model.block_shape().array_shape
+        n = int(np.prod(self.shape))
+        self._base = (np.random.default_rng(seed).standard_normal(n)
+                      .astype(np.float16).view(np.uint16))
+
+    def block(self, hash_id: int) -> np.ndarray:
+        flat = np.roll(self._base, (hash_id * 7919) % self._base.size)
+        flat[:4] = np.array([(hash_id >> s) & 0xFF for s in (0, 8, 16, 24)],
+                            np.float16).view(np.uint16)
+        return flat.reshape(self.shape)

@@ -60,13 +60,24 @@ def _err(name: str, result: int = 0) -> Outcome:
 class SlowPath:
     def __init__(self, daemon):
         self.d = daemon
+        self.vnow = 0  # the virtual clock: the latest submission stamp seen
 
     def run(self, client, sqe, t0_ns: int = 0) -> Outcome:
         handler = HANDLERS.get(sqe.opcode)
         if handler is None:
             return _err("INVALID_OPCODE")
         self._t0, self._submit = t0_ns, int(sqe.submit_time_ns)
+        self.vnow = max(self.vnow, self._submit)  # the virtual clock never goes back
         return handler(self, client, sqe)
+
+    @property
+    def _virtual(self) -> bool:
+        return self.d.clock == "virtual"
+
+    def _then(self, first_ns: int, second_ns: int) -> int:
+        """Two stages' times combined: latencies add on the real clock; on the virtual clock
+        both are completion times and the command is done when the later one is."""
+        return max(first_ns, second_ns) if self._virtual else first_ns + second_ns
 
     def _media_ns(self, write: bool, key: bytes, nbytes: int) -> int:
         """The timing model's time for moving a stored value's bytes on the NAND."""
@@ -178,7 +189,8 @@ class SlowPath:
             media = self._media_ns(True, key, len(value))
         else:
             media = lib.sde_dev_model_media(self.d.dev, 2, 0, 1, self._t0, self._submit)
-        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device_ns + media)
+        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied,
+                       self._then(device_ns, media))
 
     def _stored(self, client, sqe):
         """(key, client region, stored value) for a retrieve, or the Outcome of a failure."""
@@ -245,7 +257,14 @@ class SlowPath:
 
 
     # -- compute: the firmware, charged to the TOPS budget --
-    def _charge(self, kernel: str, cost, host_ns: int) -> int:
+    def _charge(self, kernel: str, cost, host_ns: int, ready_ns: int = 0) -> int:
+        """The firmware's time for one call.  Real clock: its latency from now, queueing on
+        the compute units included.  Virtual clock: its completion time, starting when its
+        input is ready (ready_ns: the NAND read or kernel that produced it) or else at the
+        command's submission."""
+        if self._virtual:
+            _, done = self.d.budget.charge(kernel, cost, max(ready_ns, self.vnow), host_ns)
+            return int(done)
         now = self.d.device_now_ns()
         _, done = self.d.budget.charge(kernel, cost, now, host_ns)
         return int(done - now)
@@ -305,17 +324,26 @@ class SlowPath:
         elem = block.dtype.itemsize
         cost = dequantize_cost(block.size, elem, scheme_of(blob), len(blob))
         # the NAND read of the compressed block, then the firmware's dequantization
-        return Outcome(STATUS["SUCCESS"], block.nbytes, block.nbytes, block.nbytes,
-                       self._media_ns(False, key, len(blob))
-                       + self._charge("dequantize", cost, host))
+        media = self._media_ns(False, key, len(blob))
+        if self._virtual:  # dequantized as the compressed block arrives from the NAND
+            device = self._charge("dequantize", cost, host, ready_ns=media)
+        else:
+            device = media + self._charge("dequantize", cost, host)
+        return Outcome(STATUS["SUCCESS"], block.nbytes, block.nbytes, block.nbytes, device)
 
-    def _match(self, keys: np.ndarray, extra_ns: int = 0) -> Outcome:
+    def _match(self, keys: np.ndarray, hashed_ns: int = 0) -> Outcome:
+        """hashed_ns: the time of hashing the keys in the drive first (0: the host sent
+        them)."""
         t0 = time.perf_counter_ns()
         hits, _ = self.d.prefix_index.match(keys, touch=True)
         host = time.perf_counter_ns() - t0
         probed = max(1, min(hits + 1, len(keys)))
-        device = self._charge("prefix_match", prefix_match_cost(probed), host)
-        return Outcome(STATUS["SUCCESS"], hits, 0, 0, device + extra_ns)
+        cost = prefix_match_cost(probed)
+        if self._virtual:
+            device = self._charge("prefix_match", cost, host, ready_ns=hashed_ns)
+        else:
+            device = hashed_ns + self._charge("prefix_match", cost, host)
+        return Outcome(STATUS["SUCCESS"], hits, 0, 0, device)
 
     def prefix_match(self, client, sqe):
         region = self._region(client, sqe)

@@ -1,0 +1,157 @@
+"""Data mode: real KV bytes through a real daemon, held to model mode on the same requests.
+
+The tolerance (docs/architecture.md, "Replay"): identical hit accounting (ratios, per tier,
+evictions, tokens saved, bytes over the link and on NAND); modelled TTFT and drive load
+percentiles within 2% (the drive's store places blocks at other media offsets than model
+mode's slots, so their NAND stages land on other planes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import hostlib
+from ssdemu.daemon_process import DaemonProcess
+from ssdemu.profile import load
+from ssdemu.replay import replay_model
+from ssdemu.replay_data import DataModeError, replay_data
+from ssdemu.serving import model_config, parse_capacities
+from traces.mooncake import SAMPLE, TraceReader
+from traces.synthetic import generate, write
+
+TINY = model_config("tiny")
+PROFILE = load("star2000d")
+TOLERANCE = 0.02
+
+
+def _caps(text, quant):
+    return parse_capacities(text, {"hbm": TINY.block_bytes, "dram": TINY.block_bytes,
+                                   "drive": TINY.stored_block_bytes(quant)})
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = DaemonProcess(str(tmp_path / "sde.sock"), media="mem:1G",
+                      extra=["--clock", "virtual"])
+    yield d
+    assert d.terminate()[0] == 0
+
+
+def _close(a, b):
+    return abs(a - b) <= TOLERANCE * abs(b) + 1e-9
+
+
+@pytest.mark.parametrize("quant,capacity", [
+    ("int8_g64", "drive=blocks:120"),  # the drive's LRU evicts: kv_delete in data mode
+    ("int4_g64", "dram=blocks:20,drive=unbounded"),  # two tiers
+    (None, "drive=unbounded"),  # fp16 stored as is
+])
+def test_data_mode_agrees_with_model_mode(daemon, quant, capacity):
+    trace = generate(70, seed=5, share=0.8, prefixes=6, prefix_blocks=6,
+                     mean_input_tokens=3000)
+    caps = _caps(capacity, quant)
+    model = replay_model(trace, PROFILE, TINY, quant, caps)
+    with hostlib.connect(daemon.socket_path) as dev:
+        data = replay_data(dev, trace, PROFILE, TINY, quant, caps)
+    for key in ("blocks", "block_hit_ratio", "tier_hit_ratio", "evictions",
+                "prefill_tokens_saved", "host_link_bytes", "nand_bytes"):
+        assert data[key] == model[key], key
+    assert data["block_hit_ratio"] > 0.3  # a trace that really hits
+    assert data["data"]["data_errors"] == 0 and data["data"]["match_mismatches"] == 0
+    drive_hits = round(data["tier_hit_ratio"]["drive"] * data["blocks"])
+    assert data["data"]["blocks_verified"] == drive_hits > 0
+    if "drive=blocks:" in capacity:
+        assert data["evictions"]["drive"] > 0
+    for q in ("p50", "p99", "mean"):
+        for side in ("with_drive", "without_drive"):
+            assert _close(data["ttft_s"][side][q], model["ttft_s"][side][q]), (side, q)
+        assert _close(data["drive_load_ms"][q], model["drive_load_ms"][q]), q
+    for k in ("link", "nand_channels", "compute"):
+        assert _close(data["drive_utilization"][k], model["drive_utilization"][k]), k
+
+
+def test_data_mode_on_the_sample_prefix(daemon):
+    """The bundled Mooncake trace's first requests: the drive's own prefix matching gives
+    model mode's hits."""
+    reqs = list(TraceReader(SAMPLE))[:60]
+    caps = _caps("drive=unbounded", "int8_g64")
+    model = replay_model(reqs, PROFILE, TINY, "int8_g64", caps)
+    with hostlib.connect(daemon.socket_path) as dev:
+        data = replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
+    assert data["block_hit_ratio"] == model["block_hit_ratio"] > 0
+    assert data["data"]["data_errors"] == 0
+    assert _close(data["ttft_s"]["with_drive"]["p99"], model["ttft_s"]["with_drive"]["p99"])
+
+
+def test_a_block_changed_on_the_drive_is_caught(daemon):
+    """Verification can fail: overwrite a stored block behind the replay's back."""
+    from ssdemu.replay_data import DataDrive
+    from ssdemu.serving import drive_key
+
+    with hostlib.connect(daemon.socket_path) as dev:
+        drive = DataDrive(dev, PROFILE, TINY, "int8_g64")
+        drive.store(0, [7, 8])
+        other = drive.kv.block(9)  # 9's bytes under 8's key
+        dev.kv_put_quantized(drive_key(8), other, "fp16", "int8_g64")
+        drive.load(1000, [7, 8])
+        assert drive.verified == 2 and drive.data_errors == 1
+
+
+def test_data_mode_refuses_what_it_cannot_do(tmp_path, daemon):
+    caps = _caps("drive=unbounded", "int8_g64")
+    reqs = generate(3, seed=1)
+    with hostlib.connect(daemon.socket_path) as dev:
+        with pytest.raises(DataModeError, match="value limit"):
+            replay_data(dev, reqs, PROFILE, model_config("llama-3-8b"), "int8_g64", caps)
+        with pytest.raises(DataModeError, match="capacity is 0"):
+            replay_data(dev, reqs, PROFILE, TINY, "int8_g64", _caps("drive=0", "int8_g64"))
+        replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
+        with pytest.raises(DataModeError, match="fresh drive"):  # blocks of the last replay
+            replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
+    real = DaemonProcess(str(tmp_path / "real.sock"), media="mem:64M")
+    try:
+        with hostlib.connect(real.socket_path) as dev:
+            with pytest.raises(DataModeError, match="--clock virtual"):
+                replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
+    finally:
+        assert real.terminate()[0] == 0
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "ssdemu", "replay", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_data_mode_starts_and_stops_its_daemon_and_plots(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    write(generate(40, seed=2, share=0.8, prefixes=4, prefix_blocks=4,
+                   mean_input_tokens=2000), str(trace))
+    img = tmp_path / "drive.img"
+    p = _cli(str(trace), "--mode", "data", "--model", "tiny", "--media", f"file:{img}:512M",
+             "--plot", str(tmp_path / "plots"), "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    m = json.loads(_cli(str(trace), "--model", "tiny", "--json").stdout)
+    assert r["mode"] == "data" and r["block_hit_ratio"] == m["block_hit_ratio"] > 0
+    assert r["data"]["data_errors"] == 0
+    for name in ("hit_ratio.png", "ttft_cdf.png", "drive_utilization.png"):
+        png = (tmp_path / "plots" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # the daemon it started is gone: the file is no longer open
+    out = subprocess.run(["fuser", str(img)], capture_output=True, text=True)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--mode", "data", "--model", "tiny"], "needs --socket"),
+    (["--mode", "data", "--model", "tiny", "--socket", "/nonexistent/s"], "nonexistent"),
+    (["--mode", "data", "--model", "llama-3-8b", "--media", "mem:64M"], "value limit"),
+    (["--requests", "0"], "must be positive"),
+])
+def test_cli_data_mode_errors_are_one_line(args, msg):
+    p = _cli(SAMPLE, *args)
+    assert p.returncode in (1, 2) and msg in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
