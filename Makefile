@@ -9,13 +9,24 @@ APT_PKGS := liburing-dev fio gcc python3-dev python3-venv util-linux
 
 .PHONY: demo test lint system venv clean
 
+# The main job: the emulated AI SSD (star2000d) on a file-backed device, the bundled Mooncake
+# trace's first $(DEMO_REQUESTS) requests replayed through it in data mode (real KV bytes:
+# quantized, matched, stored and read back in the drive), the report, three plots.  The
+# replay starts the daemon (a separate process) on the file and stops it; the sparse image
+# (several GB once written) is removed afterwards.
+DEMO_REQUESTS := 1500
 demo: venv
 	@mkdir -p $(DEMO)
-	@echo "== ssdemu demo: the io_uring engine against fio, file-backed and memory media =="
-	$(PY) -m ssdemu bench io --media file:$(DEMO)/drive.img:1G --rw randread --bs 4k --qd 32 --seconds 3
-	$(PY) -m ssdemu bench io --media file:$(DEMO)/drive.img:1G --rw read --bs 1M --qd 16 --seconds 3
-	$(PY) -m ssdemu bench io --media mem:1G --rw randread --bs 4k --qd 32 --seconds 3
-	$(PY) -m ssdemu bench io --media mem:1G --rw read --bs 1M --qd 16 --seconds 3
+	@echo "== ssdemu demo: Mooncake trace replay through an emulated star2000d (data mode) =="
+	$(PY) -m ssdemu replay traces/mooncake_synthetic_trace.jsonl --mode data --model tiny \
+	  --profile star2000d --quant int8_g64 --media file:$(DEMO)/drive.img:16G \
+	  --requests $(DEMO_REQUESTS) --plot $(DEMO)/plots; \
+	  rc=$$?; rm -f $(DEMO)/drive.img; exit $$rc
+	@echo "== the same requests in model mode (sizes only), and the whole trace with Llama-3-8B =="
+	$(PY) -m ssdemu replay traces/mooncake_synthetic_trace.jsonl --model tiny \
+	  --requests $(DEMO_REQUESTS) --no-progress
+	$(PY) -m ssdemu replay traces/mooncake_synthetic_trace.jsonl --model llama-3-8b \
+	  --plot $(DEMO)/plots-llama-3-8b
 
 test: venv
 	$(PY) -m ruff check .

@@ -94,6 +94,7 @@ struct sde_dev {
     int virtual_time;
     uint64_t origin;      /* real time: the model's zero on the monotonic clock */
     double vclock;        /* virtual time: the latest submission (never goes back) */
+    double stage_origin;  /* the modelled submission of the slow path's current command */
     struct held *held;    /* min-heap on due: completions waiting for their modelled time */
     uint32_t nheld, cap_held;
     sde_dev_stats stats;
@@ -879,30 +880,46 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
     return ret;
 }
 
-uint64_t sde_dev_model_media(sde_dev *dev, int write, uint64_t offset, uint64_t nbytes,
-                             uint64_t t0_ns, uint64_t submit_ns)
+uint64_t sde_dev_model_stage(sde_dev *dev, int stage, uint64_t offset, uint64_t nbytes,
+                             uint64_t after_ns, uint64_t t0_ns, uint64_t submit_ns)
 {
     pthread_mutex_lock(&dev->lock);
     uint64_t out = 0;
-    if (dev->model && nbytes) {
-        double submit;
-        if (dev->virtual_time) {
-            if ((double)submit_ns > dev->vclock)
-                dev->vclock = (double)submit_ns;
-            submit = dev->vclock;
-        } else {
-            /* the slow path runs after later fast-path commands: never before the horizon */
-            sde_model_stats st;
-            sde_model_get_stats(dev->model, &st);
-            submit = (double)(t0_ns - dev->origin);
-            if (submit < st.horizon_ns)
-                submit = st.horizon_ns;
+    if (dev->model) {
+        int begins = stage != SDE_STAGE_TRANSFER && stage != SDE_STAGE_PROGRAM;
+        if (begins) {
+            double submit;
+            if (dev->virtual_time) {
+                if ((double)submit_ns > dev->vclock)
+                    dev->vclock = (double)submit_ns;
+                submit = dev->vclock;
+            } else {
+                /* the slow path runs after later fast-path commands: never before the
+                 * horizon */
+                sde_model_stats st;
+                sde_model_get_stats(dev->model, &st);
+                submit = (double)(t0_ns - dev->origin);
+                if (submit < st.horizon_ns)
+                    submit = st.horizon_ns;
+            }
+            dev->stage_origin = submit;
         }
-        double done = write == 2 ? sde_model_nop(dev->model, submit)
-                      : write ? sde_model_write(dev->model, submit, offset, nbytes)
-                              : sde_model_read(dev->model, submit, offset, nbytes);
+        double base = dev->virtual_time ? 0.0 : dev->stage_origin;
+        double after = base + (double)after_ns;
+        double s = dev->stage_origin, done;
+        switch (stage) {
+        case SDE_STAGE_READ: done = sde_model_read(dev->model, s, offset, nbytes); break;
+        case SDE_STAGE_WRITE: done = sde_model_write(dev->model, s, offset, nbytes); break;
+        case SDE_STAGE_SENSE: done = sde_model_sense(dev->model, s, offset, nbytes); break;
+        case SDE_STAGE_RECEIVE: done = sde_model_receive(dev->model, s, nbytes); break;
+        case SDE_STAGE_TRANSFER: done = sde_model_transfer(dev->model, after, nbytes); break;
+        case SDE_STAGE_PROGRAM:
+            done = sde_model_program(dev->model, after, offset, nbytes);
+            break;
+        default: done = sde_model_nop(dev->model, s); break;
+        }
         if (done >= 0)
-            out = dev->virtual_time ? (uint64_t)done : (uint64_t)(done - submit) + 1;
+            out = dev->virtual_time ? (uint64_t)done : (uint64_t)(done - base) + 1;
     }
     pthread_mutex_unlock(&dev->lock);
     return out;

@@ -102,11 +102,18 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
  * modelled completion time, nothing is held.  p NULL: no model (measured times). */
 int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time);
 void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out);
-/* The model's time for media work the slow path does (write 1 / read 0 of nbytes at a media
- * offset; 2: no media work, the controller only) for a command fetched at t0_ns (real) or stamped submit_ns (virtual): the latency
- * (real time) or the completion time (virtual).  0 without a model. */
-uint64_t sde_dev_model_media(sde_dev *dev, int write, uint64_t offset, uint64_t nbytes,
-                             uint64_t t0_ns, uint64_t submit_ns);
+/* The model's time for a stage of the work the slow path does for one command (in
+ * sde_model.h's terms): SDE_STAGE_READ, _WRITE, _NOP, _SENSE and _RECEIVE begin a command
+ * fetched at t0_ns (real) or stamped submit_ns (virtual); _TRANSFER and _PROGRAM continue the
+ * last begun one at after_ns.  Times are latencies since the command's modelled submission
+ * (real) or completion times on the virtual clock (virtual), after_ns likewise.  0 without a
+ * model. */
+enum {
+    SDE_STAGE_READ = 0, SDE_STAGE_WRITE = 1, SDE_STAGE_NOP = 2, SDE_STAGE_SENSE = 3,
+    SDE_STAGE_RECEIVE = 4, SDE_STAGE_TRANSFER = 5, SDE_STAGE_PROGRAM = 6
+};
+uint64_t sde_dev_model_stage(sde_dev *dev, int stage, uint64_t offset, uint64_t nbytes,
+                             uint64_t after_ns, uint64_t t0_ns, uint64_t submit_ns);
 
 /* The command class an opcode dispatches to (SDE_CLASS_INVALID for none). */
 int sde_dev_opcode_class(uint32_t op);

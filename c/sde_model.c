@@ -252,7 +252,8 @@ static void bulk_reset(sde_model *m, uint32_t nt)
     memset(m->ch_bytes, 0, m->p.channels * sizeof(*m->ch_bytes));
 }
 
-static double read_bulk(sde_model *m, double t, uint64_t offset, uint64_t nbytes)
+static double read_bulk(sde_model *m, double t, uint64_t offset, uint64_t nbytes,
+                        int with_link)
 {
     uint32_t nt = bulk_count(m, offset, nbytes);
     double page = (double)(nbytes < m->p.page_bytes ? nbytes : m->p.page_bytes);
@@ -284,9 +285,11 @@ static double read_bulk(sde_model *m, double t, uint64_t offset, uint64_t nbytes
         if (done > last)
             last = done;
     }
+    bulk_reset(m, nt);
+    if (!with_link)
+        return last;
     double over = hold(m, &m->link, link_ready, (double)nbytes * m->ns_per_link_byte);
     double tail = last + page * m->ns_per_link_byte;
-    bulk_reset(m, nt);
     return over > tail ? over : tail;
 }
 
@@ -324,22 +327,35 @@ static int use_bulk(const sde_model *m, uint64_t offset, uint64_t nbytes)
     return m->p.bulk_pages && pages >= m->p.bulk_pages;
 }
 
-double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+/* The NAND half of a write of data in the controller at `arrived`: channel transfers and
+ * programs; returns when the last page is programmed. */
+static double program_stages(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
 {
-    if (advance(m, submit) < 0)
-        return -1.0;
-    if (m->p.fixed) {
-        m->nand_read += nbytes;
-        m->link_bytes += nbytes;
-        return submit + m->p.fixed_read_ns;
+    if (use_bulk(m, offset, nbytes))
+        return write_bulk(m, arrived, offset, nbytes);
+    double programmed = arrived;
+    uint64_t page = m->p.page_bytes;
+    uint64_t end = offset + nbytes;
+    for (uint64_t p = offset / page; p * page < end; p++) {
+        uint64_t lo = p * page > offset ? p * page : offset;
+        uint64_t hi = (p + 1) * page < end ? (p + 1) * page : end;
+        uint32_t plane, ch;
+        locate(m, p, &plane, &ch);
+        double moved = hold(m, &m->channels[ch], arrived, (double)(hi - lo) * m->ns_per_channel_byte);
+        double prog = hold(m, &m->planes[plane], moved, m->p.t_prog_ns);
+        if (prog > programmed)
+            programmed = prog;
     }
-    double t = controller(m, submit);
-    if (use_bulk(m, offset, nbytes)) {
-        double done = read_bulk(m, t, offset, nbytes);
-        m->nand_read += nbytes;
-        m->link_bytes += nbytes;
-        return done + m->p.link_latency_ns;
-    }
+    return programmed;
+}
+
+/* The NAND half of a read from t (after the controller): senses and channel transfers, and
+ * the link per page when with_link; returns when the last byte is over (no link latency). */
+static double read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbytes,
+                          int with_link)
+{
+    if (use_bulk(m, offset, nbytes))
+        return read_bulk(m, t, offset, nbytes, with_link);
     double done = t;
     uint64_t page = m->p.page_bytes;
     uint64_t end = offset + nbytes;
@@ -350,13 +366,73 @@ double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nby
         locate(m, p, &plane, &ch);
         double sensed = hold(m, &m->planes[plane], t, m->p.t_read_ns);
         double moved = hold(m, &m->channels[ch], sensed, (double)(hi - lo) * m->ns_per_channel_byte);
-        double over = hold(m, &m->link, moved, (double)(hi - lo) * m->ns_per_link_byte);
+        double over = with_link ? hold(m, &m->link, moved, (double)(hi - lo) * m->ns_per_link_byte)
+                                : moved;
         if (over > done)
             done = over;
     }
+    return done;
+}
+
+double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+{
+    if (advance(m, submit) < 0)
+        return -1.0;
+    if (m->p.fixed) {
+        m->nand_read += nbytes;
+        m->link_bytes += nbytes;
+        return submit + m->p.fixed_read_ns;
+    }
+    double done = read_stages(m, controller(m, submit), offset, nbytes, 1);
     m->nand_read += nbytes;
     m->link_bytes += nbytes;
     return done + m->p.link_latency_ns;
+}
+
+double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+{
+    if (advance(m, submit) < 0)
+        return -1.0;
+    m->nand_read += nbytes;
+    if (m->p.fixed)
+        return submit + m->p.fixed_read_ns;
+    return read_stages(m, controller(m, submit), offset, nbytes, 0);
+}
+
+/* Continuations start at `ready`, which a caller derives from its command's submission: never
+ * before the latest submission (the gaps before it are gone). */
+static double not_before_horizon(const sde_model *m, double ready)
+{
+    return ready > m->horizon ? ready : m->horizon;
+}
+
+double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes)
+{
+    ready = not_before_horizon(m, ready);
+    m->link_bytes += nbytes;
+    if (m->p.fixed)
+        return ready;
+    return hold(m, &m->link, ready, (double)nbytes * m->ns_per_link_byte) +
+           m->p.link_latency_ns;
+}
+
+double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
+{
+    if (advance(m, submit) < 0)
+        return -1.0;
+    m->link_bytes += nbytes;
+    if (m->p.fixed)
+        return submit;
+    return hold(m, &m->link, controller(m, submit), (double)nbytes * m->ns_per_link_byte);
+}
+
+double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
+{
+    ready = not_before_horizon(m, ready);
+    m->nand_written += nbytes;
+    if (m->p.fixed)
+        return ready + m->p.fixed_write_ns;
+    return program_stages(m, ready, offset, nbytes);
 }
 
 double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
@@ -370,25 +446,7 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
     }
     double t = controller(m, submit);
     double arrived = hold(m, &m->link, t, (double)nbytes * m->ns_per_link_byte);
-    double programmed = arrived;
-    if (use_bulk(m, offset, nbytes)) {
-        programmed = write_bulk(m, arrived, offset, nbytes);
-        m->nand_written += nbytes;
-        m->link_bytes += nbytes;
-        return (m->p.write_cache ? arrived : programmed) + m->p.link_latency_ns;
-    }
-    uint64_t page = m->p.page_bytes;
-    uint64_t end = offset + nbytes;
-    for (uint64_t p = offset / page; p * page < end; p++) {
-        uint64_t lo = p * page > offset ? p * page : offset;
-        uint64_t hi = (p + 1) * page < end ? (p + 1) * page : end;
-        uint32_t plane, ch;
-        locate(m, p, &plane, &ch);
-        double moved = hold(m, &m->channels[ch], arrived, (double)(hi - lo) * m->ns_per_channel_byte);
-        double prog = hold(m, &m->planes[plane], moved, m->p.t_prog_ns);
-        if (prog > programmed)
-            programmed = prog;
-    }
+    double programmed = program_stages(m, arrived, offset, nbytes);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
     return (m->p.write_cache ? arrived : programmed) + m->p.link_latency_ns;

@@ -52,6 +52,15 @@ void sde_model_free(sde_model *m);
 double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nbytes);
 double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nbytes);
 double sde_model_flush(sde_model *m, double submit);
+/* The stages of commands whose data the drive's firmware transforms in between (a quantized
+ * store: receive, quantize, program; a dequantized retrieve: sense, dequantize, transfer).
+ * sense: the controller, the senses and the channels, without the link; receive: the
+ * controller and the link, without the NAND; transfer and program continue a command at
+ * `ready` (the link plus its latency; the channels and the programs). */
+double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nbytes);
+double sde_model_receive(sde_model *m, double submit, uint64_t nbytes);
+double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
+double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
 double sde_model_nop(sde_model *m, double submit);
 void sde_model_get_stats(const sde_model *m, sde_model_stats *out);
 /* Every resource's next-free time, in the order controller cores, planes, channels, link;

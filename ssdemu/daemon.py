@@ -200,6 +200,13 @@ class Daemon:
         if uid not in self.allowed_uids:
             log.warning("refused pid %d: uid %d is not allowed", pid, uid)
             try:
+                # read the client's hello first: closing a Unix socket with unread data
+                # resets the connection and the client would never see why
+                sock.settimeout(0.2)  # bounded: a silent client cannot stall the others
+                try:
+                    sock.recv(65536)
+                except OSError:
+                    pass
                 control.send(sock, {"ok": False, "error": f"uid {uid} is not allowed to use "
                                     "this device"})
             finally:

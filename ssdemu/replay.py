@@ -20,10 +20,12 @@ arrives); a quantized store of each block it does not hold (quantization and the
 in the background: nothing waits for them); a delete of each block its LRU evicts.
 
 TTFT model: one GPU serves prefills first come, first served.  A request's prefill computes
-the tokens of the blocks it missed at the model's prefill rate; the blocks it hit load
-meanwhile (DRAM over the host link, the drive's blocks when its retrieves complete), layer by
-layer, so loads overlap the prefill: TTFT = queueing + max(prefill, loads).  Without the drive
-the same trace runs with the drive's capacity at 0.
+the tokens of the blocks it missed at the model's prefill rate, starting when the GPU is free;
+the blocks it hit load from its arrival on (DRAM over the host link, the drive's blocks when
+its retrieves complete, queued behind the drive's other work), layer by layer, so loads
+overlap the queueing and the prefill: the first token comes at max(start + prefill, arrival +
+loads), and the GPU is busy until then.  Without the drive the same trace runs with the
+drive's capacity at 0.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class ModelDrive:
         self.budget = budget_of(profile)
         self.scheme = quant or None
         self.stored = model.stored_block_bytes(quant)
+        self.raw = model.block_bytes
         self.elements = model.block_bytes // model.element_bytes
         page = profile.nand.page_bytes
         self.slot = -(-self.stored // page) * page
@@ -81,24 +84,34 @@ class ModelDrive:
         return expected  # the host's LRU mirror is the drive's content
 
     def load(self, t_ns: int, ids) -> int:
+        """Each block sensed, dequantized as it arrives, the result over the link (a plain
+        read without quantization)."""
         done = t_ns
         for b in ids:
-            d = self.device.read(t_ns, self.offsets[b], self.stored)
             if self.scheme:
+                sensed = self.device.sense(t_ns, self.offsets[b], self.stored)
                 cost = dequantize_cost(self.elements, 2, self.scheme, self.stored)
-                _, d = self.budget.charge("dequantize", cost, d)
+                _, ready = self.budget.charge("dequantize", cost, sensed)
+                d = self.device.transfer(ready, self.raw)
+            else:
+                d = self.device.read(t_ns, self.offsets[b], self.stored)
             done = max(done, d)
         return int(done)
 
     def store(self, t_ns: int, ids) -> None:
+        """Each block over the link as it is, quantized, the result programmed (in the
+        background: nothing waits)."""
         for b in ids:
-            if self.scheme:
-                self.budget.charge("quantize", quantize_cost(self.elements, 2, self.scheme,
-                                                             self.stored), t_ns)
             off = self.offsets.get(b)
             if off is None:
                 off = self.offsets[b] = len(self.offsets) * self.slot
-            self.device.write(t_ns, off, self.stored)
+            if self.scheme:
+                arrived = self.device.receive(t_ns, self.raw)
+                cost = quantize_cost(self.elements, 2, self.scheme, self.stored)
+                _, ready = self.budget.charge("quantize", cost, arrived)
+                self.device.program(ready, off, self.stored)
+            else:
+                self.device.write(t_ns, off, self.stored)
 
     def evict(self, ids) -> None:
         pass  # nothing to free: the slot stays the block's
@@ -171,10 +184,11 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         saved = min(h * BLOCK_TOKENS, req.input_length)
         tokens_saved += saved
         prefill_s = (req.input_length - saved) / model.prefill_tokens_per_s
+        # the loads began at arrival (the drive was asked then), the prefill when the GPU
+        # is free; the first token needs both
         start = max(t, gpu_free)
-        busy = max(prefill_s, load_s)
-        gpu_free = start + busy
-        ttft.append(start - t + busy)
+        gpu_free = max(start + prefill_s, t + load_s)
+        ttft.append(gpu_free - t)
         if drive is not None:
             drive_tier = tiers["drive"]
             new = [b for b in dict.fromkeys(ids) if b not in drive_tier]

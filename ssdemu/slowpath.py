@@ -74,18 +74,26 @@ class SlowPath:
     def _virtual(self) -> bool:
         return self.d.clock == "virtual"
 
-    def _then(self, first_ns: int, second_ns: int) -> int:
-        """Two stages' times combined: latencies add on the real clock; on the virtual clock
-        both are completion times and the command is done when the later one is."""
-        return max(first_ns, second_ns) if self._virtual else first_ns + second_ns
+    def _stage(self, stage: int, offset: int = 0, nbytes: int = 0, after_ns: int = 0) -> int:
+        """The timing model's time for a stage of this command (sde_dev_model_stage): a
+        latency on the real clock, a completion time on the virtual one; 0 without a model."""
+        return lib.sde_dev_model_stage(self.d.dev, stage, offset, nbytes, after_ns, self._t0,
+                                       self._submit)
+
+    def _then_compute(self, ready_ns: int, kernel: str, cost, host_ns: int) -> int:
+        """A firmware kernel after a stage that ended at ready_ns (same clock conventions)."""
+        if self._virtual:
+            return self._charge(kernel, cost, host_ns, ready_ns=ready_ns)
+        return ready_ns + self._charge(kernel, cost, host_ns)
 
     def _media_ns(self, write: bool, key: bytes, nbytes: int) -> int:
-        """The timing model's time for moving a stored value's bytes on the NAND."""
+        """The timing model's time for moving a stored value's bytes over the NAND and the
+        link (a plain KV store or retrieve)."""
         entry = self.d.store.index.get(key)
         if entry is None:
             return 0
-        return lib.sde_dev_model_media(self.d.dev, int(write), entry.extent.offset, nbytes,
-                                       self._t0, self._submit)
+        return self._stage(lib.SDE_STAGE_WRITE if write else lib.SDE_STAGE_READ,
+                           entry.extent.offset, nbytes)
 
     # -- helpers --
     def _region(self, client, sqe):
@@ -168,8 +176,11 @@ class SlowPath:
         value = mm[off:off + length]
         return self._put(key, value, mode, copied=length)
 
-    def _put(self, key: bytes, value, mode: int, copied: int, device_ns: int = 0) -> Outcome:
-        """Store and keep the drive's prefix index in step with the store."""
+    def _put(self, key: bytes, value, mode: int, copied: int,
+             arrived_ns: int | None = None) -> Outcome:
+        """Store and keep the drive's prefix index in step with the store.  arrived_ns: the
+        value was made in the drive (a quantized store), ready then: only its NAND program is
+        left to time; None: it comes over the link as it is."""
         index = self.d.prefix_index
         new_block_key = len(key) == 16 and not self.d.store.exists(key)
         if new_block_key and len(index) >= index.capacity:
@@ -184,13 +195,17 @@ class SlowPath:
             return _err("CAPACITY_EXCEEDED")
         if new_block_key:
             self.d.index_key(key)
-        # the NAND program of the value: none when identical bytes were already stored
-        if self.d.store.last_put_wrote:
-            media = self._media_ns(True, key, len(value))
+        wrote = self.d.store.last_put_wrote  # no NAND program for bytes stored already
+        if arrived_ns is None:
+            device = (self._media_ns(True, key, len(value)) if wrote
+                      else self._stage(lib.SDE_STAGE_NOP, nbytes=1))
+        elif wrote:
+            programmed = self._stage(lib.SDE_STAGE_PROGRAM, self.d.store.index[key].extent.offset,
+                                     len(value), after_ns=arrived_ns)
+            device = arrived_ns if self.d.profile.write_cache.enabled else programmed or arrived_ns
         else:
-            media = lib.sde_dev_model_media(self.d.dev, 2, 0, 1, self._t0, self._submit)
-        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied,
-                       self._then(device_ns, media))
+            device = arrived_ns
+        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device)
 
     def _stored(self, client, sqe):
         """(key, client region, stored value) for a retrieve, or the Outcome of a failure."""
@@ -292,6 +307,8 @@ class SlowPath:
             return _err("KV_INVALID_VALUE_SIZE")
         block = np.frombuffer(mm, dtype=carrier, count=kv.elements,
                               offset=off + QUANT_REQUEST.size).reshape(kv.array_shape)
+        # the block crosses the link as it is, is quantized, and the result is programmed
+        arrived = self._stage(lib.SDE_STAGE_RECEIVE, nbytes=raw)
         t0 = time.perf_counter_ns()
         try:
             blob = quantize(block, {0: "fp16", 1: "bf16", 2: "fp32"}[code], scheme)
@@ -301,8 +318,8 @@ class SlowPath:
         if blob.nbytes > MAX_VALUE:
             return _err("KV_INVALID_VALUE_SIZE")
         cost = quantize_cost(kv.elements, ELEMENT_BYTES[code], scheme, blob.nbytes)
-        device = self._charge("quantize", cost, host)
-        out = self._put(key, blob.tobytes(), STORE_ANY, copied=raw, device_ns=device)
+        quantized = self._then_compute(arrived, "quantize", cost, host)
+        out = self._put(key, blob.tobytes(), STORE_ANY, copied=raw, arrived_ns=quantized)
         out.result = blob.nbytes if out.status == STATUS["SUCCESS"] else out.result
         return out
 
@@ -323,12 +340,12 @@ class SlowPath:
         mm[off:off + block.nbytes] = block.tobytes()
         elem = block.dtype.itemsize
         cost = dequantize_cost(block.size, elem, scheme_of(blob), len(blob))
-        # the NAND read of the compressed block, then the firmware's dequantization
-        media = self._media_ns(False, key, len(blob))
-        if self._virtual:  # dequantized as the compressed block arrives from the NAND
-            device = self._charge("dequantize", cost, host, ready_ns=media)
-        else:
-            device = media + self._charge("dequantize", cost, host)
+        # the compressed block is sensed, dequantized as it arrives, and the result crosses
+        # the link
+        sensed = self._stage(lib.SDE_STAGE_SENSE, self.d.store.index[key].extent.offset,
+                             len(blob))
+        ready = self._then_compute(sensed, "dequantize", cost, host)
+        device = self._stage(lib.SDE_STAGE_TRANSFER, nbytes=block.nbytes, after_ns=ready) or ready
         return Outcome(STATUS["SUCCESS"], block.nbytes, block.nbytes, block.nbytes, device)
 
     def _match(self, keys: np.ndarray, hashed_ns: int = 0) -> Outcome:
@@ -339,10 +356,7 @@ class SlowPath:
         host = time.perf_counter_ns() - t0
         probed = max(1, min(hits + 1, len(keys)))
         cost = prefix_match_cost(probed)
-        if self._virtual:
-            device = self._charge("prefix_match", cost, host, ready_ns=hashed_ns)
-        else:
-            device = hashed_ns + self._charge("prefix_match", cost, host)
+        device = self._then_compute(hashed_ns, "prefix_match", cost, host)
         return Outcome(STATUS["SUCCESS"], hits, 0, 0, device)
 
     def prefix_match(self, client, sqe):

@@ -124,6 +124,23 @@ class DeviceModel:
     def flush(self, submit: float) -> float:
         return self._check(lib.sde_model_flush(self._m, submit), submit)
 
+    # the stages of commands the firmware transforms in between (c/sde_model.h)
+    def sense(self, submit: float, offset: int, nbytes: int) -> float:
+        """A read's NAND half: when the bytes are in the controller (no link)."""
+        return self._check(lib.sde_model_sense(self._m, submit, offset, nbytes), submit)
+
+    def receive(self, submit: float, nbytes: int) -> float:
+        """A write's link half: when the bytes are in the controller (no NAND)."""
+        return self._check(lib.sde_model_receive(self._m, submit, nbytes), submit)
+
+    def transfer(self, ready: float, nbytes: int) -> float:
+        """nbytes over the link from `ready` on, plus its latency."""
+        return lib.sde_model_transfer(self._m, ready, nbytes)
+
+    def program(self, ready: float, offset: int, nbytes: int) -> float:
+        """nbytes from the controller programmed at offset from `ready` on."""
+        return lib.sde_model_program(self._m, ready, offset, nbytes)
+
     def nop(self, submit: float) -> float:
         return self._check(lib.sde_model_nop(self._m, submit), submit)
 

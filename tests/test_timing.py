@@ -162,6 +162,26 @@ def test_bulk_path_is_the_default_from_a_full_stripe():
         assert (a == b) is same
 
 
+@pytest.mark.parametrize("name", PROFILES)
+def test_stages_compose_to_the_whole_commands(name):
+    """A one-page read is sense then transfer; a one-page write is receive then program (the
+    stages in-drive compute goes between), with the same bytes counted."""
+    for cache in (True, False):
+        p = _profile(name, cache)
+        whole, staged = DeviceModel(p), DeviceModel(p)
+        assert staged.transfer(staged.sense(0.0, 0, 4096), 4096) == whole.read(0.0, 0, 4096)
+        arrived = staged.receive(1e6, 4096)
+        programmed = staged.program(arrived, 1 << 20, 4096)
+        done = whole.write(1e6, 1 << 20, 4096)
+        assert done == (arrived if cache else programmed) + p.host_link.latency_ns
+        for k in ("link_bytes", "nand_bytes_read", "nand_bytes_written", "link_busy_ns"):
+            assert staged.stats()[k] == whole.stats()[k], k
+    m = DeviceModel(load(name))  # a dequantized retrieve: 1 MiB sensed, 2 MiB over the link
+    done = m.transfer(m.sense(0.0, 0, MIB) + 5000.0, 2 * MIB)
+    assert m.stats()["link_bytes"] == 2 * MIB and m.stats()["nand_bytes_read"] == MIB
+    assert done >= 2 * MIB / load(name).host_link.bandwidth_bytes_per_s * 1e9 + 5000.0
+
+
 def test_fixed_latency_model():
     f = FixedLatencyModel(load("pcie4-tlc"))
     assert f.read(1000.0, 0, 4096) - 1000.0 == f.read(1000.0, 8192, 4096) - 1000.0
