@@ -144,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--profile", default="star2000d")
     dv.add_argument("--json", action="store_true", help="print one JSON object")
 
+    rb = bsub.add_parser("replay", help="model-mode replay of a whole trace (the CLI call) "
+                         "against the page-by-page timing model")
+    rb.add_argument("--trace", help="a Mooncake JSONL trace (default: the bundled sample)")
+    rb.add_argument("--model", default="llama-3-8b")
+    rb.add_argument("--profile", default="star2000d")
+    rb.add_argument("--quant", default="int8_g64")
+    rb.add_argument("--no-baseline", action="store_true", help="skip the page-by-page run")
+    rb.add_argument("--json", action="store_true", help="print one JSON object")
+
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
@@ -227,6 +236,16 @@ def _cmd_bench_device(args) -> int:
     return 0
 
 
+def _cmd_bench_replay(args) -> int:
+    from bench.replay import bench_replay, format_table
+    from traces.mooncake import SAMPLE
+
+    report = bench_replay(args.trace or SAMPLE, args.model, args.profile, args.quant,
+                          baseline=not args.no_baseline)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
 def _cmd_replay(args) -> int:
     from ssdemu.replay_job import ReplayJob, run
 
@@ -278,6 +297,7 @@ def _print_replay(r: dict) -> None:
 COMMANDS = {
     ("replay", None): _cmd_replay,
     ("bench", "device"): _cmd_bench_device,
+    ("bench", "replay"): _cmd_bench_replay,
     ("bench", "queue"): _cmd_bench_queue,
     ("serve", None): _cmd_serve,
     ("format", None): _cmd_format,
