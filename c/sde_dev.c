@@ -896,11 +896,10 @@ uint64_t sde_dev_model_stage(sde_dev *dev, int stage, uint64_t offset, uint64_t 
             } else {
                 /* the slow path runs after later fast-path commands: never before the
                  * horizon */
-                sde_model_stats st;
-                sde_model_get_stats(dev->model, &st);
+                double horizon = sde_model_horizon(dev->model);
                 submit = (double)(t0_ns - dev->origin);
-                if (submit < st.horizon_ns)
-                    submit = st.horizon_ns;
+                if (submit < horizon)
+                    submit = horizon;
             }
             dev->stage_origin = submit;
         }

@@ -474,6 +474,8 @@ double sde_model_nop(sde_model *m, double submit)
     return controller(m, submit) + m->p.link_latency_ns;
 }
 
+double sde_model_horizon(const sde_model *m) { return m->horizon; }
+
 void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
 {
     memset(out, 0, sizeof(*out));

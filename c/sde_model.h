@@ -63,6 +63,8 @@ double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
 double sde_model_nop(sde_model *m, double submit);
 void sde_model_get_stats(const sde_model *m, sde_model_stats *out);
+/* The latest submission seen (what get_stats reports, without its walk over every plane). */
+double sde_model_horizon(const sde_model *m);
 /* Every resource's next-free time, in the order controller cores, planes, channels, link;
  * returns how many (call with max 0 to count). */
 uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max);

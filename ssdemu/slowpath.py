@@ -207,14 +207,23 @@ class SlowPath:
             device = arrived_ns
         return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device)
 
-    def _stored(self, client, sqe):
-        """(key, client region, stored value) for a retrieve, or the Outcome of a failure."""
+    def _keyed_region(self, client, sqe):
+        """(key, client region) of a KV command that moves a value, or the Outcome of a
+        failure."""
         key, bad = self._kv_checks(sqe)
         if bad:
             return bad
         region = self._region(client, sqe)
         if region is None:
             return _err("INVALID_BUFFER")
+        return key, region
+
+    def _stored(self, client, sqe):
+        """(key, client region, stored value) for a retrieve, or the Outcome of a failure."""
+        found = self._keyed_region(client, sqe)
+        if isinstance(found, Outcome):
+            return found
+        key, region = found
         try:
             return key, region, self.d.store.get(key)
         except KeyNotFound:
@@ -285,13 +294,10 @@ class SlowPath:
         return int(done - now)
 
     def kv_store_quantized(self, client, sqe):
-        key, bad = self._kv_checks(sqe)
-        if bad:
-            return bad
-        region = self._region(client, sqe)
-        if region is None:
-            return _err("INVALID_BUFFER")
-        mm, off, length = region
+        found = self._keyed_region(client, sqe)
+        if isinstance(found, Outcome):
+            return found
+        key, (mm, off, length) = found
         req = unpack_quant_request(bytes(mm[off:off + QUANT_REQUEST.size]))
         if req is None:
             return _err("INVALID_FIELD")
