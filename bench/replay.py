@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from ssdemu.errors import SsdemuError
 from ssdemu.profile import load
 from ssdemu.replay import replay_model
 from ssdemu.serving import model_config, parse_capacities
@@ -21,8 +22,13 @@ def _cli(trace: str, model: str, profile: str, quant: str) -> tuple[float, dict]
     cmd = [sys.executable, "-m", "ssdemu", "replay", trace, "--model", model, "--profile",
            profile, "--quant", quant, "--json", "--no-progress"]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return time.perf_counter() - t0, json.loads(p.stdout)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:  # the replay's own one-line error
+        lines = p.stderr.strip().splitlines()
+        raise SsdemuError(lines[-1].removeprefix("ssdemu: error: ") if lines
+                          else f"ssdemu replay exited with {p.returncode}")
+    return wall, json.loads(p.stdout)
 
 
 def bench_replay(trace: str = SAMPLE, model: str = "llama-3-8b", profile: str = "star2000d",

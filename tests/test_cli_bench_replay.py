@@ -23,3 +23,13 @@ def test_bench_replay_json(tmp_path):
     assert r["within_bar"] == (r["cli_wall_s"] <= r["bar_s"])
     assert r["baseline_page_by_page_replay_s"] > 0
     assert abs(r["ttft_p50_ratio_bulk_vs_page"] - 1) <= 0.02
+
+
+def test_bench_replay_bad_trace_is_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "replay", "--trace", str(bad),
+                        "--model", "tiny", "--no-baseline"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and p.stderr.startswith("ssdemu: error: ")
+    assert "bad.jsonl:1" in p.stderr and len(p.stderr.strip().splitlines()) == 1
