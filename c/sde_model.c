@@ -190,6 +190,14 @@ static double controller(sde_model *m, double submit)
     return hold(m, best, submit, m->p.command_overhead_ns);
 }
 
+/* The bytes of [offset, end) that fall in page p. */
+static inline uint64_t page_part(uint64_t p, uint64_t page, uint64_t offset, uint64_t end)
+{
+    uint64_t lo = p * page > offset ? p * page : offset;
+    uint64_t hi = (p + 1) * page < end ? (p + 1) * page : end;
+    return hi - lo;
+}
+
 /* Page p sits on channel p mod C, die (p div C) mod D, plane (p div C*D) mod P. */
 static void locate(const sde_model *m, uint64_t page, uint32_t *plane, uint32_t *ch)
 {
@@ -218,15 +226,14 @@ static uint32_t bulk_count(sde_model *m, uint64_t offset, uint64_t nbytes)
     uint32_t pl = (uint32_t)((p / ((uint64_t)C * D)) % P);
     uint32_t nt = 0;
     for (; p * page < end; p++) {
-        uint64_t lo = p * page > offset ? p * page : offset;
-        uint64_t hi = (p + 1) * page < end ? (p + 1) * page : end;
+        uint64_t n = page_part(p, page, offset, end);
         uint32_t plane = (ch * D + die) * P + pl;
         if (m->plane_pages[plane]++ == 0) {
             m->touched[nt++] = plane;
             m->plane_first[plane] = m->ch_pages[ch];
         }
         m->ch_pages[ch]++;
-        m->ch_bytes[ch] += hi - lo;
+        m->ch_bytes[ch] += n;
         if (++ch == C) {
             ch = 0;
             if (++die == D) {
@@ -337,11 +344,10 @@ static double program_stages(sde_model *m, double arrived, uint64_t offset, uint
     uint64_t page = m->p.page_bytes;
     uint64_t end = offset + nbytes;
     for (uint64_t p = offset / page; p * page < end; p++) {
-        uint64_t lo = p * page > offset ? p * page : offset;
-        uint64_t hi = (p + 1) * page < end ? (p + 1) * page : end;
+        uint64_t n = page_part(p, page, offset, end);
         uint32_t plane, ch;
         locate(m, p, &plane, &ch);
-        double moved = hold(m, &m->channels[ch], arrived, (double)(hi - lo) * m->ns_per_channel_byte);
+        double moved = hold(m, &m->channels[ch], arrived, (double)n * m->ns_per_channel_byte);
         double prog = hold(m, &m->planes[plane], moved, m->p.t_prog_ns);
         if (prog > programmed)
             programmed = prog;
@@ -360,13 +366,12 @@ static double read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbyt
     uint64_t page = m->p.page_bytes;
     uint64_t end = offset + nbytes;
     for (uint64_t p = offset / page; p * page < end; p++) {
-        uint64_t lo = p * page > offset ? p * page : offset;
-        uint64_t hi = (p + 1) * page < end ? (p + 1) * page : end;
+        uint64_t n = page_part(p, page, offset, end);
         uint32_t plane, ch;
         locate(m, p, &plane, &ch);
         double sensed = hold(m, &m->planes[plane], t, m->p.t_read_ns);
-        double moved = hold(m, &m->channels[ch], sensed, (double)(hi - lo) * m->ns_per_channel_byte);
-        double over = with_link ? hold(m, &m->link, moved, (double)(hi - lo) * m->ns_per_link_byte)
+        double moved = hold(m, &m->channels[ch], sensed, (double)n * m->ns_per_channel_byte);
+        double over = with_link ? hold(m, &m->link, moved, (double)n * m->ns_per_link_byte)
                                 : moved;
         if (over > done)
             done = over;

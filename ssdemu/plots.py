@@ -17,11 +17,23 @@ def _pyplot():
     return plt
 
 
+def _figure():
+    plt = _pyplot()
+    return plt, *plt.subplots(figsize=(8, 4.5))
+
+
+def _save(plt, fig, ax, title: str, legend_at: str, path: str) -> None:
+    ax.set_title(title)
+    ax.legend(loc=legend_at)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def hit_ratio_over_time(series: dict, title: str, path: str) -> None:
     """Cumulative block hit ratio and the hit ratio of each window of trace time."""
-    plt = _pyplot()
+    plt, fig, ax = _figure()
     tl = np.asarray(series["hit_ratio"], dtype=float).reshape(-1, 3)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
     if len(tl):
         t = tl[:, 0] - tl[0, 0]
         cum = np.cumsum(tl[:, 1]) / np.maximum(np.cumsum(tl[:, 2]), 1)
@@ -37,17 +49,12 @@ def hit_ratio_over_time(series: dict, title: str, path: str) -> None:
     ax.set_xlabel("trace time (s)")
     ax.set_ylabel("block hit ratio")
     ax.set_ylim(0, 1)
-    ax.set_title(title)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, title, "lower right", path)
 
 
 def ttft_cdf(series: dict, title: str, path: str) -> None:
     """The modelled TTFT's CDF with and without the drive."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    plt, fig, ax = _figure()
     for key, label, color in (("ttft_with_drive", "with the drive", "#08519c"),
                               ("ttft_without_drive", "without (recompute)", "#cb181d")):
         v = np.sort(np.asarray(series[key], dtype=float))
@@ -59,18 +66,13 @@ def ttft_cdf(series: dict, title: str, path: str) -> None:
     ax.set_xlabel("time to first token (ms, modelled)")
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.01)
-    ax.set_title(title)
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, title, "upper left", path)
 
 
 def drive_utilization(series: dict, title: str, path: str) -> None:
     """Busy time booked per window of trace time on the host link, the NAND channels and the
     compute units (work is booked when its command arrives)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    plt, fig, ax = _figure()
     pts = series["utilization"]
     if pts:
         t0 = pts[0][0]
@@ -81,11 +83,7 @@ def drive_utilization(series: dict, title: str, path: str) -> None:
     ax.set_xlabel("trace time (s)")
     ax.set_ylabel("utilization (%)")
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, title, "upper right", path)
 
 
 PLOTS = {"hit_ratio.png": hit_ratio_over_time, "ttft_cdf.png": ttft_cdf,

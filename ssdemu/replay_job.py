@@ -16,12 +16,12 @@ from ssdemu.errors import SsdemuError
 
 @dataclass
 class ReplayJob:
-    trace: str
-    profile: str = "star2000d"
-    model: str = "llama-3-8b"
-    mode: str = "model"
-    quant: str | None = "int8_g64"
-    capacity: str = "hbm=0,dram=0,drive=unbounded"
+    trace: str  # the defaults of these are the CLI's (ssdemu/cli.py), not repeated here
+    profile: str
+    model: str
+    mode: str  # model or data
+    quant: str | None
+    capacity: str
     prefill_rate: float | None = None
     skip_bad: bool = False
     requests: int | None = None  # the first N requests only

@@ -107,6 +107,8 @@ def test_data_mode_refuses_what_it_cannot_do(tmp_path, daemon):
     with hostlib.connect(daemon.socket_path) as dev:
         with pytest.raises(DataModeError, match="value limit"):
             replay_data(dev, reqs, PROFILE, model_config("llama-3-8b"), "int8_g64", caps)
+        with pytest.raises(DataModeError, match="runs profile 'star2000d'"):
+            replay_data(dev, reqs, load("pcie4-tlc"), TINY, "int8_g64", caps)
         with pytest.raises(DataModeError, match="capacity is 0"):
             replay_data(dev, reqs, PROFILE, TINY, "int8_g64", _caps("drive=0", "int8_g64"))
         replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
@@ -119,6 +121,14 @@ def test_data_mode_refuses_what_it_cannot_do(tmp_path, daemon):
                 replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
     finally:
         assert real.terminate()[0] == 0
+    fixed = DaemonProcess(str(tmp_path / "fixed.sock"), media="mem:64M",
+                          extra=["--clock", "virtual", "--timing", "fixed"])
+    try:
+        with hostlib.connect(fixed.socket_path) as dev:
+            with pytest.raises(DataModeError, match="--timing detailed"):
+                replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
+    finally:
+        assert fixed.terminate()[0] == 0
 
 
 def _cli(*args, timeout=300):
