@@ -15,8 +15,10 @@ import tempfile
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_model.h", HERE / "sde_dev.h"]
-SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c"]
+HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_model.h", HERE / "sde_store.h",
+           HERE / "sde_dev.h"]
+SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c",
+           "sde_store.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
@@ -55,7 +57,8 @@ ffibuilder.cdef(
 )
 ffibuilder.set_source(
     "ssdemu._engine",
-    '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"\n#include "sde_model.h"',
+    '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"\n#include "sde_model.h"\n'
+    '#include "sde_store.h"',
     # relative to the project root, where setuptools runs the build
     sources=[os.path.relpath(HERE / name) for name in SOURCES],
     include_dirs=[str(HERE)],

@@ -23,6 +23,7 @@
 
 #include "sde_engine.h"
 #include "sde_ring.h"
+#include "sde_store_internal.h"
 
 #define ADMIN_CAP 4096
 #define FETCH_BATCH 64
@@ -53,18 +54,39 @@ struct dev_ns {
     uint64_t bytes; /* 0: no such namespace */
 };
 
+enum { CTX_BLOCK = 0, CTX_KV_PUT = 1, CTX_KV_GET = 2, CTX_KV_DELETE = 3 };
+
 struct dev_ctx {
     sde_io io;
+    sde_io io2;      /* a KV value's last partial block, through a bounce */
     int qp;
     uint16_t cid;
     uint8_t cls;
     uint8_t used;
+    uint8_t kind;
+    uint8_t nio;     /* I/Os of this command in flight */
+    uint8_t io_failed;
     uint64_t t0;
     uint8_t *bounce;
     uint8_t *client_addr;
     uint64_t due;    /* real time: post no earlier than this (monotonic ns); 0: at once */
     uint64_t dtime;  /* the CQE's device time (modelled); 0: the measured latency */
+    /* KV commands */
+    st_put_plan plan;
+    uint32_t ext;
+    uint64_t vlen, vhash;
+    uint8_t *copy_to;    /* a retrieve's bytes to copy out of the bounce, and how many */
+    uint64_t copy_len;
+    uint64_t copied;
+    uint64_t result;
+    uint64_t group;      /* the journal group this command waits for */
+    uint32_t next_wait;  /* FIFO of commands waiting for their group's commit */
 };
+
+#define NO_CTX UINT32_MAX
+#define UD_JOURNAL (UINT64_MAX - 1)
+#define UD_JOURNAL_SYNC (UINT64_MAX - 2)
+#define UD_IO2 (1ull << 32)
 
 struct held {
     uint64_t due;
@@ -98,6 +120,11 @@ struct sde_dev {
     struct held *held;    /* min-heap on due: completions waiting for their modelled time */
     uint32_t nheld, cap_held;
     sde_dev_stats stats;
+    /* the KV store (NULL: KV commands go to Python, as before a store is attached) */
+    sde_store *store;
+    sde_io jio;           /* the journal group being written, then its sync */
+    uint64_t jgroup;
+    uint32_t wait_head, wait_tail;
 };
 
 static uint64_t now_ns(void)
@@ -139,13 +166,15 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     int ret = -ENOMEM;
     if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin)
         goto fail;
-    ret = sde_engine_new(media_fd, media_size, lba_size, io_depth, 0, &dev->eng);
+    /* a command has at most two I/Os (a KV value's tail), plus the journal's one */
+    ret = sde_engine_new(media_fd, media_size, lba_size, 2 * io_depth + 2, 0, &dev->eng);
     if (ret < 0)
         goto fail;
     sde_register_buffer_slots(dev->eng, SDE_MAX_BUFS); /* failure: counted fallback */
     for (uint32_t i = 0; i < io_depth; i++)
         dev->free_ctx[i] = io_depth - 1 - i;
     dev->nfree = io_depth;
+    dev->wait_head = dev->wait_tail = NO_CTX;
     *out = dev;
     return 0;
 fail:
@@ -325,38 +354,58 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
 
 /* ---- the data plane ------------------------------------------------------------------- */
 
-/* The opcode table: every opcode's command class (stored + 1, so a gap reads as 0 and means
- * "no such opcode").  The compiler checks the table covers every opcode; a test checks that
- * every opcode has a class and every admin opcode a Python handler. */
-static const uint8_t opcode_class[SDE_CMD_LAST] = {
-    [SDE_CMD_NOP] = SDE_CLASS_NOP + 1,
-    [SDE_CMD_READ] = SDE_CLASS_READ + 1,
-    [SDE_CMD_WRITE] = SDE_CLASS_WRITE + 1,
-    [SDE_CMD_FLUSH] = SDE_CLASS_FLUSH + 1,
-    [SDE_CMD_WRITE_ZEROES] = SDE_CLASS_ZERO + 1,
-    [SDE_CMD_DEALLOCATE] = SDE_CLASS_ZERO + 1,
-    [SDE_CMD_IDENTIFY] = SDE_CLASS_ADMIN + 1,
-    [SDE_CMD_NS_CREATE] = SDE_CLASS_ADMIN + 1,
-    [SDE_CMD_NS_DELETE] = SDE_CLASS_ADMIN + 1,
-    [SDE_CMD_NS_LIST] = SDE_CLASS_ADMIN + 1,
-    [SDE_CMD_GET_LOG] = SDE_CLASS_ADMIN + 1,
-    [SDE_CMD_KV_STORE] = SDE_CLASS_KV + 1,
-    [SDE_CMD_KV_RETRIEVE] = SDE_CLASS_KV + 1,
-    [SDE_CMD_KV_DELETE] = SDE_CLASS_KV + 1,
-    [SDE_CMD_KV_EXIST] = SDE_CLASS_KV + 1,
-    [SDE_CMD_KV_LIST] = SDE_CLASS_KV + 1,
-    [SDE_CMD_KV_STORE_QUANTIZED] = SDE_CLASS_COMPUTE + 1,
-    [SDE_CMD_KV_RETRIEVE_DEQUANTIZED] = SDE_CLASS_COMPUTE + 1,
-    [SDE_CMD_PREFIX_MATCH] = SDE_CLASS_COMPUTE + 1,
-    [SDE_CMD_PREFIX_MATCH_TOKENS] = SDE_CLASS_COMPUTE + 1,
-    [SDE_CMD_PIN] = SDE_CLASS_COMPUTE + 1,
-    [SDE_CMD_UNPIN] = SDE_CLASS_COMPUTE + 1,
+/* The opcode table: every opcode, its command class, and where it runs: here in the data
+ * plane, or handed to the host side (Python: admin commands and the firmware's compute
+ * commands).  The count check fails when an opcode is defined without a row; a test
+ * checks each host opcode has a Python handler and no data-plane opcode has one. */
+struct op_row {
+    uint8_t op, cls, where;
 };
-_Static_assert(sizeof(opcode_class) == SDE_CMD_LAST, "one entry per opcode");
+static const struct op_row op_table[] = {
+    {SDE_CMD_NOP, SDE_CLASS_NOP, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_READ, SDE_CLASS_READ, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_WRITE, SDE_CLASS_WRITE, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_FLUSH, SDE_CLASS_FLUSH, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_WRITE_ZEROES, SDE_CLASS_ZERO, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_DEALLOCATE, SDE_CLASS_ZERO, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_IDENTIFY, SDE_CLASS_ADMIN, SDE_RUN_HOST},
+    {SDE_CMD_NS_CREATE, SDE_CLASS_ADMIN, SDE_RUN_HOST},
+    {SDE_CMD_NS_DELETE, SDE_CLASS_ADMIN, SDE_RUN_HOST},
+    {SDE_CMD_NS_LIST, SDE_CLASS_ADMIN, SDE_RUN_HOST},
+    {SDE_CMD_GET_LOG, SDE_CLASS_ADMIN, SDE_RUN_HOST},
+    {SDE_CMD_KV_STORE, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_KV_RETRIEVE, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_KV_DELETE, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_KV_EXIST, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_KV_LIST, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_KV_STORE_QUANTIZED, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
+    {SDE_CMD_KV_RETRIEVE_DEQUANTIZED, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
+    {SDE_CMD_PREFIX_MATCH, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
+    {SDE_CMD_PREFIX_MATCH_TOKENS, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
+    {SDE_CMD_PIN, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_UNPIN, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
+};
+_Static_assert(sizeof(op_table) / sizeof(op_table[0]) == SDE_CMD_COUNT,
+               "one row per opcode in sde_queue.h");
+
+static const struct op_row *op_row(uint32_t op)
+{
+    for (uint32_t i = 0; i < SDE_CMD_COUNT; i++)
+        if (op_table[i].op == op)
+            return &op_table[i];
+    return NULL;
+}
 
 int sde_dev_opcode_class(uint32_t op)
 {
-    return op < SDE_CMD_LAST && opcode_class[op] ? opcode_class[op] - 1 : SDE_CLASS_INVALID;
+    const struct op_row *r = op_row(op);
+    return r ? r->cls : SDE_CLASS_INVALID;
+}
+
+int sde_dev_opcode_where(uint32_t op)
+{
+    const struct op_row *r = op_row(op);
+    return r ? r->where : -1;
 }
 
 static int class_of(uint8_t op) { return sde_dev_opcode_class(op); }
@@ -494,8 +543,8 @@ static void finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
 /* The model's verdict for a command starting now: (due on the monotonic clock, CQE device
  * time).  Real time: due = origin + completion, device time = the modelled latency.
  * Virtual time: due 0 (nothing is held), device time = the completion on the virtual clock. */
-static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint64_t off,
-                        uint64_t *due, uint64_t *dtime)
+static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op,
+                        uint64_t off, uint64_t nbytes, uint64_t *due, uint64_t *dtime)
 {
     *due = 0;
     *dtime = 0;
@@ -511,9 +560,9 @@ static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint64_t of
         submit = (double)(t0 - dev->origin);
     }
     double done;
-    switch (c->opcode) {
-    case SDE_CMD_READ: done = sde_model_read(dev->model, submit, off, c->length); break;
-    case SDE_CMD_WRITE: done = sde_model_write(dev->model, submit, off, c->length); break;
+    switch (op) {
+    case SDE_CMD_READ: done = sde_model_read(dev->model, submit, off, nbytes); break;
+    case SDE_CMD_WRITE: done = sde_model_write(dev->model, submit, off, nbytes); break;
     case SDE_CMD_FLUSH: done = sde_model_flush(dev->model, submit); break;
     default: done = sde_model_nop(dev->model, submit); break;
     }
@@ -607,6 +656,403 @@ static uint16_t zero_range(sde_dev *dev, uint8_t op, uint64_t off, uint64_t len)
     return r < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
 }
 
+
+/* ---- KV commands, run here against the store (c/sde_store.c) ------------------------- */
+
+static uint32_t ctx_index(sde_dev *dev, struct dev_ctx *x) { return (uint32_t)(x - dev->ctx); }
+
+static struct dev_ctx *ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, int kind,
+                                uint64_t t0)
+{
+    struct dev_ctx *x = &dev->ctx[dev->free_ctx[--dev->nfree]];
+    memset(x, 0, sizeof(*x));
+    x->used = 1;
+    x->qp = qp;
+    x->cid = c->cid;
+    x->cls = (uint8_t)cls;
+    x->kind = (uint8_t)kind;
+    x->t0 = t0;
+    x->io.user_data = ctx_index(dev, x);
+    x->io.buf_index = -1;
+    x->io2.user_data = ctx_index(dev, x) | UD_IO2;
+    x->io2.buf_index = -1;
+    x->next_wait = NO_CTX;
+    return x;
+}
+
+static void ctx_put(sde_dev *dev, struct dev_ctx *x)
+{
+    free(x->bounce);
+    x->bounce = NULL;
+    x->used = 0;
+    dev->free_ctx[dev->nfree++] = ctx_index(dev, x);
+}
+
+/* The key of a KV command: its length (1..16; 0 for any other, never truncated). */
+static uint32_t kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
+{
+    memcpy(key, &c->lba, 8);
+    memcpy(key + 8, &c->key_hi, 8);
+    return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
+}
+
+/* Fields every KV command shares: flags, namespace, key.  Returns a status. */
+static uint16_t kv_common(const sde_sqe *c, uint8_t key[SDE_KEY_MAX], uint32_t *klen)
+{
+    *klen = kv_key(c, key);
+    if (c->flags)
+        return SDE_SC_INVALID_FIELD;
+    if (c->nsid)
+        return SDE_SC_INVALID_NAMESPACE;
+    return *klen ? SDE_SC_SUCCESS : SDE_SC_KV_INVALID_KEY_SIZE;
+}
+
+/* The client's buffer named by a command, covering [buf_offset, +length), or NULL. */
+static struct dev_buf *client_range(sde_dev *dev, struct dev_qp *q, const sde_sqe *c)
+{
+    if (c->buf < 1 || c->buf > SDE_MAX_BUFS)
+        return NULL;
+    struct dev_buf *b = &dev->bufs[c->buf];
+    if (!b->active || b->client != q->client || c->buf_offset > b->len ||
+        c->length > b->len - c->buf_offset)
+        return NULL;
+    return b;
+}
+
+static void kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes)
+{
+    dev->stats.cls[x->cls].bytes_copied += x->copied;
+    finish_at(dev, x->qp, x->cls, x->cid, status, status ? x->result : x->result, bytes,
+              x->t0, status ? 0 : x->due, status ? 0 : x->dtime);
+    ctx_put(dev, x);
+}
+
+static void wait_commit(sde_dev *dev, struct dev_ctx *x, uint64_t group)
+{
+    x->group = group;
+    x->next_wait = NO_CTX;
+    uint32_t i = ctx_index(dev, x);
+    if (dev->wait_tail == NO_CTX)
+        dev->wait_head = i;
+    else
+        dev->ctx[dev->wait_tail].next_wait = i;
+    dev->wait_tail = i;
+}
+
+/* Complete the commands whose journal group is committed (or all, failed, when the
+ * journal cannot be written). */
+static int complete_committed(sde_dev *dev, int failed)
+{
+    if (!dev->store)
+        return 0;
+    uint64_t done = st_committed_group(dev->store);
+    int n = 0;
+    while (dev->wait_head != NO_CTX && (failed || dev->ctx[dev->wait_head].group <= done)) {
+        struct dev_ctx *x = &dev->ctx[dev->wait_head];
+        dev->wait_head = x->next_wait;
+        if (dev->wait_head == NO_CTX)
+            dev->wait_tail = NO_CTX;
+        kv_finish(dev, x, failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS,
+                  x->kind == CTX_KV_PUT ? x->vlen : 0);
+        n++;
+    }
+    return n;
+}
+
+/* Hand the open journal group to the engine (group commit: one write per pass). */
+static int journal_kick(sde_dev *dev)
+{
+    if (!dev->store)
+        return 0;
+    void *buf;
+    uint64_t off, group;
+    uint32_t len;
+    int r = st_journal_take(dev->store, &buf, &off, &len, &group);
+    if (r == 1) {
+        memset(&dev->jio, 0, sizeof(dev->jio));
+        dev->jio.op = SDE_OP_WRITE;
+        dev->jio.addr = (uint64_t)(uintptr_t)buf;
+        dev->jio.len = len;
+        dev->jio.offset = off;
+        dev->jio.user_data = UD_JOURNAL;
+        dev->jio.buf_index = -1;
+        dev->jgroup = group;
+        sde_queue_io(dev->eng, &dev->jio);
+        return 1;
+    }
+    if (r == 2)
+        return complete_committed(dev, 0) + 1; /* a checkpoint committed it */
+    if (r < 0)
+        return complete_committed(dev, 1);
+    return 0;
+}
+
+static void journal_io_done(sde_dev *dev, sde_io *io)
+{
+    int ok = io->res >= 0 && (io->op == SDE_OP_FSYNC || (uint32_t)io->res == io->len);
+    if (ok && io->user_data == UD_JOURNAL && st_durable(dev->store)) {
+        /* write cache off: durable before it completes */
+        memset(&dev->jio, 0, sizeof(dev->jio));
+        dev->jio.op = SDE_OP_FSYNC;
+        dev->jio.user_data = UD_JOURNAL_SYNC;
+        dev->jio.buf_index = -1;
+        sde_queue_io(dev->eng, &dev->jio);
+        return;
+    }
+    st_journal_written(dev->store, dev->jgroup, ok);
+    complete_committed(dev, !ok);
+}
+
+/* Queue a value I/O of a KV command: from/into the client's registered buffer when it
+ * is, and aligned as O_DIRECT wants; else the bytes go through a bounce. */
+static void kv_queue(sde_dev *dev, sde_io *io, int op, void *addr, uint64_t len, uint64_t off,
+                     int buf_index)
+{
+    io->op = (uint8_t)op;
+    io->addr = (uint64_t)(uintptr_t)addr;
+    io->len = (uint32_t)len;
+    io->offset = off;
+    io->buf_index = (int16_t)buf_index;
+    sde_queue_io(dev->eng, io);
+}
+
+static void *bounce_alloc(uint64_t n)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 4096, n) ? NULL : p;
+}
+
+static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    uint16_t st = kv_common(c, key, &klen);
+    struct dev_buf *b = NULL;
+    if (!st && (!c->length || c->length > st_max_value(dev->store)))
+        st = SDE_SC_KV_INVALID_VALUE_SIZE;
+    if (!st && c->param0 > SDE_KV_STORE_IF_NOT_EXISTS)
+        st = SDE_SC_INVALID_FIELD;
+    if (!st && !(b = client_range(dev, q, c)))
+        st = SDE_SC_INVALID_BUFFER;
+    if (st) {
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    uint8_t *src = b->addr + c->buf_offset;
+    struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_PUT, t0);
+    x->vlen = c->length;
+    st = st_put_begin(dev->store, 0, key, klen, src, c->length, (int)c->param0, &x->plan);
+    if (st) {
+        ctx_put(dev, x);
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    x->result = (uint64_t)x->plan.existed;
+    if (!x->plan.wrote) {
+        /* the bytes are stored already (under this key, or another: shared) */
+        model_times(dev, c, t0, SDE_CMD_NOP, 0, 0, &x->due, &x->dtime);
+        uint64_t group;
+        st = st_put_commit(dev->store, &x->plan, &group);
+        if (st || !group) {
+            kv_finish(dev, x, st, st ? 0 : x->vlen);
+            return;
+        }
+        wait_commit(dev, x, group);
+        return;
+    }
+    uint64_t off, nbytes;
+    st_ext_place(dev->store, x->plan.ext, &off, &nbytes);
+    model_times(dev, c, t0, SDE_CMD_WRITE, off, c->length, &x->due, &x->dtime);
+    uint32_t blk = st_block(dev->store);
+    int direct = !(b->flags & SDE_BUF_BOUNCE) && (uintptr_t)src % blk == 0;
+    uint64_t full = direct ? c->length / blk * blk : 0;
+    if (full) {
+        kv_queue(dev, &x->io, SDE_OP_WRITE, src, full, off, (int)c->buf - 1);
+        x->nio++;
+    }
+    if (full < nbytes) {
+        /* the last partial block (or all of a value that cannot go direct), zero-padded:
+         * nothing past the value reaches the media */
+        uint64_t n = nbytes - full;
+        x->bounce = bounce_alloc(n);
+        if (!x->bounce) {
+            st_put_abort(dev->store, &x->plan);
+            x->io_failed = 1;
+            if (!x->nio)
+                kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+            return;
+        }
+        memcpy(x->bounce, src + full, c->length - full);
+        memset(x->bounce + (c->length - full), 0, n - (c->length - full));
+        x->copied += c->length - full;
+        kv_queue(dev, &x->io2, SDE_OP_WRITE, x->bounce, n, off + full, -1);
+        x->nio++;
+    }
+}
+
+static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    uint16_t st = kv_common(c, key, &klen);
+    struct dev_buf *b = NULL;
+    if (!st && !(b = client_range(dev, q, c)))
+        st = SDE_SC_INVALID_BUFFER;
+    if (st) {
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_GET, t0);
+    uint64_t off;
+    st = st_get_begin(dev->store, 0, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
+    if (st) {
+        ctx_put(dev, x);
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    if (x->vlen > c->length) { /* the result tells how large a buffer it needs */
+        st_get_end(dev->store, x->ext);
+        x->result = x->vlen;
+        kv_finish(dev, x, SDE_SC_KV_INVALID_VALUE_SIZE, 0);
+        return;
+    }
+    x->result = x->vlen;
+    model_times(dev, c, t0, SDE_CMD_READ, off, x->vlen, &x->due, &x->dtime);
+    uint32_t blk = st_block(dev->store);
+    uint64_t nbytes = (x->vlen + blk - 1) / blk * blk;
+    uint8_t *dst = b->addr + c->buf_offset;
+    x->client_addr = dst;
+    int direct = !(b->flags & SDE_BUF_BOUNCE) && (uintptr_t)dst % blk == 0;
+    /* the whole last block lands in the client's buffer when its range covers it (the
+     * bytes past the value are the zeros the put wrote); else that block is bounced */
+    uint64_t full = !direct ? 0 : c->length >= nbytes ? nbytes : x->vlen / blk * blk;
+    if (full) {
+        kv_queue(dev, &x->io, SDE_OP_READ, dst, full, off, (int)c->buf - 1);
+        x->nio++;
+    }
+    if (full < nbytes) {
+        uint64_t n = nbytes - full;
+        x->bounce = bounce_alloc(n);
+        if (!x->bounce) {
+            x->io_failed = 1;
+            if (!x->nio) {
+                st_get_end(dev->store, x->ext);
+                kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+            }
+            return;
+        }
+        x->copy_to = dst + full;
+        x->copy_len = x->vlen - full;
+        kv_queue(dev, &x->io2, SDE_OP_READ, x->bounce, n, off + full, -1);
+        x->nio++;
+    }
+}
+
+/* Every I/O of a KV command has ended. */
+static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
+{
+    int active = dev->qps[x->qp].active;
+    if (x->kind == CTX_KV_PUT) {
+        if (x->io_failed) {
+            st_put_abort(dev->store, &x->plan);
+            kv_finish(dev, x, x->bounce ? SDE_SC_MEDIA_ERROR : SDE_SC_INTERNAL, 0);
+            return;
+        }
+        free(x->bounce);
+        x->bounce = NULL;
+        uint64_t group;
+        uint16_t st = st_put_commit(dev->store, &x->plan, &group);
+        if (st) {
+            kv_finish(dev, x, st, 0);
+            return;
+        }
+        wait_commit(dev, x, group);
+        return;
+    }
+    /* a retrieve */
+    uint16_t st = x->io_failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+    if (!st && active) {
+        if (x->copy_len) {
+            memcpy(x->copy_to, x->bounce, x->copy_len);
+            x->copied += x->copy_len;
+        }
+        /* the checksum: a value that does not match what was stored is an error, never
+         * data */
+        if (st_value_hash(x->client_addr, x->vlen) != x->vhash)
+            st = SDE_SC_MEDIA_ERROR;
+    }
+    st_get_end(dev->store, x->ext);
+    kv_finish(dev, x, st, st ? 0 : x->vlen);
+}
+
+static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    uint64_t group = 0;
+    uint16_t st = kv_common(c, key, &klen);
+    if (!st)
+        st = st_delete(dev->store, 0, key, klen, &group);
+    if (st) {
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_DELETE, t0);
+    wait_commit(dev, x, group);
+}
+
+/* KV commands that need no media I/O: answered at once. */
+static void kv_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    uint16_t st = kv_common(c, key, &klen);
+    uint64_t result = 0, bytes = 0;
+    switch (c->opcode) {
+    case SDE_CMD_KV_EXIST:
+        if (!st)
+            st = (uint16_t)sde_store_exists(dev->store, 0, key, klen);
+        break;
+    case SDE_CMD_PIN:
+    case SDE_CMD_UNPIN: {
+        uint32_t count = 0;
+        if (!st && klen != 16)
+            st = SDE_SC_KV_INVALID_KEY_SIZE; /* pins are for 16-byte block keys */
+        if (!st)
+            st = (uint16_t)sde_store_pin(dev->store, 0, key, klen,
+                                         c->opcode == SDE_CMD_PIN ? 1 : -1, &count);
+        result = count;
+        break;
+    }
+    case SDE_CMD_KV_LIST: {
+        /* key length 0: from the first key */
+        if (st == SDE_SC_KV_INVALID_KEY_SIZE && c->param1 == 0)
+            st = SDE_SC_SUCCESS;
+        struct dev_buf *b = st ? NULL : client_range(dev, q, c);
+        if (!st && !b)
+            st = SDE_SC_INVALID_BUFFER;
+        if (!st) {
+            int n = sde_store_list(dev->store, 0, key, klen,
+                                   b->addr + c->buf_offset, c->length / SDE_LIST_ENTRY);
+            if (n < 0) {
+                st = SDE_SC_INTERNAL;
+            } else {
+                result = (uint64_t)n;
+                bytes = (uint64_t)n * SDE_LIST_ENTRY;
+                dev->stats.cls[cls].bytes_copied += bytes; /* made here, copied out */
+            }
+        }
+        break;
+    }
+    default:
+        st = SDE_SC_INVALID_OPCODE;
+    }
+    finish(dev, qp, cls, c->cid, st, st ? 0 : result, bytes, t0);
+}
+
 /* Start one command fetched from queue pair qp.  Returns 1 if it went to the engine. */
 static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
 {
@@ -620,7 +1066,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     switch (c->opcode) {
     case SDE_CMD_NOP: {
         uint64_t due, dtime;
-        model_times(dev, c, t0, 0, &due, &dtime);
+        model_times(dev, c, t0, SDE_CMD_NOP, 0, 0, &due, &dtime);
         finish_at(dev, qp, cls, c->cid, SDE_SC_SUCCESS, 0, 0, t0, due, dtime);
         return 0;
     }
@@ -639,10 +1085,30 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
             st = zero_range(dev, c->opcode, off, c->length);
         finish(dev, qp, cls, c->cid, st, st ? 0 : c->length, c->length, t0);
         return 0;
+    case SDE_CMD_KV_STORE:
+    case SDE_CMD_KV_RETRIEVE:
+    case SDE_CMD_KV_DELETE:
+    case SDE_CMD_KV_EXIST:
+    case SDE_CMD_KV_LIST:
+    case SDE_CMD_PIN:
+    case SDE_CMD_UNPIN:
+        if (!dev->store)
+            goto host;
+        if (c->opcode == SDE_CMD_KV_STORE)
+            kv_put_start(dev, qp, c, cls, t0);
+        else if (c->opcode == SDE_CMD_KV_RETRIEVE)
+            kv_get_start(dev, qp, c, cls, t0);
+        else if (c->opcode == SDE_CMD_KV_DELETE)
+            kv_delete_start(dev, qp, c, cls, t0);
+        else
+            kv_now(dev, qp, c, cls, t0);
+        return 0;
     default:
-        /* admin and KV commands run in Python (the store, the firmware kernels) */
-        if ((cls == SDE_CLASS_ADMIN || cls == SDE_CLASS_KV || cls == SDE_CLASS_COMPUTE) &&
-            dev->admin_tail - dev->admin_head < ADMIN_CAP) {
+    host:
+        /* admin and compute commands run on the host side (Python: the control plane,
+         * the firmware kernels) */
+        if ((sde_dev_opcode_where(c->opcode) == SDE_RUN_HOST || cls == SDE_CLASS_KV ||
+             cls == SDE_CLASS_COMPUTE) && dev->admin_tail - dev->admin_head < ADMIN_CAP) {
             sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
             a->qp = qp;
             a->client = q->client;
@@ -661,6 +1127,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     }
     struct dev_ctx *x = &dev->ctx[dev->free_ctx[--dev->nfree]];
     memset(&x->io, 0, sizeof(x->io));
+    x->kind = CTX_BLOCK;
     x->used = 1;
     x->qp = qp;
     x->cid = c->cid;
@@ -669,7 +1136,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     x->bounce = NULL;
     x->io.user_data = (uint64_t)(x - dev->ctx);
     x->io.buf_index = -1;
-    model_times(dev, c, t0, off, &x->due, &x->dtime);
+    model_times(dev, c, t0, c->opcode, off, c->length, &x->due, &x->dtime);
     if (c->opcode == SDE_CMD_FLUSH) {
         x->io.op = SDE_OP_FSYNC;
     } else {
@@ -704,7 +1171,20 @@ static int reap_engine(sde_dev *dev)
     sde_io *done[64];
     int n = sde_reap(dev->eng, done, 64, 0);
     for (int i = 0; i < n; i++) {
-        struct dev_ctx *x = &dev->ctx[done[i]->user_data];
+        uint64_t ud = done[i]->user_data;
+        if (ud == UD_JOURNAL || ud == UD_JOURNAL_SYNC) {
+            journal_io_done(dev, done[i]);
+            continue;
+        }
+        struct dev_ctx *x = &dev->ctx[ud & 0xffffffffu];
+        if (x->kind != CTX_BLOCK) {
+            sde_io *io = done[i];
+            if (io->res < 0 || (uint32_t)io->res != io->len)
+                x->io_failed = 1;
+            if (--x->nio == 0)
+                kv_io_done(dev, x);
+            continue;
+        }
         uint16_t st = SDE_SC_SUCCESS;
         if (x->io.res < 0 || (x->io.op != SDE_OP_FSYNC && (uint32_t)x->io.res != x->io.len))
             st = SDE_SC_MEDIA_ERROR;
@@ -766,6 +1246,11 @@ static int pass(sde_dev *dev)
     }
     sde_submit_queued(dev->eng);
     work += reap_engine(dev);
+    if (journal_kick(dev)) {
+        work++;
+        sde_submit_queued(dev->eng);
+    }
+    work += complete_committed(dev, 0);
     if (dev->nheld)
         work += release_due(dev, now_ns());
     for (int qp = 0; qp < SDE_MAX_QPS; qp++)
@@ -842,7 +1327,44 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
             return r;
         idle_since = now_ns();
     }
+    /* stopping: let the media I/O in flight end (the journal group among it), so that the
+     * store can be flushed and closed */
+    for (;;) {
+        pthread_mutex_lock(&dev->lock);
+        uint32_t left = sde_inflight(dev->eng);
+        if (left)
+            pass(dev);
+        pthread_mutex_unlock(&dev->lock);
+        if (!left)
+            break;
+        __builtin_ia32_pause();
+    }
     return 0;
+}
+
+int sde_dev_attach_store(sde_dev *dev, sde_store *st)
+{
+    pthread_mutex_lock(&dev->lock);
+    dev->store = st;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+void sde_dev_store_enter(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    while (dev->store && st_journal_busy(dev->store)) {
+        pthread_mutex_unlock(&dev->lock);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&dev->lock);
+    }
+}
+
+void sde_dev_store_leave(sde_dev *dev)
+{
+    pthread_mutex_unlock(&dev->lock);
+    kick(dev->doorbell); /* commands waiting for a group this call committed can complete */
 }
 
 /* ---- admin commands, handled by Python --------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include "sde_queue.h"
 #include "sde_model.h"
+#include "sde_store.h"
 
 /* CDEF-BEGIN */
 #define SDE_MAX_QPS 256
@@ -115,7 +116,18 @@ enum {
 uint64_t sde_dev_model_stage(sde_dev *dev, int stage, uint64_t offset, uint64_t nbytes,
                              uint64_t after_ns, uint64_t t0_ns, uint64_t submit_ns);
 
-/* The command class an opcode dispatches to (SDE_CLASS_INVALID for none). */
+/* The KV store: once attached, KV commands (store, retrieve, delete, exist, list) and pins
+ * run in the data plane against it.  Python's synchronous store calls (sde_store_*) go
+ * between enter (the core's lock, no journal write in flight) and leave. */
+int sde_dev_attach_store(sde_dev *dev, sde_store *st);
+void sde_dev_store_enter(sde_dev *dev);
+void sde_dev_store_leave(sde_dev *dev);
+
+/* The command class an opcode dispatches to (SDE_CLASS_INVALID for none), and where it
+ * runs (SDE_RUN_*, -1 for none). */
+#define SDE_RUN_DATA_PLANE 0
+#define SDE_RUN_HOST 1
 int sde_dev_opcode_class(uint32_t op);
+int sde_dev_opcode_where(uint32_t op);
 /* CDEF-END */
 #endif

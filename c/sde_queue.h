@@ -62,6 +62,7 @@
 #define SDE_CMD_PIN 44
 #define SDE_CMD_UNPIN 45
 #define SDE_CMD_LAST 46
+#define SDE_CMD_COUNT 22 /* opcodes defined above: the data plane's table has a row each */
 
 /* completion status */
 #define SDE_SC_SUCCESS 0

@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = sub.add_parser("format", help="create a fresh ssdemu device on the media")
     fmt.add_argument("--media", required=True,
                      help="file:PATH[:SIZE], block:/dev/NAME or mem:SIZE")
+    fmt.add_argument("--profile", default="star2000d",
+                     help="the device profile whose index size and largest value to use")
+    fmt.add_argument("--journal-blocks", type=_positive_int, default=0,
+                     help="journal length in logical blocks (default: about 1%% of the "
+                     "media); a checkpoint reclaims it whenever it fills")
 
     ctl = sub.add_parser("ctl", help="admin commands against a running daemon")
     ctl.add_argument("--socket", required=True)
@@ -202,12 +207,15 @@ def _cmd_serve(args) -> int:
 
 def _cmd_format(args) -> int:
     from ssdemu.media import open_media
+    from ssdemu.profile import load
     from ssdemu.store import Store
 
+    kv = load(args.profile).kv
     with open_media(args.media) as media:
-        store = Store.format(media)
-        print(f"formatted {media.spec}: {store.d_len} bytes of data region, journal "
-              f"{store.j_len} bytes")
+        store = Store.format(media, index_keys=kv.index_keys, max_value=kv.max_value_bytes,
+                             journal_blocks=args.journal_blocks)
+        print(f"formatted {media.spec}: {store.d_len} bytes of data region, index of "
+              f"{store.index_keys} keys, journal {store.j_len} bytes")
         store.close()
     return 0
 

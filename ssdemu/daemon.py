@@ -21,13 +21,12 @@ import time
 from dataclasses import dataclass, field
 
 from firmware.cost import ComputeProfile, TopsBudget
-from firmware.prefix_index import PrefixIndex
 from ssdemu import _engine, control
 from ssdemu.media import Media
 from ssdemu.profile import Profile
 from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
 from ssdemu.slowpath import Outcome, SlowPath
-from ssdemu.store import Store, StoreError, probe
+from ssdemu.store import DEFAULT_MAX_VALUE, Store, StoreError, probe
 from ssdemu.timing import model_params
 
 ffi, lib = _engine.ffi, _engine.lib
@@ -94,18 +93,15 @@ class Daemon:
                                       int(clock == "virtual"))
             if r < 0:
                 raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
-        self.store = open_store(media, format_media, not profile.write_cache.enabled)
+        self.store = open_store(media, format_media, not profile.write_cache.enabled,
+                                profile)
         for nsid, (offset, nbytes) in self.store.namespaces.items():
             lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
+        # from here on KV commands run in the data plane against the store (c/sde_store.c)
+        self.store.attach(self.dev)
         self.budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
                                                 profile.compute.memory_bytes_per_s))
         self._origin_ns = time.monotonic_ns()
-        # the drive's prefix index over the store's 16-byte keys (block keys), rebuilt here
-        self.prefix_index = PrefixIndex(index_capacity(self.store.d_len), evict=False)
-        self._next_loc = 0
-        for key in self.store.list(limit=1 << 62):
-            if len(key) == 16:
-                self.index_key(key)
         self.slowpath = SlowPath(self)
         self.clients: dict[int, Client] = {}
         self.draining: list[Departure] = []
@@ -180,12 +176,12 @@ class Daemon:
                 os.unlink(self.socket_path)
             except FileNotFoundError:
                 pass
-        self.store.flush()
-        self.store.close()
         if stuck:  # freeing under a running data plane would crash: leave it to exit()
             log.error("the data plane did not stop; exiting without freeing the device")
         else:
-            lib.sde_dev_free(self.dev)  # waits for the media I/O still in flight
+            self.store.flush()  # the data plane drained its media I/O before it returned
+            self.store.close()
+            lib.sde_dev_free(self.dev)
         self.dev = ffi.NULL
         log.info("stopped")
 
@@ -376,6 +372,8 @@ class Daemon:
             "logical_block_bytes": self.media.lba_size,
             "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
             "max_queue_entries": self.profile.queue.max_entries,
+            "max_key_bytes": lib.SDE_KEY_MAX, "max_value_bytes": self.store.max_value,
+            "index_keys": self.store.index_keys,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
             "timing": self.timing, "clock": self.clock,
             "protocol_version": PROTOCOL_VERSION,
@@ -412,7 +410,8 @@ class Daemon:
                 "compute_utilization": self.budget.utilization(self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
                 "logical_bytes": self.store.logical_bytes,
-                "physical_bytes": self.store.physical_bytes}
+                "physical_bytes": self.store.physical_bytes,
+                "store": self.store.info()}
 
     def _admin(self) -> None:
         cmds = ffi.new("sde_admin_cmd[64]")
@@ -443,16 +442,6 @@ class Daemon:
             return max(self.slowpath.vnow, int(ms.horizon_ns))
         return time.monotonic_ns() - self._origin_ns
 
-    def index_key(self, key: bytes) -> None:
-        """Make a stored 16-byte key matchable (raises IndexFullError when full)."""
-        self.prefix_index.insert(key, self._next_loc)
-        self._next_loc += 1
-
-    def unindex_key(self, key: bytes) -> None:
-        if len(key) != 16:
-            return  # only 16-byte keys are block keys
-        self.prefix_index.delete(key)  # never pinned here: kv_delete refuses pinned keys
-
     # -- namespaces, kept in the store on the media --
     def namespace_list(self) -> list[dict]:
         return [{"nsid": nsid, "bytes": nbytes, "start": off}
@@ -470,19 +459,17 @@ class Daemon:
         log.info("namespace %d deleted", nsid)
 
 
-def index_capacity(data_bytes: int) -> int:
-    """Block keys the prefix index holds: one per 4 KiB of data region, at most 1M (96 MiB of
-    index), at least 1,024."""
-    return max(1024, min(data_bytes // 4096, 1 << 20))
-
-
-def open_store(media: Media, format_media: bool, durable_on_completion: bool) -> Store:
+def open_store(media: Media, format_media: bool, durable_on_completion: bool,
+               profile: Profile | None = None) -> Store:
     """Serve media that holds an ssdemu device; format blank media (or any, with
     --format); refuse everything else with one clear line."""
     state = probe(media)
     if format_media or state == "blank":
         log.info("formatting %s", media.spec)
-        return Store.format(media, durable_on_completion)
+        kv = profile.kv if profile else None
+        return Store.format(media, durable_on_completion,
+                            index_keys=kv.index_keys if kv else 0,
+                            max_value=kv.max_value_bytes if kv else DEFAULT_MAX_VALUE)
     if state == "foreign":
         raise StoreError(f"{media.spec} holds something that is not an ssdemu device; "
                          "give --format to overwrite it")

@@ -65,6 +65,12 @@ class QueueConfig:
 
 
 @dataclass(frozen=True)
+class KvConfig:
+    index_keys: int       # keys the drive's DRAM index holds (the store's index capacity)
+    max_value_bytes: int  # the largest value one key holds
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -74,15 +80,17 @@ class Profile:
     write_cache: WriteCache
     compute: Compute
     queue: QueueConfig
+    kv: KvConfig
 
 
 SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
-            "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig}
+            "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig}
 # upper bounds that catch unit mistakes (a latency in seconds, a size in GB)
 _LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
            "memory_bytes_per_s": 1e13, "tops": 1e4, "max_queue_pairs": 256,
            "max_entries": 65536, "io_depth": 4096, "channels": 256, "cores": 256,
-           "units": 1024, "page_bytes": 1 << 20}
+           "units": 1024, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
+           "max_value_bytes": 1 << 31}
 
 
 def available() -> list[str]:

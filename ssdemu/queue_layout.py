@@ -20,7 +20,7 @@ PROTOCOL_VERSION = lib.SDE_PROTOCOL_VERSION
 
 def _constants(prefix: str) -> dict[str, int]:
     return {name[len(prefix):]: getattr(lib, name) for name in dir(lib)
-            if name.startswith(prefix) and name != prefix + "LAST"}
+            if name.startswith(prefix) and name not in (prefix + "LAST", prefix + "COUNT")}
 
 
 OPCODES = _constants("SDE_CMD_")  # name -> opcode

@@ -1,7 +1,9 @@
-"""Commands the data plane hands to Python: admin (identify, namespaces, log pages) and KV
-(the store on the media).  One handler per opcode in HANDLERS; a test checks that every
-opcode the C table routes here has one.  Each returns an Outcome; data moves between the
-client's buffer (the daemon's mapping of it) and the store, and those copies are counted."""
+"""Commands the data plane hands to Python: admin (identify, namespaces, log pages) and the
+compute commands (the firmware kernels: quantized store, dequantized retrieve, prefix
+match).  KV commands and pins run in the data plane (c/sde_dev.c) against the C store.  One
+handler per opcode in HANDLERS; a test checks that every opcode the C table routes here has
+one.  Each returns an Outcome; data moved between the client's buffer (the daemon's mapping
+of it) and the store is counted as copied."""
 
 from __future__ import annotations
 
@@ -19,17 +21,13 @@ from firmware.cost import (
 )
 from firmware.layout import ELEMENT_BYTES, KVShape, storage_dtype
 from firmware.prefix_hash import hash_chain
-from firmware.prefix_index import keys_array
 from firmware.quant import dequantize, parse_scheme, quantize
 from hostlib.prefix_hash import BLOCK_SIZES
 from ssdemu import _engine
 from ssdemu.queue_layout import OPCODES, QUANT_REQUEST, STATUS, unpack_quant_request
 from ssdemu.store import (
     MAX_KEY,
-    MAX_VALUE,
     STORE_ANY,
-    STORE_IF_EXISTS,
-    STORE_IF_NOT_EXISTS,
     CorruptValue,
     KeyExists,
     KeyNotFound,
@@ -37,7 +35,6 @@ from ssdemu.store import (
 )
 
 lib = _engine.lib
-LIST_ENTRY = 1 + MAX_KEY  # KV_LIST: a length byte and 16 key bytes per key
 
 
 @dataclass
@@ -86,15 +83,6 @@ class SlowPath:
             return self._charge(kernel, cost, host_ns, ready_ns=ready_ns)
         return ready_ns + self._charge(kernel, cost, host_ns)
 
-    def _media_ns(self, write: bool, key: bytes, nbytes: int) -> int:
-        """The timing model's time for moving a stored value's bytes over the NAND and the
-        link (a plain KV store or retrieve)."""
-        entry = self.d.store.index.get(key)
-        if entry is None:
-            return 0
-        return self._stage(lib.SDE_STAGE_WRITE if write else lib.SDE_STAGE_READ,
-                           entry.extent.offset, nbytes)
-
     # -- helpers --
     def _region(self, client, sqe):
         """The client's buffer range named by the command, or None."""
@@ -117,7 +105,7 @@ class SlowPath:
 
     @staticmethod
     def _key(sqe):
-        n = int(sqe.param1) & 0xFF
+        n = int(sqe.param1)  # the whole field: a length past 16 is refused, never truncated
         if not 1 <= n <= MAX_KEY:
             return None
         return (int(sqe.lba).to_bytes(8, "little") + int(sqe.key_hi).to_bytes(8, "little"))[:n]
@@ -160,52 +148,26 @@ class SlowPath:
             return None, _err("KV_INVALID_KEY_SIZE")
         return key, None
 
-    def kv_store(self, client, sqe):
-        key, bad = self._kv_checks(sqe)
-        if bad:
-            return bad
-        if not 0 < sqe.length <= MAX_VALUE:
-            return _err("KV_INVALID_VALUE_SIZE")
-        mode = int(sqe.param0)
-        if mode not in (STORE_ANY, STORE_IF_EXISTS, STORE_IF_NOT_EXISTS):
-            return _err("INVALID_FIELD")
-        region = self._region(client, sqe)
-        if region is None:
-            return _err("INVALID_BUFFER")
-        mm, off, length = region
-        value = mm[off:off + length]
-        return self._put(key, value, mode, copied=length)
-
-    def _put(self, key: bytes, value, mode: int, copied: int,
-             arrived_ns: int | None = None) -> Outcome:
-        """Store and keep the drive's prefix index in step with the store.  arrived_ns: the
-        value was made in the drive (a quantized store), ready then: only its NAND program is
-        left to time; None: it comes over the link as it is."""
-        index = self.d.prefix_index
-        new_block_key = len(key) == 16 and not self.d.store.exists(key)
-        if new_block_key and len(index) >= index.capacity:
-            return _err("CAPACITY_EXCEEDED")  # checked first: the store and index agree
+    def _put(self, key: bytes, value, copied: int, arrived_ns: int) -> Outcome:
+        """Store a value the drive made (a quantized store): ready at arrived_ns, only its
+        NAND program is left to time."""
         try:
-            existed = self.d.store.put(key, value, mode)
+            did = self.d.store.put_ex(key, value, STORE_ANY)
         except KeyExists:
             return _err("KV_KEY_EXISTS")
         except KeyNotFound:
             return _err("KV_KEY_NOT_EXIST")
         except StoreFull:
             return _err("CAPACITY_EXCEEDED")
-        if new_block_key:
-            self.d.index_key(key)
-        wrote = self.d.store.last_put_wrote  # no NAND program for bytes stored already
-        if arrived_ns is None:
-            device = (self._media_ns(True, key, len(value)) if wrote
-                      else self._stage(lib.SDE_STAGE_NOP, nbytes=1))
-        elif wrote:
-            programmed = self._stage(lib.SDE_STAGE_PROGRAM, self.d.store.index[key].extent.offset,
-                                     len(value), after_ns=arrived_ns)
+        except CorruptValue:
+            return _err("MEDIA_ERROR")
+        if did["wrote"]:  # no NAND program for bytes stored already
+            programmed = self._stage(lib.SDE_STAGE_PROGRAM, did["offset"], len(value),
+                                     after_ns=arrived_ns)
             device = arrived_ns if self.d.profile.write_cache.enabled else programmed or arrived_ns
         else:
             device = arrived_ns
-        return Outcome(STATUS["SUCCESS"], int(existed), len(value), copied, device)
+        return Outcome(STATUS["SUCCESS"], int(did["existed"]), len(value), copied, device)
 
     def _keyed_region(self, client, sqe):
         """(key, client region) of a KV command that moves a value, or the Outcome of a
@@ -230,55 +192,6 @@ class SlowPath:
             return _err("KV_KEY_NOT_EXIST")
         except CorruptValue:
             return _err("MEDIA_ERROR")
-
-    def kv_retrieve(self, client, sqe):
-        found = self._stored(client, sqe)
-        if isinstance(found, Outcome):
-            return found
-        key, (mm, off, length), value = found
-        if len(value) > length:
-            return _err("KV_INVALID_VALUE_SIZE", len(value))
-        mm[off:off + len(value)] = value
-        return Outcome(STATUS["SUCCESS"], len(value), len(value), len(value),
-                       self._media_ns(False, key, len(value)))
-
-    def kv_delete(self, client, sqe):
-        key, bad = self._kv_checks(sqe)
-        if bad:
-            return bad
-        if len(key) == 16 and self.d.prefix_index.pin_count(key):
-            return _err("INVALID_FIELD")  # in use by in-flight work: unpin it first
-        try:
-            self.d.store.delete(key)
-        except KeyNotFound:
-            return _err("KV_KEY_NOT_EXIST")
-        self.d.unindex_key(key)
-        return _ok()
-
-    def kv_exist(self, client, sqe):
-        key, bad = self._kv_checks(sqe)
-        if bad:
-            return bad
-        return _ok() if self.d.store.exists(key) else _err("KV_KEY_NOT_EXIST")
-
-    def kv_list(self, client, sqe):
-        if sqe.nsid != 0:
-            return _err("INVALID_NAMESPACE")
-        n = int(sqe.param1) & 0xFF
-        start = self._key(sqe) if n else b""
-        if n and start is None:
-            return _err("KV_INVALID_KEY_SIZE")
-        region = self._region(client, sqe)
-        if region is None:
-            return _err("INVALID_BUFFER")
-        mm, off, length = region
-        keys = self.d.store.list(start, length // LIST_ENTRY)
-        out = bytearray()
-        for k in keys:
-            out += bytes([len(k)]) + k.ljust(MAX_KEY, b"\0")
-        mm[off:off + len(out)] = bytes(out)
-        return _ok(len(keys), len(out), len(out))
-
 
     # -- compute: the firmware, charged to the TOPS budget --
     def _charge(self, kernel: str, cost, host_ns: int, ready_ns: int = 0) -> int:
@@ -321,11 +234,11 @@ class SlowPath:
         except ValueError:
             return _err("INVALID_FIELD")  # inf or NaN in the block
         host = time.perf_counter_ns() - t0
-        if blob.nbytes > MAX_VALUE:
+        if blob.nbytes > self.d.store.max_value:
             return _err("KV_INVALID_VALUE_SIZE")
         cost = quantize_cost(kv.elements, ELEMENT_BYTES[code], scheme, blob.nbytes)
         quantized = self._then_compute(arrived, "quantize", cost, host)
-        out = self._put(key, blob.tobytes(), STORE_ANY, copied=raw, arrived_ns=quantized)
+        out = self._put(key, blob, copied=raw, arrived_ns=quantized)
         out.result = blob.nbytes if out.status == STATUS["SUCCESS"] else out.result
         return out
 
@@ -348,8 +261,8 @@ class SlowPath:
         cost = dequantize_cost(block.size, elem, scheme_of(blob), len(blob))
         # the compressed block is sensed, dequantized as it arrives, and the result crosses
         # the link
-        sensed = self._stage(lib.SDE_STAGE_SENSE, self.d.store.index[key].extent.offset,
-                             len(blob))
+        place = self.d.store.lookup(key)
+        sensed = self._stage(lib.SDE_STAGE_SENSE, place[0] if place else 0, len(blob))
         ready = self._then_compute(sensed, "dequantize", cost, host)
         device = self._stage(lib.SDE_STAGE_TRANSFER, nbytes=block.nbytes, after_ns=ready) or ready
         return Outcome(STATUS["SUCCESS"], block.nbytes, block.nbytes, block.nbytes, device)
@@ -358,7 +271,7 @@ class SlowPath:
         """hashed_ns: the time of hashing the keys in the drive first (0: the host sent
         them)."""
         t0 = time.perf_counter_ns()
-        hits, _ = self.d.prefix_index.match(keys, touch=True)
+        hits = self.d.store.prefix_match(keys)
         host = time.perf_counter_ns() - t0
         probed = max(1, min(hits + 1, len(keys)))
         cost = prefix_match_cost(probed)
@@ -371,7 +284,7 @@ class SlowPath:
             return _err("INVALID_BUFFER" if region is None else "INVALID_FIELD")
         mm, off, length = region
         keys = np.frombuffer(mm, dtype=np.uint8, count=length, offset=off).reshape(-1, 16)
-        return self._match(keys_array(keys.copy()))
+        return self._match(keys)
 
     def prefix_match_tokens(self, client, sqe):
         block_tokens = int(sqe.param0)
@@ -392,26 +305,7 @@ class SlowPath:
         hash_chain(tokens, block_tokens, root, keys)
         host = time.perf_counter_ns() - t0
         device = self._charge("prefix_hash", prefix_hash_cost(nblocks, block_tokens), host)
-        return self._match(keys_array(keys), device)
-
-    def _pin(self, sqe, delta: int):
-        key = self._key(sqe)
-        if key is None or len(key) != 16:
-            return _err("KV_INVALID_KEY_SIZE")
-        try:
-            n = (self.d.prefix_index.pin_block(key) if delta > 0
-                 else self.d.prefix_index.unpin_block(key))
-        except KeyError:
-            return _err("KV_KEY_NOT_EXIST")
-        except ValueError:
-            return _err("INVALID_FIELD")  # unpin of a key that is not pinned
-        return _ok(n)
-
-    def pin(self, client, sqe):
-        return self._pin(sqe, 1)
-
-    def unpin(self, client, sqe):
-        return self._pin(sqe, -1)
+        return self._match(keys, device)
 
 
 def scheme_of(blob: bytes):
@@ -432,15 +326,8 @@ HANDLERS = {
     OPCODES["NS_DELETE"]: SlowPath.ns_delete,
     OPCODES["NS_LIST"]: SlowPath.ns_list,
     OPCODES["GET_LOG"]: SlowPath.get_log,
-    OPCODES["KV_STORE"]: SlowPath.kv_store,
-    OPCODES["KV_RETRIEVE"]: SlowPath.kv_retrieve,
-    OPCODES["KV_DELETE"]: SlowPath.kv_delete,
-    OPCODES["KV_EXIST"]: SlowPath.kv_exist,
-    OPCODES["KV_LIST"]: SlowPath.kv_list,
     OPCODES["KV_STORE_QUANTIZED"]: SlowPath.kv_store_quantized,
     OPCODES["KV_RETRIEVE_DEQUANTIZED"]: SlowPath.kv_retrieve_dequantized,
     OPCODES["PREFIX_MATCH"]: SlowPath.prefix_match,
     OPCODES["PREFIX_MATCH_TOKENS"]: SlowPath.prefix_match_tokens,
-    OPCODES["PIN"]: SlowPath.pin,
-    OPCODES["UNPIN"]: SlowPath.unpin,
 }

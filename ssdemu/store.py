@@ -1,53 +1,36 @@
-"""The drive's persistent store on the media: a superblock, a journal of metadata records,
-and value extents; a key-value index rebuilt from the journal when the media is opened.
+"""The drive's persistent store: a thin Python face on the C store (c/sde_store.c), which
+holds the one index of stored keys, the value extents and the on-media format v2
+(superblock, two checkpoint slots, a journal reclaimed at every checkpoint; the layout is in
+c/sde_store.c and docs/architecture.md).
 
-On-media layout (format version 1, little-endian):
-
-- superblock, at 0, 4 KiB: magic `SSDEMU\0\1`, format version, logical block size, the
-  regions' offsets and sizes, a CRC-32;
-- journal, from 4 KiB: 512-byte records, one per change, in sequence: magic, sequence
-  number, operation, key length and key (1..16 bytes), the value's extent (offset, length),
-  the value's CRC-32 and content hash, a CRC-32 of the record;
-- data, after the journal: value extents, in whole logical blocks.
-
-A store writes the value first (to a free extent), then its journal record; a crash between
-the two leaves an extent nothing points to, which the next open frees.  Opening replays the
-journal up to the first record whose magic, sequence or CRC does not hold (a torn append).
-With the volatile write cache on, `flush()` makes everything written so far durable; with it
-off, every change is durable (fdatasync) before it returns.  A value whose CRC does not match
-on read is an error, never data.  Identical values under different keys (another salt or
-adapter) share one extent: the content hash finds it, a reference count keeps it, and the
-last delete frees it; logical bytes (what clients stored) and physical bytes (extents) are
-both reported.  The journal is not compacted yet: a full journal refuses further changes.
+Used alone (`ssdemu format`, tests) every call does its I/O synchronously.  Inside the
+daemon the data plane runs KV commands against the same C store; the daemon's Python side
+(admin and compute commands) calls it between `sde_dev_store_enter` and `_leave`
+(`Store.attach`), so the two never change it at once.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import os
-import struct
-import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
-from ssdemu.buffers import address_of, alloc_aligned
-from ssdemu.engine import OP_READ, OP_WRITE, Engine, make_ios
+from ssdemu import _engine
+from ssdemu.buffers import address_of
 from ssdemu.errors import SsdemuError
 from ssdemu.media import Media
 
-MAGIC = b"SSDEMU\x00\x01"
-FORMAT_VERSION = 1
-SUPERBLOCK_BYTES = 4096
-RECORD_BYTES = 512
-MAX_KEY = 16
-MAX_VALUE = 2 << 20
-_SB = struct.Struct("<8sIIQQQQQ")  # magic, version, block, media, journal off/len, data off/len
-_REC = struct.Struct("<4sQBB16sQQI16sI")  # magic seq op klen key ext_off length crc hash nsid
-_REC_MAGIC = b"SJR1"
-OP_PUT, OP_DELETE, OP_NS_CREATE, OP_NS_DELETE = 1, 2, 3, 4
+ffi, lib = _engine.ffi, _engine.lib
 
-STORE_ANY, STORE_IF_EXISTS, STORE_IF_NOT_EXISTS = 0, 1, 2
+MAGIC = b"SSDEMU\x00\x01"
+FORMAT_VERSION = lib.SDE_STORE_VERSION
+MAX_KEY = lib.SDE_KEY_MAX
+DEFAULT_MAX_VALUE = 64 << 20
+LIST_ENTRY = lib.SDE_LIST_ENTRY
+
+STORE_ANY, STORE_IF_EXISTS, STORE_IF_NOT_EXISTS = (
+    lib.SDE_KV_STORE_ANY, lib.SDE_KV_STORE_IF_EXISTS, lib.SDE_KV_STORE_IF_NOT_EXISTS)
 
 
 class StoreError(SsdemuError):
@@ -74,323 +57,251 @@ class StoreFull(SsdemuError):
     pass
 
 
-@dataclass
-class Extent:
-    offset: int
-    nbytes: int  # allocated (whole blocks)
-    refs: int
+_SC = {
+    lib.SDE_SC_KV_KEY_EXISTS: KeyExists,
+    lib.SDE_SC_KV_KEY_NOT_EXIST: KeyNotFound,
+    lib.SDE_SC_MEDIA_ERROR: CorruptValue,
+    lib.SDE_SC_CAPACITY_EXCEEDED: StoreFull,
+}
 
 
-@dataclass
-class Entry:
-    length: int
-    crc: int
-    digest: bytes
-    extent: Extent
+def _check(status: int, what) -> None:
+    if status == lib.SDE_SC_SUCCESS:
+        return
+    exc = _SC.get(status)
+    if exc is not None:
+        raise exc(what)
+    if status == lib.SDE_SC_KV_INVALID_KEY_SIZE:
+        raise ValueError(f"keys are 1 to {MAX_KEY} bytes")
+    if status == lib.SDE_SC_KV_INVALID_VALUE_SIZE:
+        raise ValueError("value size out of range")
+    raise StoreError(f"{what}: status {status}")
 
 
 def check_key(key: bytes) -> None:
+    if not isinstance(key, (bytes, bytearray)):
+        raise TypeError(f"keys are bytes, got {type(key).__name__}")
     if not 1 <= len(key) <= MAX_KEY:
         raise ValueError(f"keys are 1 to {MAX_KEY} bytes, got {len(key)}")
 
 
-def media_is_blank(first_block: bytes) -> bool:
-    return not any(first_block)
+def store_params(durable: bool, index_keys: int = 0, max_value: int = DEFAULT_MAX_VALUE,
+                 journal_blocks: int = 0):
+    return ffi.new("sde_store_params *", {"index_keys": index_keys, "max_value": max_value,
+                                          "journal_blocks": journal_blocks,
+                                          "durable": int(durable)})
 
 
 class Store:
-    def __init__(self, media: Media, durable_on_completion: bool):
+    def __init__(self, media: Media, ptr):
         self.media = media
-        self.block = max(media.lba_size, 512)
-        self.durable_on_completion = durable_on_completion
-        self.engine = Engine(media, queue_depth=8)
-        self.index: dict[bytes, Entry] = {}
-        self.by_digest: dict[bytes, Extent] = {}
-        self.free: list[tuple[int, int]] = []  # (offset, bytes), sorted
-        self.seq = 0
-        self.last_put_wrote = False  # did the last put write value bytes (not shared ones)
-        self.namespaces: dict[int, tuple[int, int]] = {}  # nsid -> (offset, bytes)
-        self._staging = alloc_aligned(MAX_VALUE + self.block)
+        self._st = ptr
+        self._dev = None  # the device core, once the data plane serves this store
+        info = self.info()
+        self.block = info["block"]
+        self.d_off, self.d_len = info["data_off"], info["data_bytes"]
+        self.j_off = info["journal_off"]
+        self.j_len = info["journal_blocks"] * info["block"]
+        self.max_value = info["max_value"]
+        self.index_keys = info["index_keys"]
 
-    # -- layout --
-    @staticmethod
-    def layout(media_bytes: int, block: int) -> tuple[int, int, int, int]:
-        journal = max(64 * RECORD_BYTES, (media_bytes // 64) // 4096 * 4096)
-        data_off = SUPERBLOCK_BYTES + journal
-        data = (media_bytes - data_off) // block * block
-        if data < block:
-            raise StoreError(f"media of {media_bytes} bytes is too small for a store")
-        return SUPERBLOCK_BYTES, journal, data_off, data
-
+    # -- lifecycle --
     @classmethod
-    def format(cls, media: Media, durable_on_completion: bool = False) -> Store:
-        s = cls(media, durable_on_completion)
-        j_off, j_len, d_off, d_len = cls.layout(media.size, s.block)
-        sb = bytearray(SUPERBLOCK_BYTES)
-        sb[:_SB.size] = _SB.pack(MAGIC, FORMAT_VERSION, s.block, media.size, j_off, j_len,
-                                 d_off, d_len)
-        sb[-4:] = struct.pack("<I", zlib.crc32(sb[:-4]))
-        s._write(0, bytes(sb))
-        s._write(j_off, bytes(RECORD_BYTES))  # an empty journal ends at its first record
-        s.engine.fsync()
-        s._set_regions(j_off, j_len, d_off, d_len)
-        s.free = [(d_off, d_len)]
-        return s
+    def format(cls, media: Media, durable_on_completion: bool = False, index_keys: int = 0,
+               max_value: int = DEFAULT_MAX_VALUE, journal_blocks: int = 0) -> Store:
+        out = ffi.new("sde_store **")
+        r = lib.sde_store_format(media.fd, media.size, media.lba_size,
+                                 store_params(durable_on_completion, index_keys, max_value,
+                                              journal_blocks), out)
+        if r < 0:
+            raise StoreError(ffi.string(lib.sde_store_last_error()).decode())
+        return cls(media, out[0])
 
     @classmethod
     def open(cls, media: Media, durable_on_completion: bool = False) -> Store:
-        s = cls(media, durable_on_completion)
-        sb = s._read(0, SUPERBLOCK_BYTES)
-        if sb[:8] != MAGIC:
-            if media_is_blank(sb):
-                raise NotSsdemuMedia("the media is blank: format it (ssdemu format)")
-            raise NotSsdemuMedia("the media holds something that is not an ssdemu device")
-        magic, version, block, media_bytes, j_off, j_len, d_off, d_len = _SB.unpack(
-            sb[:_SB.size])
-        if version > FORMAT_VERSION:
-            raise StoreError(f"the media has format version {version}; this ssdemu reads up "
-                             f"to {FORMAT_VERSION}")
-        if struct.unpack("<I", sb[-4:])[0] != zlib.crc32(sb[:-4]):
-            raise StoreError("the superblock's checksum does not match")
-        if block != s.block or media_bytes > media.size:
-            raise StoreError("the superblock does not fit this media")
-        s._set_regions(j_off, j_len, d_off, d_len)
-        s._replay()
-        return s
+        out = ffi.new("sde_store **")
+        r = lib.sde_store_open(media.fd, media.size, media.lba_size,
+                               store_params(durable_on_completion), out)
+        if r < 0:
+            msg = ffi.string(lib.sde_store_last_error()).decode()
+            if r == -61:  # ENODATA: blank
+                raise NotSsdemuMedia(msg)
+            if "not an ssdemu device" in msg:
+                raise NotSsdemuMedia(msg)
+            raise StoreError(msg)
+        return cls(media, out[0])
 
-    def _set_regions(self, j_off, j_len, d_off, d_len):
-        self.j_off, self.j_len, self.d_off, self.d_len = j_off, j_len, d_off, d_len
+    def attach(self, dev) -> None:
+        """The data plane serves this store from now on: KV commands run there, and the
+        calls below take the device core's lock."""
+        lib.sde_dev_attach_store(dev, self._st)
+        self._dev = dev
 
-    # -- I/O --
-    def _io(self, op: int, offset: int, buf: np.ndarray) -> None:
-        ios = make_ios(1)
-        ios["op"], ios["addr"], ios["len"] = op, address_of(buf), buf.nbytes
-        ios["offset"] = offset
-        self.engine.run(ios)
-        if ios["res"][0] != buf.nbytes:
-            raise OSError(-int(ios["res"][0]) if ios["res"][0] < 0 else 5,
-                          f"media {'read' if op == OP_READ else 'write'} at {offset} failed")
-
-    def _write(self, offset: int, data: bytes) -> None:
-        n = -(-len(data) // self.block) * self.block
-        buf = self._staging[:n]
-        buf[:len(data)] = np.frombuffer(data, np.uint8)
-        buf[len(data):] = 0
-        self._io(OP_WRITE, offset, buf)
-
-    def _read(self, offset: int, nbytes: int) -> bytes:
-        n = -(-nbytes // self.block) * self.block
-        buf = self._staging[:n]
-        self._io(OP_READ, offset, buf)
-        return bytes(buf[:nbytes])
-
-    # -- journal --
-    def _append(self, op: int, key: bytes, entry: Entry | None, offset: int = 0,
-                length: int = 0) -> None:
-        if (self.seq + 1) * RECORD_BYTES > self.j_len - RECORD_BYTES:
-            raise StoreFull("the journal is full")
-        self.seq += 1
-        ext = entry.extent if entry else None
-        body = _REC.pack(_REC_MAGIC, self.seq, op, len(key), key.ljust(16, b"\0"),
-                         ext.offset if ext else offset, entry.length if entry else length,
-                         entry.crc if entry else 0, entry.digest if entry else bytes(16), 0)
-        rec = body + struct.pack("<I", zlib.crc32(body))
-        # the record after it is zeroed in the same write: a replay stops there
-        self._write(self.j_off + (self.seq - 1) * RECORD_BYTES,
-                    rec.ljust(RECORD_BYTES, b"\0") + bytes(RECORD_BYTES))
-        if self.durable_on_completion:
-            self.engine.fsync()
-
-    def _replay(self) -> None:
-        live: dict[bytes, tuple[int, int, int, bytes]] = {}
-        seq = 0
-        while (seq + 1) * RECORD_BYTES <= self.j_len:
-            raw = self._read(self.j_off + seq * RECORD_BYTES, RECORD_BYTES)
-            body, crc = raw[:_REC.size], struct.unpack("<I", raw[_REC.size:_REC.size + 4])[0]
-            if body[:4] != _REC_MAGIC or zlib.crc32(body) != crc:
-                break
-            _, rseq, op, klen, key, off, length, vcrc, digest, _ = _REC.unpack(body)
-            if rseq != seq + 1 or not 1 <= klen <= MAX_KEY:
-                break
-            key = key[:klen]
-            if op == OP_PUT:
-                live[key] = (off, length, vcrc, digest)
-            elif op == OP_DELETE:
-                live.pop(key, None)
-            elif op == OP_NS_CREATE:
-                self.namespaces[int.from_bytes(key, "little")] = (off, length)
-            elif op == OP_NS_DELETE:
-                self.namespaces.pop(int.from_bytes(key, "little"), None)
-            else:
-                break
-            seq = rseq
-        self.seq = seq
-        used = {}
-        for key, (off, length, vcrc, digest) in live.items():
-            ext = used.get(off)
-            if ext is None:
-                ext = used[off] = Extent(off, -(-length // self.block) * self.block, 0)
-                self.by_digest[digest] = ext
-            ext.refs += 1
-            self.index[key] = Entry(length, vcrc, digest, ext)
-        # everything the live extents do not cover is free (orphans of a crash included)
-        cursor, free = self.d_off, []
-        taken = [(e.offset, e.nbytes) for e in used.values()] + list(self.namespaces.values())
-        for off, nbytes in sorted(taken):
-            if off > cursor:
-                free.append((cursor, off - cursor))
-            cursor = max(cursor, off + nbytes)
-        if cursor < self.d_off + self.d_len:
-            free.append((cursor, self.d_off + self.d_len - cursor))
-        self.free = free
-
-    # -- allocation --
-    def _alloc(self, nbytes: int) -> int:
-        for i, (off, size) in enumerate(self.free):
-            if size >= nbytes:
-                if size == nbytes:
-                    del self.free[i]
-                else:
-                    self.free[i] = (off + nbytes, size - nbytes)
-                return off
-        raise StoreFull(f"no free extent of {nbytes} bytes")
-
-    def _release(self, ext: Extent) -> None:
-        ext.refs -= 1
-        if ext.refs:
+    @contextlib.contextmanager
+    def _locked(self):
+        if self._dev is None:
+            yield
             return
-        for d, e in list(self.by_digest.items()):
-            if e is ext:
-                del self.by_digest[d]
-        self._free_extent(ext.offset, ext.nbytes)
+        lib.sde_dev_store_enter(self._dev)
+        try:
+            yield
+        finally:
+            lib.sde_dev_store_leave(self._dev)
 
-    def _free_extent(self, offset: int, nbytes: int) -> None:
-        self.free.append((offset, nbytes))
-        self.free.sort()
-        merged = []
-        for off, size in self.free:
-            if merged and merged[-1][0] + merged[-1][1] == off:
-                merged[-1] = (merged[-1][0], merged[-1][1] + size)
-            else:
-                merged.append((off, size))
-        self.free = merged
+    def close(self) -> None:
+        if self._st is not None:
+            if self._dev is not None:
+                lib.sde_dev_attach_store(self._dev, ffi.NULL)
+                self._dev = None
+            lib.sde_store_free(self._st)
+            self._st = None
+
+    def info(self) -> dict:
+        i = ffi.new("sde_store_info *")
+        lib.sde_store_get_info(self._st, i)
+        return {name: getattr(i, name) for name, _ in ffi.typeof("sde_store_info").fields}
 
     # -- the KV commands --
-    def put(self, key: bytes, value: bytes, mode: int = STORE_ANY) -> bool:
+    def put(self, key: bytes, value, mode: int = STORE_ANY) -> bool:
         """Store; returns True if the key existed (its value replaced, or, for identical
         content, only touched)."""
+        return self.put_ex(key, value, mode)["existed"]
+
+    def put_ex(self, key: bytes, value, mode: int = STORE_ANY) -> dict:
+        """Store; returns what it did: existed, wrote (value bytes written, not shared),
+        offset and length of the value's extent."""
         check_key(key)
-        if not 0 < len(value) <= MAX_VALUE:
-            raise ValueError(f"values are 1 byte to {MAX_VALUE} bytes, got {len(value)}")
-        old = self.index.get(key)
-        if mode == STORE_IF_EXISTS and old is None:
-            raise KeyNotFound(key)
-        if mode == STORE_IF_NOT_EXISTS and old is not None:
-            raise KeyExists(key)
-        digest = hashlib.blake2b(value, digest_size=16).digest()
-        self.last_put_wrote = False
-        if old is not None and old.digest == digest:
-            return True  # the same bytes: nothing to write
-        ext = self.by_digest.get(digest)
-        if ext is None:  # new content: a new extent (never overwrite shared bytes in place)
-            self.last_put_wrote = True
-            nbytes = -(-len(value) // self.block) * self.block
-            ext = Extent(self._alloc(nbytes), nbytes, 0)
-            self._write(ext.offset, value)
-            self.by_digest[digest] = ext
-        entry = Entry(len(value), zlib.crc32(value), digest, ext)
-        ext.refs += 1
-        try:
-            self._append(OP_PUT, key, entry)
-        except Exception:
-            self._release(ext)
-            raise
-        self.index[key] = entry
-        if old is not None:
-            self._release(old.extent)
-        return old is not None
+        data = value if isinstance(value, np.ndarray) else np.frombuffer(bytes(value), np.uint8)
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if not 0 < data.nbytes <= self.max_value:
+            raise ValueError(f"values are 1 byte to {self.max_value} bytes, got {data.nbytes}")
+        res = ffi.new("sde_kv_put_result *")
+        with self._locked():
+            st = lib.sde_store_put(self._st, 0, bytes(key), len(key),
+                                   ffi.cast("void *", address_of(data)), data.nbytes, mode, res)
+        _check(st, key)
+        return {"existed": bool(res.existed), "wrote": bool(res.wrote), "offset": res.offset,
+                "length": res.length}
 
     def get(self, key: bytes) -> bytes:
         check_key(key)
-        e = self.index.get(key)
-        if e is None:
+        place = self.lookup(key)
+        if place is None:
             raise KeyNotFound(key)
-        data = self._read(e.extent.offset, e.length)
-        if zlib.crc32(data) != e.crc:
-            raise CorruptValue(f"the value of key {key.hex()} fails its checksum")
-        return data
+        out = np.empty(max(place[1], 1), np.uint8)
+        n = ffi.new("uint64_t *")
+        with self._locked():
+            st = lib.sde_store_get(self._st, 0, bytes(key), len(key),
+                                   ffi.cast("void *", address_of(out)), out.nbytes, n)
+        if st == lib.SDE_SC_MEDIA_ERROR:
+            raise CorruptValue(f"the value of key {bytes(key).hex()} fails its checksum")
+        _check(st, key)
+        return bytes(out[:n[0]])
+
+    def lookup(self, key: bytes) -> tuple[int, int] | None:
+        """(offset, length) of the key's value on the media, or None."""
+        off, n = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        with self._locked():
+            st = lib.sde_store_lookup(self._st, 0, bytes(key), len(key), off, n)
+        return (off[0], n[0]) if st == lib.SDE_SC_SUCCESS else None
 
     def delete(self, key: bytes) -> None:
         check_key(key)
-        e = self.index.get(key)
-        if e is None:
-            raise KeyNotFound(key)
-        self._append(OP_DELETE, key, None)
-        del self.index[key]
-        self._release(e.extent)
+        with self._locked():
+            st = lib.sde_store_delete(self._st, 0, bytes(key), len(key))
+        _check(st, key)
 
     def exists(self, key: bytes) -> bool:
         check_key(key)
-        return key in self.index
+        with self._locked():
+            return lib.sde_store_exists(self._st, 0, bytes(key), len(key)) == 0
 
     def list(self, start: bytes = b"", limit: int = 1000) -> list[bytes]:
         """Keys in byte order from `start` (as NVMe KV List)."""
-        return sorted(k for k in self.index if k >= start)[:limit]
+        limit = max(0, min(limit, self.info()["keys"]))
+        out = np.zeros(max(1, limit) * LIST_ENTRY, np.uint8)
+        with self._locked():
+            n = lib.sde_store_list(self._st, 0, bytes(start), len(start),
+                                   ffi.cast("uint8_t *", address_of(out)), limit)
+        raw = out.tobytes()
+        return [raw[i * LIST_ENTRY + 1:i * LIST_ENTRY + 1 + raw[i * LIST_ENTRY]]
+                for i in range(max(n, 0))]
+
+    def prefix_match(self, keys: np.ndarray) -> int:
+        """The leading run of 16-byte keys (an (n, 16) uint8 array) that the store holds."""
+        k = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1)
+        with self._locked():
+            return lib.sde_store_prefix_match(self._st, ffi.cast("uint8_t *", address_of(k)),
+                                              k.nbytes // 16)
+
+    def pin(self, key: bytes, delta: int) -> int:
+        count = ffi.new("uint32_t *")
+        with self._locked():
+            st = lib.sde_store_pin(self._st, 0, bytes(key), len(key), delta, count)
+        _check(st, key)
+        return count[0]
 
     def flush(self) -> None:
-        self.engine.fsync()
+        with self._locked():
+            r = lib.sde_store_flush(self._st)
+        if r < 0:
+            raise OSError(-r, f"flush failed: {os.strerror(-r)}")
+
+    def checkpoint(self) -> None:
+        with self._locked():
+            r = lib.sde_store_checkpoint(self._st)
+        if r < 0:
+            raise OSError(-r, f"checkpoint failed: {os.strerror(-r)}")
 
     # -- block namespaces: extents of the data region, recorded in the journal --
-    MAX_NAMESPACES = 64
+    MAX_NAMESPACES = lib.SDE_STORE_MAX_NS
 
     def ns_create(self, nbytes: int) -> tuple[int, int]:
         """A new namespace of nbytes (a positive multiple of the block): (nsid, offset)."""
         if nbytes <= 0 or nbytes % self.block:
             raise ValueError(f"namespace size must be a positive multiple of {self.block}")
-        nsid = next((i for i in range(1, self.MAX_NAMESPACES + 1)
-                     if i not in self.namespaces), None)
-        if nsid is None:
-            raise StoreFull("no namespace id left")
-        offset = self._alloc(nbytes)
-        try:
-            self._append(OP_NS_CREATE, nsid.to_bytes(4, "little"), None, offset, nbytes)
-        except Exception:
-            self._free_extent(offset, nbytes)
-            raise
-        self.namespaces[nsid] = (offset, nbytes)
-        return nsid, offset
+        nsid, off = ffi.new("uint32_t *"), ffi.new("uint64_t *")
+        with self._locked():
+            st = lib.sde_store_ns_create(self._st, nbytes, nsid, off)
+        if st == lib.SDE_SC_CAPACITY_EXCEEDED:
+            raise StoreFull("no room (or no namespace id) for the namespace")
+        _check(st, "namespace create")
+        return nsid[0], off[0]
 
     def ns_delete(self, nsid: int) -> None:
-        if nsid not in self.namespaces:
+        with self._locked():
+            st = lib.sde_store_ns_delete(self._st, nsid)
+        if st == lib.SDE_SC_INVALID_NAMESPACE:
             raise KeyNotFound(nsid)
-        self._append(OP_NS_DELETE, nsid.to_bytes(4, "little"), None)
-        offset, nbytes = self.namespaces.pop(nsid)
-        self._free_extent(offset, nbytes)
+        _check(st, "namespace delete")
+
+    @property
+    def namespaces(self) -> dict[int, tuple[int, int]]:
+        out = {}
+        off, n = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        for nsid in range(1, self.MAX_NAMESPACES + 1):
+            if lib.sde_store_ns_get(self._st, nsid, off, n) == 0:
+                out[nsid] = (off[0], n[0])
+        return out
 
     @property
     def logical_bytes(self) -> int:
-        return sum(e.length for e in self.index.values())
+        return self.info()["logical_bytes"]
 
     @property
     def physical_bytes(self) -> int:
-        return sum(ext.nbytes for ext in {id(e.extent): e.extent
-                                          for e in self.index.values()}.values())
-
-    def close(self) -> None:
-        self.engine.close()
+        return self.info()["physical_bytes"]
 
 
 def probe(media: Media) -> str:
-    """'ssdemu', 'blank' or 'foreign': what the media's first block holds."""
-    eng = Engine(media, queue_depth=1)
-    try:
-        buf = alloc_aligned(SUPERBLOCK_BYTES)
-        eng.pread(buf, 0)
-    finally:
-        eng.close()
-    if bytes(buf[:8]) == MAGIC:
-        return "ssdemu"
-    return "blank" if media_is_blank(bytes(buf)) else "foreign"
+    """'ssdemu', 'blank', 'foreign', 'old' (an earlier store format) or 'newer': what the
+    media's first block holds."""
+    r = lib.sde_store_probe(media.fd, media.lba_size, ffi.NULL)
+    if r < 0:
+        raise OSError(-r, f"cannot read {media.spec}: {os.strerror(-r)}")
+    return {lib.SDE_PROBE_BLANK: "blank", lib.SDE_PROBE_CURRENT: "ssdemu",
+            lib.SDE_PROBE_OLD_VERSION: "old", lib.SDE_PROBE_NEWER_VERSION: "newer",
+            lib.SDE_PROBE_FOREIGN: "foreign"}[r]
 
 
 def remove_file_if_created(path: str) -> None:

@@ -56,11 +56,14 @@ def test_every_opcode_has_a_handler():
     from ssdemu.queue_layout import lib
     from ssdemu.slowpath import HANDLERS
 
+    assert len(OPCODES) == lib.SDE_CMD_COUNT  # the C table's count check counts these
     for name, op in OPCODES.items():
         cls = lib.sde_dev_opcode_class(op)
         assert cls != lib.SDE_CLASS_INVALID, name
-        if cls in (lib.SDE_CLASS_ADMIN, lib.SDE_CLASS_KV, lib.SDE_CLASS_COMPUTE):  # Python
-            assert op in HANDLERS, name
+        where = lib.sde_dev_opcode_where(op)
+        assert where in (lib.SDE_RUN_DATA_PLANE, lib.SDE_RUN_HOST), name
+        # host commands have a Python handler; data-plane ones have none (one dispatch)
+        assert (op in HANDLERS) == (where == lib.SDE_RUN_HOST), name
     assert set(HANDLERS) <= set(OPCODES.values())
     assert lib.sde_dev_opcode_class(6) == lib.SDE_CLASS_INVALID  # a gap in the table
     assert lib.sde_dev_opcode_class(255) == lib.SDE_CLASS_INVALID

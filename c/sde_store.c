@@ -1,0 +1,1524 @@
+/*
+ * The drive's KV store (see sde_store.h).
+ *
+ * On-media format v2 (little-endian; every region starts on a 4 KiB boundary):
+ *   superblock  @0, 4 KiB: magic "SSDEMU\0\1", version, block, media bytes, the regions,
+ *               index_keys, max_value, a hash of the rest.
+ *   checkpoint  headers A and B @4 KiB and @8 KiB; slots A and B after them, each
+ *               index_keys x 64 B.  A header: generation, the journal's first block
+ *               sequence, the entry count, the namespace table, hashes of the slot and of
+ *               itself.  The valid header of the higher generation wins.
+ *   journal     journal_blocks logical blocks.  Block i after a checkpoint holds sequence
+ *               start + i; a 64-byte block header (magic, sequence, record count, hash)
+ *               and 64-byte records (put, delete, namespace create / delete).
+ *   data        value extents and namespaces, in whole logical blocks.
+ *
+ * Why so: a checkpoint writes the live index (LevelDB's manifest) and restarts the journal
+ * at its first block, so churn with a bounded live set runs forever and an open reads the
+ * live set plus at most one journal's worth of records (LevelDB/RocksDB recycle their log
+ * the same way).  Records are written in groups: every change the data plane appended
+ * during one pass goes out in one write of whole blocks (group commit), and a block is
+ * never rewritten once it holds a committed record, so a torn write can only lose the
+ * group being written.  Block-sized records work on 512 B and 4 KiB media alike.
+ *
+ * Values: written to a free extent before their record; a crash in between leaves an
+ * extent no record names, free at the next open.  An extent freed by a delete or an
+ * overwrite is reused only after the record that freed it is committed and no retrieve
+ * still reads it.  The content hash (XXH3-64) is the value's checksum and its dedup key;
+ * a hash match is confirmed by comparing bytes, so a crafted collision cannot make one key
+ * read another's bytes.
+ */
+#define _GNU_SOURCE
+#include "sde_store_internal.h"
+#include "sde_queue.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define SB_BYTES 4096u
+#define CKPT_HDR_BYTES 4096u
+#define REC_BYTES 64u
+#define JHDR_BYTES 64u
+#define ENTRY_BYTES 64u
+#define NIL UINT32_MAX
+
+static const char SB_MAGIC[8] = {'S', 'S', 'D', 'E', 'M', 'U', 0, 1};
+#define CKPT_MAGIC 0x324b4353u /* "SCK2" */
+#define JBLK_MAGIC 0x32424a53u /* "SJB2" */
+
+enum { OP_PUT = 1, OP_DELETE = 2, OP_NS_CREATE = 3, OP_NS_DELETE = 4 };
+
+struct sb {
+    char magic[8];
+    uint32_t version;
+    uint32_t block;
+    uint64_t media_bytes;
+    uint64_t ckpt_off;
+    uint64_t slot_bytes;
+    uint64_t j_off;
+    uint64_t j_blocks;
+    uint64_t d_off;
+    uint64_t d_len;
+    uint64_t index_keys;
+    uint64_t max_value;
+    uint64_t hash; /* of the bytes before it */
+};
+
+struct ns_rec {
+    uint64_t off;
+    uint64_t bytes;
+};
+
+struct ckpt_hdr {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t gen;
+    uint64_t j_start;   /* the journal's first block sequence after this checkpoint */
+    uint64_t nentries;
+    uint64_t slot_hash; /* of nentries x ENTRY_BYTES of the slot */
+    struct ns_rec ns[SDE_STORE_MAX_NS + 1];
+    uint64_t hash;      /* of the bytes before it */
+};
+
+struct rec { /* 64 bytes: a journal record and (op 0) a checkpoint entry */
+    uint8_t op;
+    uint8_t klen;
+    uint16_t reserved;
+    uint32_t nsid;
+    uint8_t key[16];
+    uint64_t off;
+    uint64_t len;
+    uint64_t hash;
+    uint64_t reserved2[2];
+};
+_Static_assert(sizeof(struct rec) == REC_BYTES, "64-byte records");
+
+struct jhdr {
+    uint32_t magic;
+    uint32_t nrec;
+    uint64_t seq;
+    uint64_t hash; /* of the block with this field zero */
+    uint64_t reserved[5];
+};
+_Static_assert(sizeof(struct jhdr) == JHDR_BYTES, "64-byte block header");
+
+struct ext {
+    uint64_t off;
+    uint64_t len;      /* value bytes */
+    uint64_t hash;
+    uint64_t nbytes;   /* allocated */
+    uint64_t release;  /* committed group after which it may be freed */
+    uint32_t krefs;    /* index entries naming it */
+    uint32_t rrefs;    /* retrieves reading it */
+    uint32_t hnext;    /* dedup chain; free list */
+    uint8_t live;      /* allocated */
+    uint8_t in_dedup;
+    uint8_t zombie;    /* no entry names it: free once committed and unread */
+};
+
+struct ent {
+    uint8_t key[16];
+    uint32_t nsid;
+    uint32_t ext;
+    uint32_t hnext;
+    uint16_t pins;
+    uint8_t klen;
+    uint8_t used;
+};
+
+struct sde_store {
+    int fd;
+    uint32_t block;
+    int durable;
+    struct sb sb;
+    /* index */
+    struct ent *ents;
+    uint32_t *ent_heads;
+    uint64_t ent_mask;
+    uint32_t ent_free;
+    uint64_t nkeys;
+    /* extents */
+    struct ext *exts;
+    uint32_t next_cap;
+    uint32_t ext_free;
+    uint32_t *dd_heads;
+    uint64_t dd_mask;
+    uint32_t *zombies;
+    uint32_t nzombies, cap_zombies;
+    /* data region allocation: one bit per logical block */
+    uint64_t *bitmap;
+    uint64_t nbits;
+    uint64_t cursor;
+    uint64_t free_blocks;
+    uint64_t logical, physical;
+    struct ns_rec ns[SDE_STORE_MAX_NS + 1];
+    /* journal */
+    uint64_t ckpt_gen;
+    uint64_t j_start;     /* sequence of the journal's first block */
+    uint64_t j_next;      /* sequence of the next block to write */
+    struct rec *pending;  /* the open group's records */
+    uint32_t npending, cap_pending;
+    uint64_t open_group;  /* the group records join now */
+    uint64_t committed;   /* every group up to this one is durable (or written) */
+    int j_busy;
+    uint8_t *jbuf;
+    uint64_t jbuf_bytes;
+    uint8_t *scratch;     /* block-aligned, for synchronous I/O */
+    uint64_t scratch_bytes;
+    int failed;           /* a journal write failed: changes are refused */
+    sde_store_info stats;
+};
+
+static __thread char last_error[256];
+
+const char *sde_store_last_error(void) { return last_error; }
+
+static int fail(int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+uint64_t st_value_hash(const void *data, uint64_t len) { return XXH3_64bits(data, len); }
+
+static uint64_t roundup(uint64_t n, uint64_t b) { return (n + b - 1) / b * b; }
+
+/* ---- synchronous I/O --------------------------------------------------------------- */
+
+static int pio(int fd, int write, void *buf, uint64_t len, uint64_t off)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t r = write ? pwrite(fd, p, len, (off_t)off) : pread(fd, p, len, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return -EIO;
+        p += r;
+        off += (uint64_t)r;
+        len -= (uint64_t)r;
+    }
+    return 0;
+}
+
+static void *aligned(uint64_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytes ? roundup(bytes, 4096) : 4096))
+        return NULL;
+    return p;
+}
+
+static uint8_t *scratch(sde_store *st, uint64_t bytes)
+{
+    if (bytes > st->scratch_bytes) {
+        uint8_t *n = aligned(bytes);
+        if (!n)
+            return NULL;
+        free(st->scratch);
+        st->scratch = n;
+        st->scratch_bytes = roundup(bytes, 4096);
+    }
+    return st->scratch;
+}
+
+/* ---- the index --------------------------------------------------------------------- */
+
+static uint64_t key_hash(uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint8_t k[24] = {0};
+    memcpy(k, &nsid, 4);
+    k[4] = (uint8_t)klen;
+    memcpy(k + 8, key, klen);
+    return XXH3_64bits(k, sizeof(k));
+}
+
+static uint32_t ent_find(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint32_t i = st->ent_heads[key_hash(nsid, key, klen) & st->ent_mask];
+    while (i != NIL) {
+        const struct ent *e = &st->ents[i];
+        if (e->nsid == nsid && e->klen == klen && !memcmp(e->key, key, klen))
+            return i;
+        i = e->hnext;
+    }
+    return NIL;
+}
+
+static uint32_t ent_insert(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint32_t i = st->ent_free;
+    if (i == NIL)
+        return NIL;
+    struct ent *e = &st->ents[i];
+    st->ent_free = e->hnext;
+    memset(e, 0, sizeof(*e));
+    memcpy(e->key, key, klen);
+    e->klen = (uint8_t)klen;
+    e->nsid = nsid;
+    e->used = 1;
+    uint64_t b = key_hash(nsid, key, klen) & st->ent_mask;
+    e->hnext = st->ent_heads[b];
+    st->ent_heads[b] = i;
+    st->nkeys++;
+    return i;
+}
+
+static void ent_remove(sde_store *st, uint32_t i)
+{
+    struct ent *e = &st->ents[i];
+    uint32_t *p = &st->ent_heads[key_hash(e->nsid, e->key, e->klen) & st->ent_mask];
+    while (*p != i)
+        p = &st->ents[*p].hnext;
+    *p = e->hnext;
+    e->used = 0;
+    e->hnext = st->ent_free;
+    st->ent_free = i;
+    st->nkeys--;
+}
+
+/* ---- extents and the block bitmap -------------------------------------------------- */
+
+static int bit(const sde_store *st, uint64_t b) { return (st->bitmap[b >> 6] >> (b & 63)) & 1; }
+
+static void set_bits(sde_store *st, uint64_t b, uint64_t n, int v)
+{
+    for (uint64_t i = b; i < b + n; i++) {
+        if (v)
+            st->bitmap[i >> 6] |= 1ull << (i & 63);
+        else
+            st->bitmap[i >> 6] &= ~(1ull << (i & 63));
+    }
+    if (v)
+        st->free_blocks -= n;
+    else
+        st->free_blocks += n;
+}
+
+/* First fit from a roving cursor (next fit): churn reuses space without rescanning from
+ * the start.  Returns the first block or UINT64_MAX. */
+static uint64_t alloc_blocks(sde_store *st, uint64_t n)
+{
+    if (!n || n > st->free_blocks)
+        return UINT64_MAX;
+    for (int lap = 0; lap < 2; lap++) {
+        uint64_t b = lap ? 0 : st->cursor, end = st->nbits;
+        uint64_t run = 0, start = b;
+        while (b < end) {
+            if (!(b & 63) && b + 64 <= end) {
+                uint64_t w = st->bitmap[b >> 6];
+                if (w == UINT64_MAX) { /* 64 used blocks: skip them */
+                    run = 0;
+                    b += 64;
+                    start = b;
+                    continue;
+                }
+                if (w == 0 && run + 64 < n) {
+                    if (!run)
+                        start = b;
+                    run += 64;
+                    b += 64;
+                    continue;
+                }
+            }
+            if (bit(st, b)) {
+                run = 0;
+                start = b + 1;
+            } else if (++run == n) {
+                set_bits(st, start, n, 1);
+                st->cursor = start + n;
+                return start;
+            }
+            b++;
+        }
+    }
+    return UINT64_MAX;
+}
+
+static uint32_t ext_new(sde_store *st)
+{
+    if (st->ext_free == NIL) {
+        uint32_t cap = st->next_cap ? st->next_cap * 2 : 1024;
+        struct ext *n = realloc(st->exts, (uint64_t)cap * sizeof(*n));
+        if (!n)
+            return NIL;
+        st->exts = n;
+        for (uint32_t i = cap; i-- > st->next_cap;) {
+            n[i].live = 0;
+            n[i].hnext = st->ext_free;
+            st->ext_free = i;
+        }
+        st->next_cap = cap;
+    }
+    uint32_t i = st->ext_free;
+    st->ext_free = st->exts[i].hnext;
+    memset(&st->exts[i], 0, sizeof(struct ext));
+    st->exts[i].live = 1;
+    st->exts[i].hnext = NIL;
+    return i;
+}
+
+/* An extent for len value bytes, or NIL when the data region has no room. */
+static uint32_t ext_alloc(sde_store *st, uint64_t len, uint64_t hash)
+{
+    uint64_t nb = roundup(len, st->block) / st->block;
+    uint64_t b = alloc_blocks(st, nb);
+    if (b == UINT64_MAX)
+        return NIL;
+    uint32_t x = ext_new(st);
+    if (x == NIL) {
+        set_bits(st, b, nb, 0);
+        return NIL;
+    }
+    struct ext *e = &st->exts[x];
+    e->off = st->sb.d_off + b * st->block;
+    e->nbytes = nb * st->block;
+    e->len = len;
+    e->hash = hash;
+    st->physical += e->nbytes;
+    return x;
+}
+
+static void dd_add(sde_store *st, uint32_t x)
+{
+    struct ext *e = &st->exts[x];
+    uint64_t b = e->hash & st->dd_mask;
+    e->hnext = st->dd_heads[b];
+    st->dd_heads[b] = x;
+    e->in_dedup = 1;
+}
+
+static void dd_remove(sde_store *st, uint32_t x)
+{
+    struct ext *e = &st->exts[x];
+    if (!e->in_dedup)
+        return;
+    uint32_t *p = &st->dd_heads[e->hash & st->dd_mask];
+    while (*p != x)
+        p = &st->exts[*p].hnext;
+    *p = e->hnext;
+    e->hnext = NIL;
+    e->in_dedup = 0;
+}
+
+static void ext_free_now(sde_store *st, uint32_t x)
+{
+    struct ext *e = &st->exts[x];
+    dd_remove(st, x);
+    set_bits(st, (e->off - st->sb.d_off) / st->block, e->nbytes / st->block, 0);
+    st->physical -= e->nbytes;
+    e->live = 0;
+    e->hnext = st->ext_free;
+    st->ext_free = x;
+}
+
+/* The extent lost its last entry in the open group: free it once that group is committed
+ * and no retrieve reads it. */
+static void ext_unref(sde_store *st, uint32_t x)
+{
+    struct ext *e = &st->exts[x];
+    if (--e->krefs)
+        return;
+    dd_remove(st, x);
+    e->zombie = 1;
+    e->release = st->open_group;
+    if (st->nzombies == st->cap_zombies) {
+        uint32_t cap = st->cap_zombies ? 2 * st->cap_zombies : 256;
+        uint32_t *n = realloc(st->zombies, cap * sizeof(*n));
+        if (!n) { /* cannot track it: leak its space until the next open rather than risk */
+            return;
+        }
+        st->zombies = n;
+        st->cap_zombies = cap;
+    }
+    st->zombies[st->nzombies++] = x;
+}
+
+static void reap_zombies(sde_store *st)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < st->nzombies; i++) {
+        uint32_t x = st->zombies[i];
+        struct ext *e = &st->exts[x];
+        if (e->krefs) { /* named again (replay of an older state): alive */
+            e->zombie = 0;
+            continue;
+        }
+        if (e->release <= st->committed && !e->rrefs) {
+            e->zombie = 0;
+            ext_free_now(st, x);
+        } else {
+            st->zombies[k++] = x;
+        }
+    }
+    st->nzombies = k;
+}
+
+/* ---- namespaces -------------------------------------------------------------------- */
+
+int sde_store_ns_get(const sde_store *st, uint32_t nsid, uint64_t *offset, uint64_t *bytes)
+{
+    if (nsid < 1 || nsid > SDE_STORE_MAX_NS || !st->ns[nsid].bytes)
+        return -ENOENT;
+    *offset = st->ns[nsid].off;
+    *bytes = st->ns[nsid].bytes;
+    return 0;
+}
+
+/* ---- records: the one place state changes (live, at replay, at checkpoint load) ----- */
+
+/* Point key at an extent holding (off, len, hash); during load the extent is found by
+ * offset in `by_off` (open addressing over extent ids, size mask+1). */
+static int apply_put_ext(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                         uint32_t x)
+{
+    uint32_t i = ent_find(st, nsid, key, klen);
+    if (i == NIL) {
+        i = ent_insert(st, nsid, key, klen);
+        if (i == NIL)
+            return SDE_SC_CAPACITY_EXCEEDED;
+    } else {
+        struct ext *old = &st->exts[st->ents[i].ext];
+        st->logical -= old->len;
+        ext_unref(st, st->ents[i].ext);
+    }
+    st->ents[i].ext = x;
+    struct ext *e = &st->exts[x];
+    if (e->krefs++ == 0) {
+        e->zombie = 0;
+        dd_add(st, x);
+    }
+    st->logical += e->len;
+    return SDE_SC_SUCCESS;
+}
+
+static int apply_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint32_t i = ent_find(st, nsid, key, klen);
+    if (i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    st->logical -= st->exts[st->ents[i].ext].len;
+    ext_unref(st, st->ents[i].ext);
+    ent_remove(st, i);
+    return SDE_SC_SUCCESS;
+}
+
+struct offmap {
+    uint32_t *slot;
+    uint64_t mask;
+};
+
+static uint32_t load_extent(sde_store *st, struct offmap *m, uint64_t off, uint64_t len,
+                            uint64_t hash)
+{
+    uint64_t h = (off / st->block * 0x9E3779B97F4A7C15ull) & m->mask;
+    while (m->slot[h] != NIL) {
+        struct ext *e = &st->exts[m->slot[h]];
+        if (e->off == off)
+            return m->slot[h];
+        h = (h + 1) & m->mask;
+    }
+    uint32_t x = ext_new(st);
+    if (x == NIL)
+        return NIL;
+    struct ext *e = &st->exts[x];
+    e->off = off;
+    e->len = len;
+    e->hash = hash;
+    e->nbytes = roundup(len, st->block);
+    m->slot[h] = x;
+    return x;
+}
+
+static int valid_extent(const sde_store *st, uint64_t off, uint64_t len)
+{
+    return len && len <= st->sb.max_value && off >= st->sb.d_off && off % st->block == 0 &&
+           off - st->sb.d_off <= st->sb.d_len && roundup(len, st->block) <= st->sb.d_off +
+           st->sb.d_len - off;
+}
+
+/* One record at load time.  0 applied, <0: the record is not one this format writes. */
+static int load_record(sde_store *st, struct offmap *m, const struct rec *r)
+{
+    if (r->op == OP_PUT) {
+        if (!r->klen || r->klen > SDE_KEY_MAX || !valid_extent(st, r->off, r->len))
+            return -1;
+        uint32_t x = load_extent(st, m, r->off, r->len, r->hash);
+        if (x == NIL)
+            return -ENOMEM;
+        return apply_put_ext(st, r->nsid, r->key, r->klen, x) ? -ENOSPC : 0;
+    }
+    if (r->op == OP_DELETE) {
+        if (!r->klen || r->klen > SDE_KEY_MAX)
+            return -1;
+        apply_delete(st, r->nsid, r->key, r->klen);
+        return 0;
+    }
+    if (r->op == OP_NS_CREATE || r->op == OP_NS_DELETE) {
+        if (r->nsid < 1 || r->nsid > SDE_STORE_MAX_NS)
+            return -1;
+        st->ns[r->nsid] = r->op == OP_NS_CREATE ? (struct ns_rec){r->off, r->len}
+                                                : (struct ns_rec){0, 0};
+        return 0;
+    }
+    return -1;
+}
+
+/* ---- the journal ------------------------------------------------------------------- */
+
+static uint32_t recs_per_block(const sde_store *st) { return (st->block - JHDR_BYTES) / REC_BYTES; }
+
+static int append(sde_store *st, const struct rec *r)
+{
+    if (st->npending == st->cap_pending) {
+        uint32_t cap = st->cap_pending ? 2 * st->cap_pending : 256;
+        struct rec *n = realloc(st->pending, cap * sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        st->pending = n;
+        st->cap_pending = cap;
+    }
+    st->pending[st->npending++] = *r;
+    st->stats.journal_records++;
+    return 0;
+}
+
+/* Lay the open group's records out as journal blocks in jbuf; returns the bytes. */
+static uint64_t build_blocks(sde_store *st, uint64_t first_seq)
+{
+    uint32_t rpb = recs_per_block(st);
+    uint64_t nblk = (st->npending + rpb - 1) / rpb;
+    uint64_t bytes = nblk * st->block;
+    if (bytes > st->jbuf_bytes) {
+        uint8_t *n = aligned(bytes);
+        if (!n)
+            return 0;
+        free(st->jbuf);
+        st->jbuf = n;
+        st->jbuf_bytes = roundup(bytes, 4096);
+    }
+    memset(st->jbuf, 0, bytes);
+    for (uint64_t b = 0; b < nblk; b++) {
+        uint8_t *blk = st->jbuf + b * st->block;
+        uint32_t n = st->npending - (uint32_t)(b * rpb);
+        if (n > rpb)
+            n = rpb;
+        memcpy(blk + JHDR_BYTES, &st->pending[b * rpb], (uint64_t)n * REC_BYTES);
+        struct jhdr *h = (struct jhdr *)blk;
+        h->magic = JBLK_MAGIC;
+        h->nrec = n;
+        h->seq = first_seq + b;
+        h->hash = XXH3_64bits(blk, st->block);
+    }
+    return bytes;
+}
+
+static int write_checkpoint(sde_store *st);
+
+/* Blocks the open group needs. */
+static uint64_t pending_blocks(const sde_store *st)
+{
+    uint32_t rpb = recs_per_block(st);
+    return (st->npending + rpb - 1) / rpb;
+}
+
+int st_journal_take(sde_store *st, void **buf, uint64_t *offset, uint32_t *len,
+                    uint64_t *group)
+{
+    if (st->j_busy || !st->npending)
+        return 0;
+    uint64_t used = st->j_next - st->j_start, need = pending_blocks(st);
+    if (used + need > st->sb.j_blocks || need * st->block > UINT32_MAX) {
+        /* the journal is full: a checkpoint holds the open group's changes too */
+        *group = st->open_group;
+        int r = write_checkpoint(st);
+        if (r < 0) {
+            st->failed = 1;
+            return r;
+        }
+        return 2;
+    }
+    uint64_t bytes = build_blocks(st, st->j_next);
+    if (!bytes)
+        return -ENOMEM;
+    *buf = st->jbuf;
+    *offset = st->sb.j_off + used * st->block;
+    *len = (uint32_t)bytes;
+    *group = st->open_group++;
+    st->j_next += need;
+    st->npending = 0;
+    st->j_busy = 1;
+    return 1;
+}
+
+void st_journal_written(sde_store *st, uint64_t group, int ok)
+{
+    st->j_busy = 0;
+    if (!ok) {
+        st->failed = 1; /* the journal cannot be trusted to hold more: refuse changes */
+        return;
+    }
+    st->committed = group;
+    st->stats.journal_writes++;
+    reap_zombies(st);
+}
+
+uint64_t st_committed_group(const sde_store *st) { return st->committed; }
+int st_journal_busy(const sde_store *st) { return st->j_busy; }
+int st_durable(const sde_store *st) { return st->durable; }
+uint32_t st_block(const sde_store *st) { return st->block; }
+uint64_t st_max_value(const sde_store *st) { return st->sb.max_value; }
+
+/* Commit the open group now, with pwrite (synchronous callers; no write in flight). */
+static int commit_sync(sde_store *st)
+{
+    if (st->j_busy)
+        return -EBUSY;
+    if (!st->npending)
+        return 0;
+    void *buf;
+    uint64_t off, group;
+    uint32_t len;
+    int r = st_journal_take(st, &buf, &off, &len, &group);
+    if (r == 2) {
+        reap_zombies(st);
+        return 0;
+    }
+    if (r <= 0)
+        return r;
+    r = pio(st->fd, 1, buf, len, off);
+    if (!r && st->durable && fdatasync(st->fd) < 0)
+        r = -errno;
+    st_journal_written(st, group, r == 0);
+    return r;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+static uint64_t hdr_off(const sde_store *st, uint64_t gen) { return st->sb.ckpt_off + (gen & 1) * CKPT_HDR_BYTES; }
+
+static uint64_t slot_off(const sde_store *st, uint64_t gen)
+{
+    return st->sb.ckpt_off + 2 * CKPT_HDR_BYTES + (gen & 1) * st->sb.slot_bytes;
+}
+
+/* Write the live index and namespaces to the other slot, then its header; the journal
+ * restarts after it.  Everything appended so far (the open group too) is then durable. */
+static int write_checkpoint(sde_store *st)
+{
+    uint64_t gen = st->ckpt_gen + 1;
+    uint64_t bytes = roundup(st->nkeys * ENTRY_BYTES, st->block);
+    uint8_t *buf = aligned(bytes);
+    if (!buf)
+        return -ENOMEM;
+    struct rec *out = (struct rec *)buf;
+    uint64_t n = 0;
+    memset(buf, 0, bytes);
+    for (uint64_t b = 0; b <= st->ent_mask; b++) {
+        for (uint32_t i = st->ent_heads[b]; i != NIL; i = st->ents[i].hnext) {
+            const struct ent *e = &st->ents[i];
+            const struct ext *x = &st->exts[e->ext];
+            struct rec *r = &out[n++];
+            r->op = OP_PUT;
+            r->klen = e->klen;
+            r->nsid = e->nsid;
+            memcpy(r->key, e->key, e->klen);
+            r->off = x->off;
+            r->len = x->len;
+            r->hash = x->hash;
+        }
+    }
+    int ret = 0;
+    if (bytes)
+        ret = pio(st->fd, 1, buf, bytes, slot_off(st, gen));
+    uint64_t slot_hash = XXH3_64bits(buf, n * ENTRY_BYTES);
+    free(buf);
+    if (!ret && fdatasync(st->fd) < 0)
+        ret = -errno;
+    if (ret)
+        return ret;
+    uint8_t *hb = scratch(st, CKPT_HDR_BYTES);
+    if (!hb)
+        return -ENOMEM;
+    memset(hb, 0, CKPT_HDR_BYTES);
+    struct ckpt_hdr *h = (struct ckpt_hdr *)hb;
+    h->magic = CKPT_MAGIC;
+    h->version = SDE_STORE_VERSION;
+    h->gen = gen;
+    h->j_start = st->j_next; /* the journal restarts at its first block */
+    h->nentries = n;
+    h->slot_hash = slot_hash;
+    memcpy(h->ns, st->ns, sizeof(h->ns));
+    h->hash = XXH3_64bits(h, offsetof(struct ckpt_hdr, hash));
+    ret = pio(st->fd, 1, hb, CKPT_HDR_BYTES, hdr_off(st, gen));
+    if (!ret && fdatasync(st->fd) < 0)
+        ret = -errno;
+    if (ret)
+        return ret;
+    st->ckpt_gen = gen;
+    st->j_start = st->j_next;
+    st->npending = 0;
+    st->committed = st->open_group++;
+    st->stats.checkpoints++;
+    reap_zombies(st);
+    return 0;
+}
+
+int sde_store_checkpoint(sde_store *st)
+{
+    if (st->j_busy)
+        return -EBUSY;
+    int r = write_checkpoint(st);
+    if (!r)
+        reap_zombies(st);
+    return r;
+}
+
+/* ---- format / open ----------------------------------------------------------------- */
+
+static int alloc_tables(sde_store *st)
+{
+    uint64_t keys = st->sb.index_keys;
+    uint64_t nb = 1;
+    while (nb < keys)
+        nb <<= 1;
+    st->ents = calloc(keys, sizeof(*st->ents));
+    st->ent_heads = malloc(nb * sizeof(uint32_t));
+    st->dd_heads = malloc(nb * sizeof(uint32_t));
+    st->nbits = st->sb.d_len / st->block;
+    st->bitmap = calloc((st->nbits + 63) / 64 + 1, sizeof(uint64_t));
+    if (!st->ents || !st->ent_heads || !st->dd_heads || !st->bitmap)
+        return -ENOMEM;
+    memset(st->ent_heads, 0xff, nb * sizeof(uint32_t));
+    memset(st->dd_heads, 0xff, nb * sizeof(uint32_t));
+    st->ent_mask = st->dd_mask = nb - 1;
+    st->ent_free = NIL;
+    for (uint64_t i = keys; i-- > 0;) {
+        st->ents[i].hnext = st->ent_free;
+        st->ent_free = (uint32_t)i;
+    }
+    st->ext_free = NIL;
+    st->free_blocks = st->nbits;
+    st->open_group = 1;
+    st->committed = 0;
+    return 0;
+}
+
+static sde_store *store_new(int fd, uint32_t lba, int durable)
+{
+    sde_store *st = calloc(1, sizeof(*st));
+    if (!st)
+        return NULL;
+    st->fd = fd;
+    st->block = lba < 512 ? 512 : lba;
+    st->durable = durable;
+    return st;
+}
+
+void sde_store_free(sde_store *st)
+{
+    if (!st)
+        return;
+    free(st->ents);
+    free(st->ent_heads);
+    free(st->dd_heads);
+    free(st->exts);
+    free(st->zombies);
+    free(st->bitmap);
+    free(st->pending);
+    free(st->jbuf);
+    free(st->scratch);
+    free(st);
+}
+
+int sde_store_probe(int fd, uint32_t lba, uint32_t *version)
+{
+    uint8_t *b = aligned(SB_BYTES);
+    if (!b)
+        return -ENOMEM;
+    int r = pio(fd, 0, b, SB_BYTES, 0);
+    int out;
+    if (r < 0) {
+        out = r;
+    } else if (!memcmp(b, SB_MAGIC, 8)) {
+        uint32_t v;
+        memcpy(&v, b + 8, 4);
+        if (version)
+            *version = v;
+        out = v == SDE_STORE_VERSION ? SDE_PROBE_CURRENT
+              : v < SDE_STORE_VERSION ? SDE_PROBE_OLD_VERSION : SDE_PROBE_NEWER_VERSION;
+    } else {
+        out = SDE_PROBE_BLANK;
+        for (uint32_t i = 0; i < SB_BYTES; i++)
+            if (b[i]) {
+                out = SDE_PROBE_FOREIGN;
+                break;
+            }
+    }
+    free(b);
+    return out;
+}
+
+static uint64_t default_journal_blocks(uint64_t media, uint32_t block)
+{
+    uint64_t j = media / 128 / block; /* under 1% of the media */
+    uint64_t lo = 64, hi = (64ull << 20) / block;
+    return j < lo ? lo : j > hi ? hi : j;
+}
+
+int sde_store_format(int fd, uint64_t media_size, uint32_t lba, const sde_store_params *p,
+                     sde_store **out)
+{
+    sde_store *st = store_new(fd, lba, p->durable);
+    if (!st)
+        return -ENOMEM;
+    struct sb *sb = &st->sb;
+    memcpy(sb->magic, SB_MAGIC, 8);
+    sb->version = SDE_STORE_VERSION;
+    sb->block = st->block;
+    sb->media_bytes = media_size;
+    sb->max_value = p->max_value ? p->max_value : 64ull << 20;
+    sb->j_blocks = p->journal_blocks ? p->journal_blocks
+                                      : default_journal_blocks(media_size, st->block);
+    /* as many keys as the profile's index holds, and no more than blocks could hold values */
+    uint64_t keys = p->index_keys ? p->index_keys : 1ull << 20;
+    uint64_t cap = media_size / 4096; /* one key per 4 KiB of media at most */
+    if (keys > cap)
+        keys = cap;
+    if (keys < 16)
+        keys = 16;
+    if (keys > UINT32_MAX - 1)
+        keys = UINT32_MAX - 1;
+    sb->index_keys = keys;
+    sb->ckpt_off = SB_BYTES;
+    sb->slot_bytes = roundup(keys * ENTRY_BYTES, 4096);
+    sb->j_off = sb->ckpt_off + 2 * CKPT_HDR_BYTES + 2 * sb->slot_bytes;
+    sb->d_off = roundup(sb->j_off + sb->j_blocks * st->block, 4096);
+    if (media_size <= sb->d_off || (media_size - sb->d_off) / st->block < 1) {
+        sde_store_free(st);
+        return fail(-ENOSPC, "media of %llu bytes is too small for a store of %llu keys",
+                    (unsigned long long)media_size, (unsigned long long)keys);
+    }
+    sb->d_len = (media_size - sb->d_off) / st->block * st->block;
+    int r = alloc_tables(st);
+    uint8_t *buf = r ? NULL : aligned(SB_BYTES + 2 * CKPT_HDR_BYTES);
+    if (!buf) {
+        sde_store_free(st);
+        return -ENOMEM;
+    }
+    /* both checkpoint headers invalid, a first journal block that is not one */
+    memset(buf, 0, SB_BYTES + 2 * CKPT_HDR_BYTES);
+    r = pio(fd, 1, buf + SB_BYTES, 2 * CKPT_HDR_BYTES, sb->ckpt_off);
+    if (!r)
+        r = pio(fd, 1, buf, st->block, sb->j_off);
+    st->ckpt_gen = 0;
+    st->j_start = st->j_next = 1;
+    if (!r)
+        r = write_checkpoint(st); /* generation 1: empty */
+    if (!r) {
+        sb->hash = XXH3_64bits(sb, offsetof(struct sb, hash));
+        memset(buf, 0, SB_BYTES);
+        memcpy(buf, sb, sizeof(*sb));
+        r = pio(fd, 1, buf, SB_BYTES, 0);
+        if (!r && fdatasync(fd) < 0)
+            r = -errno;
+    }
+    free(buf);
+    if (r) {
+        sde_store_free(st);
+        return fail(r, "cannot format the media: %s", strerror(-r));
+    }
+    *out = st;
+    return 0;
+}
+
+static int read_header(sde_store *st, uint64_t which, struct ckpt_hdr *h)
+{
+    uint8_t *b = scratch(st, CKPT_HDR_BYTES);
+    if (!b || pio(st->fd, 0, b, CKPT_HDR_BYTES, st->sb.ckpt_off + which * CKPT_HDR_BYTES))
+        return 0;
+    memcpy(h, b, sizeof(*h));
+    return h->magic == CKPT_MAGIC && h->hash == XXH3_64bits(h, offsetof(struct ckpt_hdr, hash));
+}
+
+/* Load a checkpoint's entries; 0, or <0 when its slot does not hold what its header says. */
+static int load_checkpoint(sde_store *st, const struct ckpt_hdr *h, struct offmap *m)
+{
+    uint64_t bytes = roundup(h->nentries * ENTRY_BYTES, st->block);
+    if (h->nentries > st->sb.index_keys)
+        return -EINVAL;
+    uint8_t *buf = aligned(bytes);
+    if (!buf)
+        return -ENOMEM;
+    int r = bytes ? pio(st->fd, 0, buf, bytes, slot_off(st, h->gen)) : 0;
+    if (!r && XXH3_64bits(buf, h->nentries * ENTRY_BYTES) != h->slot_hash)
+        r = -EINVAL;
+    const struct rec *e = (const struct rec *)buf;
+    for (uint64_t i = 0; !r && i < h->nentries; i++)
+        r = load_record(st, m, &e[i]) < 0 ? -EINVAL : 0;
+    free(buf);
+    st->stats.loaded_entries = h->nentries;
+    return r;
+}
+
+int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_params *p,
+                   sde_store **out)
+{
+    uint32_t version = 0;
+    int pr = sde_store_probe(fd, lba, &version);
+    if (pr < 0)
+        return fail(pr, "cannot read the media: %s", strerror(-pr));
+    if (pr == SDE_PROBE_BLANK)
+        return fail(-ENODATA, "the media is blank: format it (ssdemu format)");
+    if (pr == SDE_PROBE_FOREIGN)
+        return fail(-EINVAL, "the media holds something that is not an ssdemu device");
+    if (pr == SDE_PROBE_OLD_VERSION)
+        return fail(-EPROTO, "the media holds store format v%u, which this ssdemu no longer "
+                    "reads: reformat it with 'ssdemu format' (its contents are lost)", version);
+    if (pr == SDE_PROBE_NEWER_VERSION)
+        return fail(-EPROTO, "the media has store format v%u; this ssdemu reads v%u",
+                    version, SDE_STORE_VERSION);
+    sde_store *st = store_new(fd, lba, p->durable);
+    if (!st)
+        return -ENOMEM;
+    int r = 0;
+    uint8_t *b = aligned(SB_BYTES);
+    if (!b || pio(fd, 0, b, SB_BYTES, 0))
+        r = fail(-EIO, "cannot read the superblock");
+    if (!r) {
+        memcpy(&st->sb, b, sizeof(st->sb));
+        struct sb *sb = &st->sb;
+        if (sb->hash != XXH3_64bits(sb, offsetof(struct sb, hash)))
+            r = fail(-EINVAL, "the superblock's checksum does not match");
+        else if (sb->block != st->block || sb->media_bytes > media_size)
+            r = fail(-EINVAL, "the superblock does not fit this media (%u-byte blocks, %llu "
+                     "bytes; the media has %u-byte blocks, %llu bytes)", sb->block,
+                     (unsigned long long)sb->media_bytes, st->block,
+                     (unsigned long long)media_size);
+        else if (sb->d_off + sb->d_len > media_size || sb->index_keys == 0 ||
+                 sb->j_blocks == 0)
+            r = fail(-EINVAL, "the superblock's regions do not fit the media");
+    }
+    free(b);
+    if (!r)
+        r = alloc_tables(st);
+    struct ckpt_hdr ha, hb, *h = NULL;
+    if (!r) {
+        int va = read_header(st, 0, &ha), vb = read_header(st, 1, &hb);
+        h = va && (!vb || ha.gen > hb.gen) ? &ha : vb ? &hb : NULL;
+        if (!h)
+            r = fail(-EINVAL, "no valid checkpoint on the media");
+    }
+    struct offmap m = {0};
+    if (!r) {
+        uint64_t n = 1;
+        while (n < 2 * st->sb.index_keys + 2)
+            n <<= 1;
+        m.slot = malloc(n * sizeof(uint32_t));
+        m.mask = n - 1;
+        if (!m.slot)
+            r = -ENOMEM;
+        else
+            memset(m.slot, 0xff, n * sizeof(uint32_t));
+    }
+    if (!r) {
+        memcpy(st->ns, h->ns, sizeof(st->ns));
+        if (load_checkpoint(st, h, &m) < 0) {
+            /* its slot was written and synced before its header: this is corruption */
+            sde_store_free(st);
+            free(m.slot);
+            return fail(-EINVAL, "the checkpoint's slot does not match its header");
+        }
+        st->ckpt_gen = h->gen;
+        st->j_start = st->j_next = h->j_start;
+    }
+    /* the journal after the checkpoint, up to the first block that is not the next one */
+    uint8_t *blk = r ? NULL : aligned(st->block);
+    for (uint64_t i = 0; blk && i < st->sb.j_blocks; i++) {
+        if (pio(fd, 0, blk, st->block, st->sb.j_off + i * st->block))
+            break;
+        struct jhdr *jh = (struct jhdr *)blk;
+        uint64_t want = jh->hash;
+        jh->hash = 0;
+        if (jh->magic != JBLK_MAGIC || jh->seq != st->j_start + i ||
+            jh->nrec > recs_per_block(st) || XXH3_64bits(blk, st->block) != want)
+            break;
+        const struct rec *rr = (const struct rec *)(blk + JHDR_BYTES);
+        int bad = 0;
+        for (uint32_t k = 0; k < jh->nrec && !bad; k++) {
+            bad = load_record(st, &m, &rr[k]);
+            st->stats.replayed_records++;
+        }
+        if (bad == -ENOMEM || bad == -ENOSPC) {
+            r = fail(bad, "the index cannot hold the journal's keys");
+            break;
+        }
+        st->j_next = st->j_start + i + 1;
+    }
+    free(blk);
+    free(m.slot);
+    if (!r) {
+        /* mark what live extents and namespaces occupy; the rest (orphans too) is free */
+        for (uint32_t x = 0; x < st->next_cap; x++) {
+            struct ext *e = &st->exts[x];
+            if (!e->live)
+                continue;
+            if (!e->krefs) { /* named only by records that a later one replaced */
+                e->live = 0;
+                e->hnext = st->ext_free;
+                st->ext_free = x;
+                continue;
+            }
+            uint64_t b0 = (e->off - st->sb.d_off) / st->block, nb = e->nbytes / st->block;
+            for (uint64_t k = b0; k < b0 + nb; k++)
+                if (bit(st, k)) {
+                    r = fail(-EINVAL, "two live extents overlap at %llu",
+                             (unsigned long long)e->off);
+                    break;
+                }
+            if (r)
+                break;
+            set_bits(st, b0, nb, 1);
+            st->physical += e->nbytes;
+        }
+        st->nzombies = 0;
+        for (uint32_t n = 1; !r && n <= SDE_STORE_MAX_NS; n++) {
+            const struct ns_rec *ns = &st->ns[n];
+            if (!ns->bytes)
+                continue;
+            if (ns->off < st->sb.d_off || ns->off % st->block || ns->bytes % st->block ||
+                ns->off + ns->bytes > st->sb.d_off + st->sb.d_len) {
+                r = fail(-EINVAL, "namespace %u does not fit the data region", n);
+                break;
+            }
+            set_bits(st, (ns->off - st->sb.d_off) / st->block, ns->bytes / st->block, 1);
+        }
+    }
+    if (r) {
+        sde_store_free(st);
+        return r;
+    }
+    *out = st;
+    return 0;
+}
+
+void sde_store_get_info(const sde_store *st, sde_store_info *o)
+{
+    *o = st->stats;
+    o->version = st->sb.version;
+    o->block = st->block;
+    o->media_bytes = st->sb.media_bytes;
+    o->ckpt_off = st->sb.ckpt_off;
+    o->ckpt_slot_bytes = st->sb.slot_bytes;
+    o->journal_off = st->sb.j_off;
+    o->journal_blocks = st->sb.j_blocks;
+    o->data_off = st->sb.d_off;
+    o->data_bytes = st->sb.d_len;
+    o->index_keys = st->sb.index_keys;
+    o->max_value = st->sb.max_value;
+    o->keys = st->nkeys;
+    o->logical_bytes = st->logical;
+    o->physical_bytes = st->physical;
+    o->free_bytes = st->free_blocks * st->block;
+    o->journal_used_blocks = st->j_next - st->j_start;
+    o->checkpoint_gen = st->ckpt_gen;
+    uint64_t n = 0;
+    for (uint32_t x = 0; x < st->next_cap; x++)
+        n += st->exts[x].live && st->exts[x].krefs;
+    o->extents = n;
+}
+
+/* ---- KV operations ----------------------------------------------------------------- */
+
+static int key_ok(uint32_t klen) { return klen >= 1 && klen <= SDE_KEY_MAX; }
+
+/* Compare len bytes of the extent with value (a hash matched). */
+static int same_bytes(sde_store *st, const struct ext *e, const void *value, uint64_t len)
+{
+    const uint64_t chunk = 1 << 20;
+    uint8_t *buf = scratch(st, chunk);
+    if (!buf)
+        return 0;
+    for (uint64_t done = 0; done < len; done += chunk) {
+        uint64_t n = len - done < chunk ? len - done : chunk;
+        if (pio(st->fd, 0, buf, roundup(n, st->block), e->off + done))
+            return 0;
+        if (memcmp(buf, (const uint8_t *)value + done, n))
+            return 0;
+    }
+    return 1;
+}
+
+int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                 const void *value, uint64_t len, int mode, st_put_plan *p)
+{
+    if (!key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (!len || len > st->sb.max_value)
+        return SDE_SC_KV_INVALID_VALUE_SIZE;
+    if (mode != SDE_KV_STORE_ANY && mode != SDE_KV_STORE_IF_EXISTS &&
+        mode != SDE_KV_STORE_IF_NOT_EXISTS)
+        return SDE_SC_INVALID_FIELD;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
+    memset(p, 0, sizeof(*p));
+    p->nsid = nsid;
+    p->klen = klen;
+    memcpy(p->key, key, klen);
+    p->mode = mode;
+    p->len = len;
+    uint32_t i = ent_find(st, nsid, key, klen);
+    p->existed = i != NIL;
+    if (mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    if (mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
+        return SDE_SC_KV_KEY_EXISTS;
+    if (i == NIL && st->nkeys >= st->sb.index_keys)
+        return SDE_SC_CAPACITY_EXCEEDED;
+    p->hash = st_value_hash(value, len);
+    if (i != NIL) {
+        struct ext *e = &st->exts[st->ents[i].ext];
+        if (e->hash == p->hash && e->len == len && same_bytes(st, e, value, len)) {
+            p->noop = 1; /* these bytes are stored under this key: nothing to do */
+            return SDE_SC_SUCCESS;
+        }
+    }
+    for (uint32_t x = st->dd_heads[p->hash & st->dd_mask]; x != NIL; x = st->exts[x].hnext) {
+        struct ext *e = &st->exts[x];
+        if (e->hash != p->hash || e->len != len)
+            continue;
+        if (same_bytes(st, e, value, len)) {
+            p->ext = x;
+            st->stats.dedup_hits++;
+            return SDE_SC_SUCCESS;
+        }
+        st->stats.hash_collisions++;
+    }
+    p->ext = ext_alloc(st, len, p->hash);
+    if (p->ext == NIL)
+        return SDE_SC_CAPACITY_EXCEEDED;
+    p->wrote = 1;
+    return SDE_SC_SUCCESS;
+}
+
+void st_ext_place(const sde_store *st, uint32_t ext, uint64_t *offset, uint64_t *bytes)
+{
+    *offset = st->exts[ext].off;
+    *bytes = st->exts[ext].nbytes;
+}
+
+void st_put_abort(sde_store *st, st_put_plan *p)
+{
+    if (p->wrote && !p->noop && st->exts[p->ext].live && !st->exts[p->ext].krefs)
+        ext_free_now(st, p->ext);
+    p->wrote = 0;
+}
+
+int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
+{
+    *group = 0;
+    if (p->noop)
+        return SDE_SC_SUCCESS;
+    /* checked again: another command may have changed the key while the value was written */
+    uint32_t i = ent_find(st, p->nsid, p->key, p->klen);
+    int st_code = SDE_SC_SUCCESS;
+    if (st->failed)
+        st_code = SDE_SC_MEDIA_ERROR;
+    else if (p->mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
+        st_code = SDE_SC_KV_KEY_NOT_EXIST;
+    else if (p->mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
+        st_code = SDE_SC_KV_KEY_EXISTS;
+    else if (i == NIL && st->nkeys >= st->sb.index_keys)
+        st_code = SDE_SC_CAPACITY_EXCEEDED;
+    else if (!p->wrote && (!st->exts[p->ext].live || !st->exts[p->ext].krefs))
+        st_code = SDE_SC_ABORTED; /* the shared extent went away meanwhile: rare; retry */
+    if (st_code) {
+        st_put_abort(st, p);
+        return st_code;
+    }
+    struct ext *e = &st->exts[p->ext];
+    struct rec r = {.op = OP_PUT, .klen = (uint8_t)p->klen, .nsid = p->nsid, .off = e->off,
+                    .len = e->len, .hash = e->hash};
+    memcpy(r.key, p->key, p->klen);
+    if (append(st, &r) < 0) {
+        st_put_abort(st, p);
+        return SDE_SC_INTERNAL;
+    }
+    p->existed = i != NIL;
+    apply_put_ext(st, p->nsid, p->key, p->klen, p->ext);
+    *group = st->open_group;
+    return SDE_SC_SUCCESS;
+}
+
+int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                 uint32_t *ext, uint64_t *offset, uint64_t *len, uint64_t *hash)
+{
+    if (!key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    uint32_t i = ent_find(st, nsid, key, klen);
+    if (i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    struct ext *e = &st->exts[st->ents[i].ext];
+    *ext = st->ents[i].ext;
+    *offset = e->off;
+    *len = e->len;
+    *hash = e->hash;
+    e->rrefs++;
+    return SDE_SC_SUCCESS;
+}
+
+void st_get_end(sde_store *st, uint32_t ext)
+{
+    struct ext *e = &st->exts[ext];
+    if (--e->rrefs == 0 && e->zombie)
+        reap_zombies(st);
+}
+
+int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+              uint64_t *group)
+{
+    *group = 0;
+    if (!key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
+    uint32_t i = ent_find(st, nsid, key, klen);
+    if (i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    if (st->ents[i].pins)
+        return SDE_SC_INVALID_FIELD; /* in use by in-flight work: unpin it first */
+    struct rec r = {.op = OP_DELETE, .klen = (uint8_t)klen, .nsid = nsid};
+    memcpy(r.key, key, klen);
+    if (append(st, &r) < 0)
+        return SDE_SC_INTERNAL;
+    apply_delete(st, nsid, key, klen);
+    *group = st->open_group;
+    return SDE_SC_SUCCESS;
+}
+
+/* ---- synchronous API --------------------------------------------------------------- */
+
+int sde_store_put(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                  const void *value, uint64_t len, int mode, sde_kv_put_result *res)
+{
+    st_put_plan p;
+    memset(res, 0, sizeof(*res));
+    int s = st_put_begin(st, nsid, key, klen, value, len, mode, &p);
+    if (s)
+        return s;
+    if (p.wrote) {
+        const struct ext *e = &st->exts[p.ext];
+        uint8_t *buf = scratch(st, e->nbytes);
+        if (!buf) {
+            st_put_abort(st, &p);
+            return SDE_SC_INTERNAL;
+        }
+        memcpy(buf, value, len);
+        memset(buf + len, 0, e->nbytes - len); /* nothing of older values past the end */
+        if (pio(st->fd, 1, buf, e->nbytes, e->off)) {
+            st_put_abort(st, &p);
+            return SDE_SC_MEDIA_ERROR;
+        }
+    }
+    uint64_t group;
+    int wrote = p.wrote;
+    s = st_put_commit(st, &p, &group);
+    if (s)
+        return s;
+    if (commit_sync(st) < 0)
+        return SDE_SC_MEDIA_ERROR;
+    res->existed = p.existed;
+    res->wrote = wrote;
+    if (!p.noop || p.existed) {
+        uint32_t i = ent_find(st, nsid, key, klen);
+        if (i != NIL) {
+            res->offset = st->exts[st->ents[i].ext].off;
+            res->length = st->exts[st->ents[i].ext].len;
+        }
+    }
+    return SDE_SC_SUCCESS;
+}
+
+int sde_store_get(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, void *out,
+                  uint64_t cap, uint64_t *len)
+{
+    uint32_t x;
+    uint64_t off, hash;
+    *len = 0;
+    int s = st_get_begin(st, nsid, key, klen, &x, &off, len, &hash);
+    if (s)
+        return s;
+    if (*len > cap) {
+        st_get_end(st, x);
+        return SDE_SC_KV_INVALID_VALUE_SIZE;
+    }
+    uint8_t *buf = scratch(st, st->exts[x].nbytes);
+    s = !buf ? SDE_SC_INTERNAL
+        : pio(st->fd, 0, buf, st->exts[x].nbytes, off) ? SDE_SC_MEDIA_ERROR
+        : st_value_hash(buf, *len) != hash ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+    if (!s)
+        memcpy(out, buf, *len);
+    st_get_end(st, x);
+    return s;
+}
+
+int sde_store_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint64_t group;
+    int s = st_delete(st, nsid, key, klen, &group);
+    if (s)
+        return s;
+    return commit_sync(st) < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+}
+
+int sde_store_exists(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    if (!key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    return ent_find(st, nsid, key, klen) == NIL ? SDE_SC_KV_KEY_NOT_EXIST : SDE_SC_SUCCESS;
+}
+
+int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                     uint64_t *offset, uint64_t *len)
+{
+    if (!key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    uint32_t i = ent_find(st, nsid, key, klen);
+    if (i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    *offset = st->exts[st->ents[i].ext].off;
+    *len = st->exts[st->ents[i].ext].len;
+    return SDE_SC_SUCCESS;
+}
+
+static int key_cmp(const uint8_t *a, uint32_t al, const uint8_t *b, uint32_t bl)
+{
+    int c = memcmp(a, b, al < bl ? al : bl);
+    return c ? c : (int)al - (int)bl;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    const uint8_t *x = a, *y = b;
+    return key_cmp(x + 1, x[0], y + 1, y[0]);
+}
+
+int sde_store_list(sde_store *st, uint32_t nsid, const uint8_t *start, uint32_t klen,
+                   uint8_t *out, uint32_t max)
+{
+    if (!max)
+        return 0;
+    uint64_t n = 0;
+    uint8_t *all = malloc((st->nkeys + 1) * SDE_LIST_ENTRY);
+    if (!all)
+        return -ENOMEM;
+    for (uint64_t b = 0; b <= st->ent_mask; b++) {
+        for (uint32_t i = st->ent_heads[b]; i != NIL; i = st->ents[i].hnext) {
+            const struct ent *e = &st->ents[i];
+            if (e->nsid != nsid || (klen && key_cmp(e->key, e->klen, start, klen) < 0))
+                continue;
+            uint8_t *o = all + n++ * SDE_LIST_ENTRY;
+            memset(o, 0, SDE_LIST_ENTRY);
+            o[0] = e->klen;
+            memcpy(o + 1, e->key, e->klen);
+        }
+    }
+    qsort(all, n, SDE_LIST_ENTRY, cmp_entry);
+    if (n > max)
+        n = max;
+    memcpy(out, all, n * SDE_LIST_ENTRY);
+    free(all);
+    return (int)n;
+}
+
+int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, int delta,
+                  uint32_t *count)
+{
+    if (!key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    uint32_t i = ent_find(st, nsid, key, klen);
+    if (i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    struct ent *e = &st->ents[i];
+    if (delta < 0 && !e->pins)
+        return SDE_SC_INVALID_FIELD; /* not pinned */
+    if (delta > 0 && e->pins == UINT16_MAX)
+        return SDE_SC_CAPACITY_EXCEEDED;
+    e->pins = (uint16_t)(e->pins + delta);
+    *count = e->pins;
+    return SDE_SC_SUCCESS;
+}
+
+uint64_t sde_store_prefix_match(sde_store *st, const uint8_t *keys, uint64_t n)
+{
+    uint64_t i = 0;
+    while (i < n && ent_find(st, 0, keys + 16 * i, 16) != NIL)
+        i++;
+    return i;
+}
+
+int sde_store_flush(sde_store *st)
+{
+    int r = commit_sync(st);
+    if (!r && fdatasync(st->fd) < 0)
+        r = -errno;
+    return r;
+}
+
+int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t *nsid, uint64_t *offset)
+{
+    if (!bytes || bytes % st->block)
+        return SDE_SC_INVALID_FIELD;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
+    uint32_t id = 0;
+    for (uint32_t n = 1; n <= SDE_STORE_MAX_NS && !id; n++)
+        if (!st->ns[n].bytes)
+            id = n;
+    if (!id)
+        return SDE_SC_CAPACITY_EXCEEDED;
+    uint64_t b = alloc_blocks(st, bytes / st->block);
+    if (b == UINT64_MAX)
+        return SDE_SC_CAPACITY_EXCEEDED;
+    uint64_t off = st->sb.d_off + b * st->block;
+    struct rec r = {.op = OP_NS_CREATE, .nsid = id, .off = off, .len = bytes};
+    if (append(st, &r) < 0) {
+        set_bits(st, b, bytes / st->block, 0);
+        return SDE_SC_INTERNAL;
+    }
+    st->ns[id] = (struct ns_rec){off, bytes};
+    if (commit_sync(st) < 0)
+        return SDE_SC_MEDIA_ERROR;
+    *nsid = id;
+    *offset = off;
+    return SDE_SC_SUCCESS;
+}
+
+int sde_store_ns_delete(sde_store *st, uint32_t nsid)
+{
+    if (nsid < 1 || nsid > SDE_STORE_MAX_NS || !st->ns[nsid].bytes)
+        return SDE_SC_INVALID_NAMESPACE;
+    struct rec r = {.op = OP_NS_DELETE, .nsid = nsid};
+    if (append(st, &r) < 0)
+        return SDE_SC_INTERNAL;
+    struct ns_rec ns = st->ns[nsid];
+    st->ns[nsid] = (struct ns_rec){0, 0};
+    int c = commit_sync(st);
+    /* its blocks are reused only after the record is on the media */
+    set_bits(st, (ns.off - st->sb.d_off) / st->block, ns.bytes / st->block, 0);
+    return c < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+}
