@@ -5,7 +5,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.ssdemu-installed
 DEMO    := demo-out
-APT_PKGS := liburing-dev fio gcc python3-dev python3-venv util-linux
+APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux
 
 .PHONY: demo test lint system venv clean
 

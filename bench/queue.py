@@ -77,7 +77,7 @@ def run_bench(socket_path: str, seconds: float, ns_bytes: int) -> dict:
         qp = dev.qp
         r = lib.sde_client_loop(qp.mem, qp.doorbell_fd, qp.completion_fd, OPCODES["READ"],
                                 nsid, handle, bs, qd, ns_bytes // 512, int(seconds * 1e9), 7,
-                                ffi.cast("uint64_t *", hist.ctypes.data), out)
+                                ffi.NULL, ffi.cast("uint64_t *", hist.ctypes.data), out)
         if r < 0:
             raise RuntimeError(f"queue read loop failed: {os.strerror(-r)}")
         if out[1]:

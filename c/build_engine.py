@@ -18,7 +18,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_model.h", HERE / "sde_store.h",
            HERE / "sde_dev.h"]
 SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c",
-           "sde_store.c"]
+           "sde_store.c", "sde_hash_avx2.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
@@ -57,8 +57,8 @@ ffibuilder.cdef(
 )
 ffibuilder.set_source(
     "ssdemu._engine",
-    '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"\n#include "sde_model.h"\n'
-    '#include "sde_store.h"',
+    '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"\n'
+    '#include "sde_model.h"\n#include "sde_store.h"',
     # relative to the project root, where setuptools runs the build
     sources=[os.path.relpath(HERE / name) for name in SOURCES],
     include_dirs=[str(HERE)],
@@ -69,6 +69,9 @@ ffibuilder.set_source(
 if not have_liburing():
     # setuptools shows this one line and stops the build
     sys.exit(MISSING_LIBURING)
+# the store's content hash (XXH3, header-only: c/sde_store.c includes it inline)
+if not any(pathlib.Path(d, "xxhash.h").exists() for d in ("/usr/include", "/usr/local/include")):
+    sys.exit("ssdemu: xxhash.h not found: install it with 'apt-get install libxxhash-dev'")
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)

@@ -26,15 +26,43 @@ static uint64_t next_rand(uint64_t *s)
     return x * 0x2545F4914F6CDD1Dull;
 }
 
+static int is_kv(uint8_t op)
+{
+    return op == SDE_CMD_KV_STORE || op == SDE_CMD_KV_RETRIEVE ||
+           op == SDE_CMD_KV_STORE_QUANTIZED || op == SDE_CMD_KV_RETRIEVE_DEQUANTIZED;
+}
+
+/* One command of the loop: a block command at a random bs-aligned lba, or a KV command on
+ * a random one of `span` 16-byte keys (key index in bytes 0-7). */
+static sde_sqe next_sqe(uint8_t opcode, uint16_t cid, uint32_t nsid, uint32_t buf, uint32_t bs,
+                        uint64_t span, uint64_t *rng)
+{
+    uint64_t r = next_rand(rng) % span;
+    sde_sqe s = {.opcode = opcode, .cid = cid, .nsid = nsid, .buf = buf, .length = bs,
+                 .buf_offset = (uint64_t)cid * bs};
+    if (is_kv(opcode)) {
+        s.lba = r;
+        s.key_hi = 0x3030303030766b73ull; /* "skv00000": the keys bench kv loads */
+        s.param1 = 16;
+    } else {
+        s.lba = r * (bs / 512);
+    }
+    return s;
+}
+
 int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcode,
                     uint32_t nsid, uint32_t buf, uint32_t bs, uint32_t qd, uint64_t nblocks,
-                    uint64_t duration_ns, uint64_t seed, uint64_t *hist, uint64_t *out)
+                    uint64_t duration_ns, uint64_t seed, void *stamp, uint64_t *hist,
+                    uint64_t *out)
 {
     const sde_ring_hdr *h = mem;
+    uint64_t serial = seed << 32;
+    int kv = is_kv(opcode);
     if (qd == 0 || qd > h->sq_entries || qd > h->cq_entries || qd > 65536 || !bs ||
-        bs % 512 || nblocks < bs / 512)
+        (!kv && (bs % 512 || nblocks < bs / 512)) || (kv && !nblocks))
         return -EINVAL;
-    uint64_t span = nblocks / (bs / 512); /* bs-sized slots in the range */
+    /* bs-sized slots in the range, or keys */
+    uint64_t span = kv ? nblocks : nblocks / (bs / 512);
     uint64_t *t0 = calloc(qd, sizeof(uint64_t));
     sde_sqe *sqe = calloc(qd, sizeof(sde_sqe));
     sde_cqe *cqe = calloc(qd, sizeof(sde_cqe));
@@ -49,9 +77,9 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
     memset(out, 0, 3 * sizeof(uint64_t));
     uint64_t start = now_ns();
     for (uint32_t i = 0; i < qd; i++) {
-        sqe[i] = (sde_sqe){.opcode = opcode, .cid = (uint16_t)i, .nsid = nsid, .buf = buf,
-                           .length = bs, .buf_offset = (uint64_t)i * bs,
-                           .lba = (next_rand(&rng) % span) * (bs / 512)};
+        if (stamp) /* every value differs: the store's dedup must not turn puts into reads */
+            memcpy((uint8_t *)stamp + (uint64_t)i * bs, &(uint64_t){++serial}, 8);
+        sqe[i] = next_sqe(opcode, (uint16_t)i, nsid, buf, bs, span, &rng);
         t0[i] = start;
     }
     int rc = sde_sq_submit(mem, sqe, qd, doorbell_fd, &kicked);
@@ -86,10 +114,9 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
                 out[1]++;
             hist[sde_hist_bucket(t - t0[c])]++;
             if (t < deadline) {
-                sde_sqe *s = &sqe[again++];
-                *s = (sde_sqe){.opcode = opcode, .cid = c, .nsid = nsid, .buf = buf,
-                               .length = bs, .buf_offset = (uint64_t)c * bs,
-                               .lba = (next_rand(&rng) % span) * (bs / 512)};
+                if (stamp)
+                    memcpy((uint8_t *)stamp + (uint64_t)c * bs, &(uint64_t){++serial}, 8);
+                sqe[again++] = next_sqe(opcode, c, nsid, buf, bs, span, &rng);
                 t0[c] = t;
             } else {
                 inflight--;

@@ -153,14 +153,17 @@ int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
  * Returns completions ready, 0 on timeout, -errno. */
 int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                 uint64_t timeout_ns);
-/* A closed-loop job through a queue pair, in C (the client side of `ssdemu bench queue`):
- * keeps qd commands of `opcode` in flight, each `bs` bytes at a random block-aligned lba below
- * `nblocks` of namespace nsid, into buffer handle buf (slot i at offset i*bs), for
- * duration_ns.  Latencies (submit to reap, ns) go into hist[SDE_HIST_BUCKETS] (the engine's
+/* A closed-loop job through a queue pair, in C (the client side of `ssdemu bench queue` and
+ * `bench kv`): keeps qd commands of `opcode` in flight, each `bs` bytes at a random
+ * block-aligned lba below `nblocks` of namespace nsid (a KV opcode: on a random one of
+ * `nblocks` 16-byte keys, key index in bytes 0-7, "skv00000" in bytes 8-15), into buffer
+ * handle buf (slot i at offset i*bs), for duration_ns.  stamp (or NULL): that buffer's
+ * address, to write a serial number in each slot's first 8 bytes before it is sent.  Latencies (submit to reap, ns) go into hist[SDE_HIST_BUCKETS] (the engine's
  * log-linear buckets).  out[0] = commands completed, out[1] = errors, out[2] = elapsed ns. */
 int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcode,
                     uint32_t nsid, uint32_t buf, uint32_t bs, uint32_t qd, uint64_t nblocks,
-                    uint64_t duration_ns, uint64_t seed, uint64_t *hist, uint64_t *out);
+                    uint64_t duration_ns, uint64_t seed, void *stamp, uint64_t *hist,
+                    uint64_t *out);
 /* CDEF-END */
 
 #endif

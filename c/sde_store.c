@@ -190,7 +190,15 @@ static int fail(int err, const char *fmt, ...)
     return err;
 }
 
-uint64_t st_value_hash(const void *data, uint64_t len) { return XXH3_64bits(data, len); }
+uint64_t sde_hash_avx2(const void *data, uint64_t len); /* c/sde_hash_avx2.c */
+
+uint64_t st_value_hash(const void *data, uint64_t len)
+{
+    static int avx2 = -1;
+    if (avx2 < 0)
+        avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return avx2 ? sde_hash_avx2(data, len) : XXH3_64bits(data, len);
+}
 
 static uint64_t roundup(uint64_t n, uint64_t b) { return (n + b - 1) / b * b; }
 
@@ -309,44 +317,60 @@ static void set_bits(sde_store *st, uint64_t b, uint64_t n, int v)
         st->free_blocks += n;
 }
 
-/* First fit from a roving cursor (next fit): churn reuses space without rescanning from
- * the start.  Returns the first block or UINT64_MAX. */
+/* First fit from the lowest block that may be free (st->cursor): space a delete frees is
+ * reused before untouched space, so a file or tmpfs media stays as small as the live set
+ * (a next-fit cursor walked the whole region, allocating every page of a sparse file).
+ * Returns the first block or UINT64_MAX. */
 static uint64_t alloc_blocks(sde_store *st, uint64_t n)
 {
     if (!n || n > st->free_blocks)
         return UINT64_MAX;
-    for (int lap = 0; lap < 2; lap++) {
-        uint64_t b = lap ? 0 : st->cursor, end = st->nbits;
-        uint64_t run = 0, start = b;
-        while (b < end) {
-            if (!(b & 63) && b + 64 <= end) {
-                uint64_t w = st->bitmap[b >> 6];
-                if (w == UINT64_MAX) { /* 64 used blocks: skip them */
-                    run = 0;
-                    b += 64;
-                    start = b;
-                    continue;
-                }
-                if (w == 0 && run + 64 < n) {
-                    if (!run)
-                        start = b;
-                    run += 64;
-                    b += 64;
-                    continue;
-                }
-            }
-            if (bit(st, b)) {
+    uint64_t b = st->cursor, end = st->nbits, run = 0, start = b;
+    int moved = 0; /* the first free block seen so far lies past the cursor */
+    while (b < end) {
+        if (!(b & 63) && b + 64 <= end) {
+            uint64_t w = st->bitmap[b >> 6];
+            if (w == UINT64_MAX) { /* 64 used blocks: skip them */
+                if (!moved)
+                    st->cursor = b + 64;
                 run = 0;
-                start = b + 1;
-            } else if (++run == n) {
+                b += 64;
+                start = b;
+                continue;
+            }
+            if (w == 0 && run + 64 < n) {
+                if (!run)
+                    start = b;
+                run += 64;
+                b += 64;
+                moved = 1;
+                continue;
+            }
+        }
+        if (bit(st, b)) {
+            if (!moved)
+                st->cursor = b + 1;
+            run = 0;
+            start = b + 1;
+        } else {
+            moved = 1;
+            if (++run == n) {
                 set_bits(st, start, n, 1);
-                st->cursor = start + n;
+                if (st->cursor == start)
+                    st->cursor = start + n;
                 return start;
             }
-            b++;
         }
+        b++;
     }
     return UINT64_MAX;
+}
+
+static void free_blocks_at(sde_store *st, uint64_t b, uint64_t n)
+{
+    set_bits(st, b, n, 0);
+    if (b < st->cursor)
+        st->cursor = b;
 }
 
 static uint32_t ext_new(sde_store *st)
@@ -381,7 +405,7 @@ static uint32_t ext_alloc(sde_store *st, uint64_t len, uint64_t hash)
         return NIL;
     uint32_t x = ext_new(st);
     if (x == NIL) {
-        set_bits(st, b, nb, 0);
+        free_blocks_at(st, b, nb);
         return NIL;
     }
     struct ext *e = &st->exts[x];
@@ -419,7 +443,7 @@ static void ext_free_now(sde_store *st, uint32_t x)
 {
     struct ext *e = &st->exts[x];
     dd_remove(st, x);
-    set_bits(st, (e->off - st->sb.d_off) / st->block, e->nbytes / st->block, 0);
+    free_blocks_at(st, (e->off - st->sb.d_off) / st->block, e->nbytes / st->block);
     st->physical -= e->nbytes;
     e->live = 0;
     e->hnext = st->ext_free;
@@ -528,8 +552,16 @@ static uint32_t load_extent(sde_store *st, struct offmap *m, uint64_t off, uint6
     uint64_t h = (off / st->block * 0x9E3779B97F4A7C15ull) & m->mask;
     while (m->slot[h] != NIL) {
         struct ext *e = &st->exts[m->slot[h]];
-        if (e->off == off)
+        if (e->off == off) {
+            if (e->krefs && (e->hash != hash || e->len != len))
+                return NIL - 1; /* two live values at one place: not a journal we wrote */
+            if (!e->krefs) { /* its bytes were freed and the place reused: a new value */
+                e->len = len;
+                e->hash = hash;
+                e->nbytes = roundup(len, st->block);
+            }
             return m->slot[h];
+        }
         h = (h + 1) & m->mask;
     }
     uint32_t x = ext_new(st);
@@ -560,6 +592,8 @@ static int load_record(sde_store *st, struct offmap *m, const struct rec *r)
         uint32_t x = load_extent(st, m, r->off, r->len, r->hash);
         if (x == NIL)
             return -ENOMEM;
+        if (x == NIL - 1)
+            return -1;
         return apply_put_ext(st, r->nsid, r->key, r->klen, x) ? -ENOSPC : 0;
     }
     if (r->op == OP_DELETE) {
@@ -1497,7 +1531,7 @@ int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t *nsid, uint64_t 
     uint64_t off = st->sb.d_off + b * st->block;
     struct rec r = {.op = OP_NS_CREATE, .nsid = id, .off = off, .len = bytes};
     if (append(st, &r) < 0) {
-        set_bits(st, b, bytes / st->block, 0);
+        free_blocks_at(st, b, bytes / st->block);
         return SDE_SC_INTERNAL;
     }
     st->ns[id] = (struct ns_rec){off, bytes};
@@ -1519,6 +1553,6 @@ int sde_store_ns_delete(sde_store *st, uint32_t nsid)
     st->ns[nsid] = (struct ns_rec){0, 0};
     int c = commit_sync(st);
     /* its blocks are reused only after the record is on the media */
-    set_bits(st, (ns.off - st->sb.d_off) / st->block, ns.bytes / st->block, 0);
+    free_blocks_at(st, (ns.off - st->sb.d_off) / st->block, ns.bytes / st->block);
     return c < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
 }

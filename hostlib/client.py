@@ -2,32 +2,48 @@
 issue commands.
 
 Buffers that hostlib allocates (`Device.alloc`) are memfds shared with the daemon and
-registered there as fixed buffers: a read lands in them with no copy.  Any other numpy array
-goes through a bounce buffer (as GDS compat mode): hostlib copies into or out of it and the
-daemon copies between it and the media, both counted.
+registered there as fixed buffers: a read, a write or a KV value moves between them and the
+media with no copy.  Any other numpy array or bytes object goes through its queue pair's
+bounce buffer (as GDS compat mode): hostlib copies into or out of it, counted by the daemon.
+
+Threads: one thread per queue pair (`Device.queue_pair()`; every call takes `qp=`).  Each
+queue pair has its own bounce buffer and command ids; control requests (alloc, free, new
+queue pairs) are serialised by the Device.  Every KV and compute call has an `_async` form
+returning a Future; `with dev.batch(qp):` publishes the commands issued inside it in one
+ring update (as cuFileBatchIOSubmit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import mmap
 import os
 import socket
+import threading
 import time
 
 import numpy as np
 
-from hostlib.errors import ConnectError, DeviceGoneError, raise_for_status
+from hostlib.errors import (
+    ConnectError,
+    DeviceGoneError,
+    InvalidKeySizeError,
+    InvalidValueSizeError,
+    KeyNotFoundError,
+    raise_for_status,
+)
 from ssdemu import _engine, control
-from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION
+from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
 
 ffi, lib = _engine.ffi, _engine.lib
 
 F_ADD_SEALS = 1033
 F_SEAL_SHRINK = 0x0002
 F_SEAL_GROW = 0x0004
-BOUNCE_BYTES = 4 << 20  # holds the largest KV value (2 MiB) and admin replies
+BOUNCE_BYTES = 4 << 20  # per queue pair: values that are not in a registered buffer
+MAX_KEY = 16
 DEFAULT_ENTRIES = 256
 SPIN_NS = 50_000
 GONE = -1  # a future's status when the daemon shut down before completing it
@@ -40,18 +56,28 @@ def _addr(a: np.ndarray) -> int:
 class Future:
     """One command in flight (as kvikio's IOFuture): `done()` polls, `result()` waits."""
 
-    __slots__ = ("qp", "cid", "what", "status", "value", "finished", "_after", "device_ns")
+    __slots__ = ("qp", "cid", "what", "status", "value", "finished", "_after", "device_ns",
+                 "bounce", "_out")
 
-    def __init__(self, qp: QueuePair, cid: int, what: str, after=None):
+    def __init__(self, qp: QueuePair, cid: int, what: str, after=None, bounce: bool = False):
         self.qp, self.cid, self.what, self._after = qp, cid, what, after
         self.finished = False
         self.status = None
         self.value = None
         self.device_ns = 0
+        self.bounce = bounce  # holds a share of its queue pair's bounce buffer
+        self._out = None
 
     def _complete(self, status: int, result: int, device_ns: int = 0) -> None:
         self.status, self.value, self.finished = status, result, True
         self.device_ns = device_ns  # the CQE's: modelled compute time, or measured service
+        if self.status == 0 and self._after is not None:
+            # copy out of the bounce buffer now, before its share is reused
+            self._out = self._after(result)
+            self._after = None
+        if self.bounce:
+            self.qp._bounce_release()
+            self.bounce = False
 
     def done(self) -> bool:
         if not self.finished:
@@ -67,12 +93,9 @@ class Future:
             self.qp.wait(left)
         if self.status == GONE:
             raise DeviceGoneError(f"{self.what}: the device shut down before completing it")
-        raise_for_status(self.status, self.what)
+        raise_for_status(self.status, self.what, self.value or 0)
         self.qp.last_device_ns = self.device_ns
-        if self._after is not None:
-            self._after(self.value)
-            self._after = None
-        return self.value
+        return self.value if self._out is None else self._out
 
 
 class QueuePair:
@@ -94,6 +117,35 @@ class QueuePair:
         self._kicked = ffi.new("int *")
         self.kicks = 0
         self.last_device_ns = 0  # of the last command whose result() returned
+        self.bounce: np.ndarray | None = None  # set by Device: this queue pair's own
+        self.bounce_handle = 0
+        self._bounce_used = 0  # a bump arena: reset when no command holds a share
+        self._bounce_users = 0
+        self._batch: list | None = None  # commands held back by Device.batch
+
+    def bounce_take(self, nbytes: int) -> tuple[int, np.ndarray]:
+        """A share of the bounce buffer for one command: (offset, view).  Waits for the
+        commands holding shares when it is full."""
+        size = -(-max(nbytes, 1) // 4096) * 4096
+        if size > self.bounce.nbytes:
+            raise ValueError(f"{nbytes} bytes do not fit the {self.bounce.nbytes}-byte bounce "
+                             "buffer: use Device.alloc")
+        if self._bounce_used + size > self.bounce.nbytes:
+            if self._batch:
+                raise ValueError("a batch outgrew its queue pair's bounce buffer: use "
+                                 "Device.alloc buffers for its values")
+            while self._bounce_users:
+                self.wait(None)
+            self._bounce_used = 0
+        off = self._bounce_used
+        self._bounce_used += size
+        self._bounce_users += 1
+        return off, self.bounce[off:off + nbytes]
+
+    def _bounce_release(self) -> None:
+        self._bounce_users -= 1
+        if not self._bounce_users:
+            self._bounce_used = 0
 
     def submit(self, sqes, futures: list[Future]) -> int:
         """Publish commands (a cffi sde_sqe array, cids already set); returns how many the
@@ -139,6 +191,8 @@ class QueuePair:
         for f in self.pending.values():
             f._complete(GONE, 0)
         self.pending.clear()
+        self._bounce_users = 0
+        self._bounce_used = 0
 
     def close(self) -> None:
         self.mem = None
@@ -150,30 +204,52 @@ class QueuePair:
             os.close(fd)
 
 
+def _key_fields(key) -> dict:
+    """The SQE fields of a key: refused here as the daemon would (never truncated)."""
+    if not isinstance(key, (bytes, bytearray, memoryview)):
+        raise TypeError(f"keys are bytes, not {type(key).__name__}"
+                        + (" (encode it first)" if isinstance(key, str) else ""))
+    key = bytes(key)
+    if not 1 <= len(key) <= MAX_KEY:
+        raise InvalidKeySizeError(STATUS["KV_INVALID_KEY_SIZE"],
+                                  f"a key of {len(key)} bytes (keys are 1 to {MAX_KEY})")
+    padded = key.ljust(16, b"\0")
+    return {"lba": int.from_bytes(padded[:8], "little"),
+            "key_hi": int.from_bytes(padded[8:], "little"), "param1": len(key)}
+
+
+def _as_bytes_array(data) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(data).cast("B"), np.uint8)
+
+
 class Device:
     """A connection to the emulated drive.  Commands go through one queue pair by default;
-    `queue_pair()` makes more (one per thread)."""
+    `queue_pair()` makes more (one per thread), each with its own bounce buffer."""
 
     def __init__(self, sock: socket.socket, info: dict, entries: int):
         self.sock = sock
         self.info = info
         self.block = info["logical_block_bytes"]
+        self.max_value = info.get("max_value_bytes", 2 << 20)
+        self._lock = threading.Lock()  # control requests and the buffer table
         self._buffers: list[tuple[int, int, int]] = []  # (base address, bytes, handle)
         self._arrays: dict[int, np.ndarray] = {}
-        self.qp = self.queue_pair(entries)
+        self._bounce_handles: set[int] = set()
         # On a drive with a virtual clock (serve --clock virtual) every command carries this
         # submission time (ns); an experiment advances it, e.g. to a trace's timestamps.
         self.submit_time_ns = 0
-        self._bounce = self._alloc(BOUNCE_BYTES, bounce=True)
-        self._bounce_handle = self._buffers[-1][2]
+        self.qp = self.queue_pair(entries)
 
     # -- control plane --
     def _request(self, msg: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:
-        try:
-            control.send(self.sock, msg, fds)
-            reply, rfds = control.recv(self.sock)
-        except OSError as e:
-            raise DeviceGoneError(f"lost the daemon: {e}") from None
+        with self._lock:
+            try:
+                control.send(self.sock, msg, fds)
+                reply, rfds = control.recv(self.sock)
+            except OSError as e:
+                raise DeviceGoneError(f"lost the daemon: {e}") from None
         if reply is None:
             raise DeviceGoneError("the daemon closed the connection")
         if not reply.get("ok"):
@@ -182,10 +258,24 @@ class Device:
             raise ConnectError(reply.get("error", "request refused"))
         return reply, rfds
 
-    def queue_pair(self, entries: int = DEFAULT_ENTRIES) -> QueuePair:
+    def queue_pair(self, entries: int = DEFAULT_ENTRIES,
+                   bounce_bytes: int = BOUNCE_BYTES) -> QueuePair:
+        """A new queue pair with its own bounce buffer: give each thread its own."""
         reply, fds = self._request({"op": "create_qp", "entries": entries})
-        return QueuePair(reply["qid"], reply["bytes"], reply["entries"], fds,
-                         self.sock.fileno())
+        qp = QueuePair(reply["qid"], reply["bytes"], reply["entries"], fds,
+                       self.sock.fileno())
+        qp.bounce = self._alloc(bounce_bytes, bounce=True)
+        with self._lock:
+            qp.bounce_handle = self._handle_of(qp.bounce)
+            self._bounce_handles.add(qp.bounce_handle)
+        return qp
+
+    def _handle_of(self, arr: np.ndarray) -> int:
+        a = _addr(arr)
+        for base, _size, handle in self._buffers:
+            if base == a:
+                return handle
+        raise ValueError("not a registered buffer")
 
     def _alloc(self, nbytes: int, bounce: bool = False) -> np.ndarray:
         size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -199,12 +289,14 @@ class Device:
         finally:
             os.close(fd)
         arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-        self._buffers.append((_addr(arr), size, reply["handle"]))
-        self._arrays[reply["handle"]] = arr
+        with self._lock:
+            self._buffers.append((_addr(arr), size, reply["handle"]))
+            self._arrays[reply["handle"]] = arr
         return arr
 
     def alloc(self, nbytes: int) -> np.ndarray:
-        """A zero-copy buffer: a uint8 array in memory the daemon reads and writes directly."""
+        """A zero-copy buffer: a uint8 array in memory the daemon reads and writes directly
+        (whole pages: a KV value in it may be read back with its last block whole)."""
         if nbytes <= 0:
             raise ValueError(f"buffer size must be positive, got {nbytes}")
         return self._alloc(nbytes)
@@ -214,32 +306,61 @@ class Device:
         if handle is None:
             raise ValueError("not a buffer from Device.alloc")
         self._request({"op": "unregister_buffer", "handle": handle})
-        self._buffers = [b for b in self._buffers if b[2] != handle]
-        self._arrays.pop(handle, None)
+        with self._lock:
+            self._buffers = [b for b in self._buffers if b[2] != handle]
+            self._arrays.pop(handle, None)
 
-    def _locate(self, arr: np.ndarray) -> tuple[int | None, int]:
+    def _locate(self, arr) -> tuple[int | None, int]:
+        """(handle, offset) of an array inside a registered buffer, or (None, 0)."""
         if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
             return None, 0
         a = _addr(arr)
-        for base, size, handle in self._buffers:
-            if base <= a and a + arr.nbytes <= base + size and handle != self._bounce_handle:
-                return handle, a - base
+        with self._lock:
+            for base, size, handle in self._buffers:
+                if (base <= a and a + arr.nbytes <= base + size
+                        and handle not in self._bounce_handles):
+                    return handle, a - base
         return None, 0
 
     # -- commands --
     def submit(self, opcode: int, what: str, after=None, qp: QueuePair | None = None,
-               **fields) -> Future:
-        """One command (fields as in sde_sqe); returns its Future."""
+               bounce: bool = False, **fields) -> Future:
+        """One command (fields as in sde_sqe); returns its Future.  after(result), if given,
+        runs at completion and gives the Future's result."""
         qp = qp or self.qp
         cid = qp.new_cid()
         fields["opcode"] = opcode
         fields["cid"] = cid
         fields.setdefault("submit_time_ns", self.submit_time_ns)
+        f = Future(qp, cid, what, after, bounce)
+        if qp._batch is not None:
+            qp._batch.append((fields, f))
+            return f
         sqe = ffi.new("sde_sqe[1]", [fields])
-        f = Future(qp, cid, what, after)
         while qp.submit(sqe, [f]) == 0:  # SQ full: back-pressure
             qp.wait(None)
         return f
+
+    @contextlib.contextmanager
+    def batch(self, qp: QueuePair | None = None):
+        """Commands issued on qp inside the block are published together at its end, in one
+        ring update and at most one doorbell."""
+        qp = qp or self.qp
+        if qp._batch is not None:
+            raise RuntimeError("batches do not nest")
+        qp._batch = []
+        try:
+            yield qp
+        finally:
+            held, qp._batch = qp._batch, None
+            if held:
+                sqes = ffi.new("sde_sqe[]", [fields for fields, _ in held])
+                futures = [f for _, f in held]
+                done = 0
+                while done < len(futures):
+                    done += qp.submit(sqes + done, futures[done:])
+                    if done < len(futures):
+                        qp.wait(None)
 
     def submit_batch(self, commands: list[dict], qp: QueuePair | None = None) -> list[Future]:
         """Many commands in one ring update (as cuFileBatchIOSubmit): each a dict of sde_sqe
@@ -247,79 +368,86 @@ class Device:
         qp = qp or self.qp
         if len(commands) > qp.entries:
             raise ValueError(f"a batch holds at most {qp.entries} commands (the queue size)")
-        fields, futures = [], []
-        for c in commands:
-            d = dict(c, cid=qp.new_cid())
-            d.setdefault("opcode", OPCODES["NOP"])
-            d.setdefault("submit_time_ns", self.submit_time_ns)
-            fields.append(d)
-            futures.append(Future(qp, d["cid"], f"batch command {d['opcode']}"))
-        sqes = ffi.new("sde_sqe[]", fields)
-        done = 0
-        while done < len(futures):
-            done += qp.submit(sqes + done, futures[done:])
-            if done < len(futures):
-                qp.wait(None)
-        return futures
+        with self.batch(qp):
+            return [self.submit(c.get("opcode", OPCODES["NOP"]),
+                                f"batch command {c.get('opcode', 0)}", qp=qp,
+                                **{k: v for k, v in c.items() if k != "opcode"})
+                    for c in commands]
 
     def reap(self, futures: list[Future], min_done: int = 1,
-             timeout: float | None = None) -> list[Future]:
+             timeout: float | None = None, qp: QueuePair | None = None) -> list[Future]:
         """Wait until at least min_done of these futures are done (as cuFileBatchIOGetStatus);
-        returns the done ones."""
+        returns the done ones.  The futures' queue pairs are all watched."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        qps = {id(f.qp): f.qp for f in futures} or {id(qp or self.qp): qp or self.qp}
         while True:
-            self.qp.poll()
+            for q in qps.values():
+                q.poll()
             done = [f for f in futures if f.finished]
             if len(done) >= min(min_done, len(futures)):
                 return done
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return done
-            self.qp.wait(left)
+            waiting = next((f.qp for f in futures if not f.finished), self.qp)
+            waiting.wait(left if len(qps) == 1 else min(left or 0.001, 0.001))
 
-    def nop(self) -> None:
-        self.submit(OPCODES["NOP"], "nop").result()
+    def nop(self, qp: QueuePair | None = None) -> None:
+        self.submit(OPCODES["NOP"], "nop", qp=qp).result()
 
-    def read_async(self, nsid: int, lba: int, out: np.ndarray) -> Future:
+    # -- data in and out: registered in place, or a share of the queue pair's bounce --
+    def _staged_in(self, data, qp: QueuePair) -> tuple[dict, bool]:
+        """The buf/buf_offset/length fields for data going to the device, and whether it
+        took a bounce share."""
+        arr = _as_bytes_array(data) if not isinstance(data, np.ndarray) else data
+        handle, off = self._locate(arr)
+        if handle is not None:
+            return {"buf": handle, "buf_offset": off, "length": arr.nbytes}, False
+        flat = _as_bytes_array(arr)
+        boff, view = qp.bounce_take(flat.nbytes)
+        view[:] = flat
+        return {"buf": qp.bounce_handle, "buf_offset": boff, "length": flat.nbytes}, True
+
+    def _staged_out(self, out: np.ndarray, qp: QueuePair):
+        """(fields, bounced, copy-back) for a buffer the device fills."""
         handle, off = self._locate(out)
         if handle is not None:
-            return self.submit(OPCODES["READ"], f"read ns {nsid} lba {lba}", nsid=nsid,
-                               lba=lba, buf=handle, buf_offset=off, length=out.nbytes)
-        self._check_bounce(out)
+            return {"buf": handle, "buf_offset": off, "length": out.nbytes}, False, None
         view = out.reshape(-1).view(np.uint8)
+        boff, share = qp.bounce_take(view.nbytes)
 
-        def copy_out(_):
-            view[:] = self._bounce[:view.nbytes]
+        def copy_back(n):
+            n = min(int(n), view.nbytes)
+            view[:n] = share[:n]
+            return n
 
-        return self.submit(OPCODES["READ"], f"read ns {nsid} lba {lba}", after=copy_out,
-                           nsid=nsid, lba=lba, buf=self._bounce_handle, length=out.nbytes)
+        return ({"buf": qp.bounce_handle, "buf_offset": boff, "length": view.nbytes}, True,
+                copy_back)
 
-    def write_async(self, nsid: int, lba: int, data: np.ndarray) -> Future:
-        handle, off = self._locate(data)
-        if handle is None:
-            self._check_bounce(data)
-            self._bounce[:data.nbytes] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-            handle, off = self._bounce_handle, 0
-        return self.submit(OPCODES["WRITE"], f"write ns {nsid} lba {lba}", nsid=nsid,
-                           lba=lba, buf=handle, buf_offset=off, length=data.nbytes)
+    # -- block I/O --
+    def read_async(self, nsid: int, lba: int, out: np.ndarray,
+                   qp: QueuePair | None = None) -> Future:
+        qp = qp or self.qp
+        fields, bounced, copy = self._staged_out(out, qp)
+        return self.submit(OPCODES["READ"], f"read ns {nsid} lba {lba}", qp=qp,
+                           bounce=bounced, after=(lambda _: copy(out.nbytes)) if copy else None,
+                           nsid=nsid, lba=lba, **fields)
 
-    def _check_bounce(self, arr: np.ndarray) -> None:
-        if arr.nbytes > BOUNCE_BYTES:
-            raise ValueError(f"unregistered arrays go through a {BOUNCE_BYTES}-byte bounce "
-                             f"buffer: use Device.alloc for {arr.nbytes} bytes")
-        if self.qp.pending:
-            # one bounce buffer: commands using it run one at a time
-            for f in list(self.qp.pending.values()):
-                f.result()
+    def write_async(self, nsid: int, lba: int, data: np.ndarray,
+                    qp: QueuePair | None = None) -> Future:
+        qp = qp or self.qp
+        fields, bounced = self._staged_in(data, qp)
+        return self.submit(OPCODES["WRITE"], f"write ns {nsid} lba {lba}", qp=qp,
+                           bounce=bounced, nsid=nsid, lba=lba, **fields)
 
-    def read(self, nsid: int, lba: int, out: np.ndarray) -> int:
-        return self.read_async(nsid, lba, out).result()
+    def read(self, nsid: int, lba: int, out: np.ndarray, qp: QueuePair | None = None) -> int:
+        return self.read_async(nsid, lba, out, qp).result()
 
-    def write(self, nsid: int, lba: int, data: np.ndarray) -> int:
-        return self.write_async(nsid, lba, data).result()
+    def write(self, nsid: int, lba: int, data: np.ndarray, qp: QueuePair | None = None) -> int:
+        return self.write_async(nsid, lba, data, qp).result()
 
-    def flush(self, nsid: int = 0) -> None:
-        self.submit(OPCODES["FLUSH"], f"flush ns {nsid}", nsid=nsid).result()
+    def flush(self, nsid: int = 0, qp: QueuePair | None = None) -> None:
+        self.submit(OPCODES["FLUSH"], f"flush ns {nsid}", qp=qp, nsid=nsid).result()
 
     def write_zeroes(self, nsid: int, lba: int, nbytes: int) -> None:
         self.submit(OPCODES["WRITE_ZEROES"], "write zeroes", nsid=nsid, lba=lba,
@@ -330,131 +458,200 @@ class Device:
                     length=nbytes).result()
 
     # -- KV (the NVMe KV command set) --
-    @staticmethod
-    def _key_fields(key: bytes) -> dict:
-        if not isinstance(key, (bytes, bytearray)):
-            raise TypeError("keys are bytes")
-        padded = bytes(key).ljust(16, b"\0")[:16]
-        return {"lba": int.from_bytes(padded[:8], "little"),
-                "key_hi": int.from_bytes(padded[8:], "little"), "param1": len(key)}
+    _key_fields = staticmethod(_key_fields)
 
-    def _staged(self, data) -> tuple[int, int, int]:
-        """(handle, offset, length) of data: in place if in a registered buffer, else copied
-        into the bounce buffer."""
-        arr = data if isinstance(data, np.ndarray) else np.frombuffer(bytes(data), np.uint8)
-        handle, off = self._locate(arr)
-        if handle is not None:
-            return handle, off, arr.nbytes
-        self._check_bounce(arr)
-        self._bounce[:arr.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        return self._bounce_handle, 0, arr.nbytes
+    def kv_put_async(self, key: bytes, value, only_if_exists: bool = False,
+                     only_if_not_exists: bool = False, qp: QueuePair | None = None) -> Future:
+        """Store a value (bytes, or a uint8 array: zero copy when it lies in a Device.alloc
+        buffer); the Future's result is True if the key existed."""
+        qp = qp or self.qp
+        kf = _key_fields(key)
+        mode = 1 if only_if_exists else 2 if only_if_not_exists else 0
+        fields, bounced = self._staged_in(value, qp)
+        return self.submit(OPCODES["KV_STORE"], f"kv store {bytes(key)!r}", qp=qp,
+                           bounce=bounced, after=bool, param0=mode, **fields, **kf)
 
     def kv_put(self, key: bytes, value, only_if_exists: bool = False,
-               only_if_not_exists: bool = False) -> bool:
-        """Store a value (bytes or a uint8 array, 1 B to 2 MiB); True if the key existed."""
-        mode = 1 if only_if_exists else 2 if only_if_not_exists else 0
-        handle, off, n = self._staged(value)
-        return bool(self.submit(OPCODES["KV_STORE"], f"kv store {bytes(key)!r}",
-                                buf=handle, buf_offset=off, length=n, param0=mode,
-                                **self._key_fields(key)).result())
+               only_if_not_exists: bool = False, qp: QueuePair | None = None) -> bool:
+        """Store a value (1 byte to identify's max_value_bytes); True if the key existed."""
+        n = value.nbytes if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))
+        if n > (qp or self.qp).bounce.nbytes and self._locate(value)[0] is None:
+            tmp = self.alloc(n)  # larger than the bounce: a registered buffer for it
+            try:
+                tmp[:] = _as_bytes_array(value)
+                return self.kv_put_async(key, tmp, only_if_exists, only_if_not_exists,
+                                         qp).result()
+            finally:
+                self.free(tmp)
+        return self.kv_put_async(key, value, only_if_exists, only_if_not_exists, qp).result()
 
-    def kv_get(self, key: bytes, out: np.ndarray | None = None) -> bytes | int:
-        """The value (bytes), or, with `out` (a registered buffer), its length."""
-        if out is not None:
-            handle, off = self._locate(out)
-            if handle is None:
-                raise ValueError("out must be a buffer from Device.alloc")
-            return self.submit(OPCODES["KV_RETRIEVE"], f"kv retrieve {bytes(key)!r}",
-                               buf=handle, buf_offset=off, length=out.nbytes,
-                               **self._key_fields(key)).result()
-        self._check_bounce(self._bounce[:0])
-        n = self.submit(OPCODES["KV_RETRIEVE"], f"kv retrieve {bytes(key)!r}",
-                        buf=self._bounce_handle, length=BOUNCE_BYTES,
-                        **self._key_fields(key)).result()
-        return bytes(self._bounce[:n])
+    def kv_get_async(self, key: bytes, out: np.ndarray | None = None,
+                     qp: QueuePair | None = None) -> Future:
+        """Retrieve into `out` (any uint8-viewable array; zero copy in a Device.alloc buffer):
+        the result is the value's length.  Without `out`, the result is the value (bytes)
+        when it fits the queue pair's bounce buffer.  A buffer too small raises
+        InvalidValueSizeError carrying `value_length`."""
+        qp = qp or self.qp
+        kf = _key_fields(key)
+        what = f"kv retrieve {bytes(key)!r}"
+        if out is None:
+            boff, share = qp.bounce_take(qp.bounce.nbytes)
+            return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=True,
+                               after=lambda n: bytes(share[:n]), buf=qp.bounce_handle,
+                               buf_offset=boff, length=share.nbytes, **kf)
+        fields, bounced, copy = self._staged_out(out, qp)
+        return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=bounced, after=copy,
+                           **fields, **kf)
 
-    def kv_delete(self, key: bytes) -> None:
-        self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}",
-                    **self._key_fields(key)).result()
-
-    def kv_exists(self, key: bytes) -> bool:
-        from hostlib.errors import KeyNotFoundError
-
+    def kv_get(self, key: bytes, out: np.ndarray | None = None,
+               qp: QueuePair | None = None) -> bytes | int:
+        """The value (bytes), or, with `out`, its length."""
         try:
-            self.submit(OPCODES["KV_EXIST"], "kv exist", **self._key_fields(key)).result()
+            return self.kv_get_async(key, out, qp).result()
+        except InvalidValueSizeError as e:
+            if out is not None or not e.value_length:
+                raise
+            tmp = self.alloc(e.value_length)  # larger than the bounce buffer
+            try:
+                n = self.kv_get_async(key, tmp, qp).result()
+                return bytes(tmp[:n])
+            finally:
+                self.free(tmp)
+
+    def kv_delete_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
+        return self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}", qp=qp,
+                           **_key_fields(key))
+
+    def kv_delete(self, key: bytes, qp: QueuePair | None = None) -> None:
+        self.kv_delete_async(key, qp).result()
+
+    def kv_exists_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
+        """The result is 0 when the key exists; KeyNotFoundError otherwise."""
+        return self.submit(OPCODES["KV_EXIST"], f"kv exist {bytes(key)!r}", qp=qp,
+                           **_key_fields(key))
+
+    def kv_exists(self, key: bytes, qp: QueuePair | None = None) -> bool:
+        try:
+            self.kv_exists_async(key, qp).result()
             return True
         except KeyNotFoundError:
             return False
 
-    def kv_list(self, start: bytes = b"", max_keys: int = 1024) -> list[bytes]:
-        fields = self._key_fields(start) if start else {}
-        self._check_bounce(self._bounce[:0])
-        n = self.submit(OPCODES["KV_LIST"], "kv list", buf=self._bounce_handle,
-                        length=min(BOUNCE_BYTES, 17 * max_keys), **fields).result()
-        raw = bytes(self._bounce[:17 * n])
-        return [raw[i * 17 + 1:i * 17 + 1 + raw[i * 17]] for i in range(n)]
+    def kv_list(self, start: bytes = b"", max_keys: int = 1024,
+                qp: QueuePair | None = None) -> list[bytes]:
+        qp = qp or self.qp
+        fields = _key_fields(start) if start else {}
+        nbytes = min(qp.bounce.nbytes, 17 * max_keys)
+        boff, share = qp.bounce_take(nbytes)
+
+        def keys(n):
+            raw = bytes(share[:17 * n])
+            return [raw[i * 17 + 1:i * 17 + 1 + raw[i * 17]] for i in range(n)]
+
+        return self.submit(OPCODES["KV_LIST"], "kv list", qp=qp, bounce=True, after=keys,
+                           buf=qp.bounce_handle, buf_offset=boff, length=nbytes,
+                           **fields).result()
 
     # -- compute: the drive's firmware --
-    def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str) -> int:
+    def kv_put_quantized_async(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
+                               qp: QueuePair | None = None) -> Future:
         """Store a KV block (tokens, 2, layers, kv_heads, head_dim; fp16/bf16 as uint16 bits)
-        quantized in the drive; returns the compressed size.  kv_get returns the compressed
-        block, kv_get_dequantized the block."""
+        quantized in the drive; the result is the compressed size.  kv_get returns the
+        compressed block, kv_get_dequantized the block."""
         from firmware.layout import dtype_code
-        from ssdemu.queue_layout import pack_quant_request
+        from ssdemu.queue_layout import QUANT_REQUEST, pack_quant_request
 
-        t, two, layers, heads, dim = block.shape
+        qp = qp or self.qp
+        kf = _key_fields(key)
+        t, _two, layers, heads, dim = block.shape
         header = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
                                                   dim), np.uint8)
-        payload = np.concatenate([header, np.ascontiguousarray(block).reshape(-1).view(
-            np.uint8)])
-        handle, off, n = self._staged(payload)
-        return self.submit(OPCODES["KV_STORE_QUANTIZED"], f"kv store quantized {key!r}",
-                           buf=handle, buf_offset=off, length=n,
-                           **self._key_fields(key)).result()
+        n = QUANT_REQUEST.size + block.nbytes
+        if n <= qp.bounce.nbytes:
+            boff, share = qp.bounce_take(n)
+            share[:QUANT_REQUEST.size] = header
+            share[QUANT_REQUEST.size:] = _as_bytes_array(block)
+            return self.submit(OPCODES["KV_STORE_QUANTIZED"], f"kv store quantized {key!r}",
+                               qp=qp, bounce=True, buf=qp.bounce_handle, buf_offset=boff,
+                               length=n, **kf)
+        tmp = self.alloc(n)  # a block larger than the bounce: a registered buffer for it
+        tmp[:QUANT_REQUEST.size] = header
+        tmp[QUANT_REQUEST.size:] = _as_bytes_array(block)
+        handle, off = self._locate(tmp)
 
-    def kv_get_dequantized(self, key: bytes, out: np.ndarray) -> np.ndarray:
-        """Dequantized in the drive, into `out` (the block's shape and carrier dtype)."""
-        handle, off = self._locate(out)
-        view = out.reshape(-1).view(np.uint8)
-        if handle is None:
-            self._check_bounce(view)
-            handle, off = self._bounce_handle, 0
-        n = self.submit(OPCODES["KV_RETRIEVE_DEQUANTIZED"], f"kv retrieve dequantized {key!r}",
-                        buf=handle, buf_offset=off, length=out.nbytes,
-                        **self._key_fields(key)).result()
-        if handle == self._bounce_handle:
-            view[:n] = self._bounce[:n]
+        def release(result):
+            self.free(tmp)
+            return result
+
+        return self.submit(OPCODES["KV_STORE_QUANTIZED"], f"kv store quantized {key!r}",
+                           qp=qp, after=release, buf=handle, buf_offset=off, length=n, **kf)
+
+    def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
+                         qp: QueuePair | None = None) -> int:
+        return self.kv_put_quantized_async(key, block, dtype, scheme, qp).result()
+
+    def kv_get_dequantized_async(self, key: bytes, out: np.ndarray,
+                                 qp: QueuePair | None = None) -> Future:
+        """Dequantized in the drive, into `out` (the block's shape and carrier dtype); the
+        result is the bytes written."""
+        qp = qp or self.qp
+        kf = _key_fields(key)
+        fields, bounced, copy = self._staged_out(out, qp)
+        return self.submit(OPCODES["KV_RETRIEVE_DEQUANTIZED"],
+                           f"kv retrieve dequantized {key!r}", qp=qp, bounce=bounced,
+                           after=copy, **fields, **kf)
+
+    def kv_get_dequantized(self, key: bytes, out: np.ndarray,
+                           qp: QueuePair | None = None) -> np.ndarray:
+        self.kv_get_dequantized_async(key, out, qp).result()
         return out
 
-    def prefix_match(self, keys) -> int:
-        """How many leading keys of a chain (16-byte keys) the drive holds."""
+    def prefix_match_async(self, keys, qp: QueuePair | None = None) -> Future:
         from firmware.prefix_index import keys_array
 
+        qp = qp or self.qp
         arr = keys_array(keys).view(np.uint8).reshape(-1)
-        handle, off, n = self._staged(arr)
-        return self.submit(OPCODES["PREFIX_MATCH"], "prefix match", buf=handle,
-                           buf_offset=off, length=n).result()
+        fields, bounced = self._staged_in(arr, qp)
+        return self.submit(OPCODES["PREFIX_MATCH"], "prefix match", qp=qp, bounce=bounced,
+                           **fields)
 
-    def prefix_match_tokens(self, tokens, block_tokens: int, root: bytes) -> int:
-        """Like prefix_match, the drive hashing the token ids itself (hostlib.prefix_hash)."""
+    def prefix_match(self, keys, qp: QueuePair | None = None) -> int:
+        """How many leading keys of a chain (16-byte keys) the drive holds."""
+        return self.prefix_match_async(keys, qp).result()
+
+    def prefix_match_tokens_async(self, tokens, block_tokens: int, root: bytes,
+                                  qp: QueuePair | None = None) -> Future:
+        qp = qp or self.qp
         payload = np.concatenate([np.frombuffer(root, np.uint8),
                                   np.asarray(tokens, dtype="<u4").view(np.uint8)])
-        handle, off, n = self._staged(payload)
-        return self.submit(OPCODES["PREFIX_MATCH_TOKENS"], "prefix match (tokens)",
-                           buf=handle, buf_offset=off, length=n,
-                           param0=block_tokens).result()
+        fields, bounced = self._staged_in(payload, qp)
+        return self.submit(OPCODES["PREFIX_MATCH_TOKENS"], "prefix match (tokens)", qp=qp,
+                           bounce=bounced, param0=block_tokens, **fields)
 
-    def pin(self, key: bytes) -> int:
-        return self.submit(OPCODES["PIN"], "pin", **self._key_fields(key)).result()
+    def prefix_match_tokens(self, tokens, block_tokens: int, root: bytes,
+                            qp: QueuePair | None = None) -> int:
+        """Like prefix_match, the drive hashing the token ids itself (hostlib.prefix_hash)."""
+        return self.prefix_match_tokens_async(tokens, block_tokens, root, qp).result()
 
-    def unpin(self, key: bytes) -> int:
-        return self.submit(OPCODES["UNPIN"], "unpin", **self._key_fields(key)).result()
+    def pin_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
+        return self.submit(OPCODES["PIN"], "pin", qp=qp, **_key_fields(key))
+
+    def pin(self, key: bytes, qp: QueuePair | None = None) -> int:
+        return self.pin_async(key, qp).result()
+
+    def unpin_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
+        return self.submit(OPCODES["UNPIN"], "unpin", qp=qp, **_key_fields(key))
+
+    def unpin(self, key: bytes, qp: QueuePair | None = None) -> int:
+        return self.unpin_async(key, qp).result()
 
     # -- admin --
     def _admin_json(self, opcode: int, what: str, **fields):
-        n = self.submit(opcode, what, buf=self._bounce_handle, length=BOUNCE_BYTES,
-                        **fields).result()
-        return json.loads(bytes(self._bounce[:n]))
+        qp = self.qp
+        boff, share = qp.bounce_take(qp.bounce.nbytes)
+        return self.submit(opcode, what, qp=qp, bounce=True,
+                           after=lambda n: json.loads(bytes(share[:n])), buf=qp.bounce_handle,
+                           buf_offset=boff, length=share.nbytes, **fields).result()
 
     def identify(self) -> dict:
         return self._admin_json(OPCODES["IDENTIFY"], "identify")

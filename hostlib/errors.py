@@ -9,8 +9,9 @@ from ssdemu.queue_layout import STATUS, STATUS_NAMES
 class DeviceError(Exception):
     """A command completed with an error status."""
 
-    def __init__(self, status: int, what: str):
+    def __init__(self, status: int, what: str, result: int = 0):
         self.status = status
+        self.result = result  # the completion's result field (a value's length, ...)
         self.status_name = STATUS_NAMES.get(status, f"status {status}")
         super().__init__(f"{what}: {self.status_name}")
 
@@ -52,7 +53,14 @@ class InvalidKeySizeError(InvalidCommandError):
 
 
 class InvalidValueSizeError(InvalidCommandError):
-    """KV: values are 1 byte to 2 MiB, and a retrieve needs room for the whole value."""
+    """KV: a value is 1 byte to the device's max_value_bytes (identify), and a retrieve needs
+    room for the whole value: then `value_length` says how much."""
+
+    def __init__(self, status: int, what: str, result: int = 0):
+        super().__init__(status, what, result)
+        self.value_length = result
+        if result:
+            self.args = (f"{self.args[0]} (the value is {result} bytes)",)
 
 
 class DeviceGoneError(Exception):
@@ -78,6 +86,6 @@ _BY_STATUS = {
 }
 
 
-def raise_for_status(status: int, what: str) -> None:
+def raise_for_status(status: int, what: str, result: int = 0) -> None:
     if status != STATUS["SUCCESS"]:
-        raise _BY_STATUS.get(status, DeviceError)(status, what)
+        raise _BY_STATUS.get(status, DeviceError)(status, what, result)

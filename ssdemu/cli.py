@@ -144,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="namespace the reads run over")
     qb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    kb = bsub.add_parser("kv", help="KV and compute commands against block commands of the "
+                         "same sizes through the same queue, and the firmware kernels")
+    kb.add_argument("--socket", help="a running daemon (default: start one on --media)")
+    kb.add_argument("--media", default=None, help="media of the daemon started here "
+                    "(default mem:1536M, sized to the workload)")
+    kb.add_argument("--seconds", type=_positive_float, default=2.0, help="per figure")
+    kb.add_argument("--json", action="store_true", help="print one JSON object")
+
     dv = bsub.add_parser("device", help="the timing model in virtual time against the "
                          "profile's analytical figures")
     dv.add_argument("--profile", default="star2000d")
@@ -217,6 +225,14 @@ def _cmd_format(args) -> int:
         print(f"formatted {media.spec}: {store.d_len} bytes of data region, index of "
               f"{store.index_keys} keys, journal {store.j_len} bytes")
         store.close()
+    return 0
+
+
+def _cmd_bench_kv(args) -> int:
+    from bench.kv import bench_kv, format_table
+
+    report = bench_kv(args.socket, args.media, args.seconds)
+    print(json.dumps(report) if args.json else format_table(report))
     return 0
 
 
@@ -307,6 +323,7 @@ COMMANDS = {
     ("bench", "device"): _cmd_bench_device,
     ("bench", "replay"): _cmd_bench_replay,
     ("bench", "queue"): _cmd_bench_queue,
+    ("bench", "kv"): _cmd_bench_kv,
     ("serve", None): _cmd_serve,
     ("format", None): _cmd_format,
     ("ctl", "identify"): _cmd_ctl,

@@ -23,7 +23,6 @@ from ssdemu.errors import SsdemuError
 from ssdemu.profile import Profile
 from ssdemu.replay import DEFAULT_HOST_LINK_BYTES_PER_S, replay, report
 from ssdemu.serving import ModelConfig, SyntheticKV, drive_key
-from ssdemu.store import MAX_VALUE
 
 
 class DataModeError(SsdemuError):
@@ -44,11 +43,11 @@ class DataDrive:
         if info.get("profile") not in (None, profile.name):
             raise DataModeError(f"the daemon runs profile {info['profile']!r}, the replay "
                                 f"asks for {profile.name!r}")
-        stored = model.stored_block_bytes(quant)
-        if stored > MAX_VALUE:
+        stored, limit = model.stored_block_bytes(quant), info["max_value_bytes"]
+        if stored > limit:
             raise DataModeError(
                 f"a {model.name} block is {stored:,} bytes stored, over the drive's "
-                f"{MAX_VALUE:,}-byte value limit: data mode takes a small model (tiny)")
+                f"{limit:,}-byte value limit (the profile's kv.max_value_bytes)")
         if any(k.endswith(b"mooncake") for k in dev.kv_list(max_keys=1024)):
             raise DataModeError("the drive already holds trace blocks from an earlier replay: "
                                 "start from a fresh drive (ssdemu format, or serve --format)")

@@ -19,12 +19,14 @@ from ssdemu.daemon_process import DaemonProcess
 from ssdemu.profile import load
 from ssdemu.replay import replay_model
 from ssdemu.replay_data import DataModeError, replay_data
-from ssdemu.serving import model_config, parse_capacities
+from ssdemu.serving import ModelConfig, model_config, parse_capacities
 from traces.mooncake import SAMPLE, TraceReader
 from traces.synthetic import generate, write
 
 TINY = model_config("tiny")
 PROFILE = load("star2000d")
+# star2000d with a 1 MiB value limit: a Llama-3-8B block does not fit
+SMALL_VALUES = os.path.join(os.path.dirname(__file__), "data", "small-values.yaml")
 TOLERANCE = 0.02
 
 
@@ -105,8 +107,9 @@ def test_data_mode_refuses_what_it_cannot_do(tmp_path, daemon):
     caps = _caps("drive=unbounded", "int8_g64")
     reqs = generate(3, seed=1)
     with hostlib.connect(daemon.socket_path) as dev:
+        huge = ModelConfig("huge", 64, 8, 128)  # a 128 MiB block, 64+ MiB at int8
         with pytest.raises(DataModeError, match="value limit"):
-            replay_data(dev, reqs, PROFILE, model_config("llama-3-8b"), "int8_g64", caps)
+            replay_data(dev, reqs, PROFILE, huge, "int8_g64", caps)
         with pytest.raises(DataModeError, match="runs profile 'star2000d'"):
             replay_data(dev, reqs, load("pcie4-tlc"), TINY, "int8_g64", caps)
         with pytest.raises(DataModeError, match="capacity is 0"):
@@ -174,7 +177,8 @@ def _holders(path: str) -> list[str]:
 @pytest.mark.parametrize("args,msg", [
     (["--mode", "data", "--model", "tiny"], "needs --socket"),
     (["--mode", "data", "--model", "tiny", "--socket", "/nonexistent/s"], "nonexistent"),
-    (["--mode", "data", "--model", "llama-3-8b", "--media", "mem:64M"], "value limit"),
+    (["--mode", "data", "--model", "llama-3-8b", "--media", "mem:64M", "--profile",
+      str(SMALL_VALUES)], "value limit"),
     (["--requests", "0"], "must be positive"),
 ])
 def test_cli_data_mode_errors_are_one_line(args, msg):
