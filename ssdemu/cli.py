@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="virtual: SQEs carry submission times, CQEs completion times")
     serve.add_argument("--format", action="store_true",
                        help="format the media even if it holds something else")
+    serve.add_argument("--journal-blocks", type=_positive_int, default=0,
+                       help="when formatting: the journal's length in logical blocks "
+                       "(default about 1%% of the media)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
 
     fmt = sub.add_parser("format", help="create a fresh ssdemu device on the media")
@@ -210,7 +213,7 @@ def _cmd_serve(args) -> int:
     profile = load(args.profile)
     with open_media(args.media) as media:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
-                     args.format, args.timing, args.clock)
+                     args.format, args.timing, args.clock, args.journal_blocks)
 
 
 def _cmd_format(args) -> int:

@@ -77,7 +77,7 @@ class Client:
 class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
                  allowed_uids: set[int] | None = None, format_media: bool = False,
-                 timing: str = "detailed", clock: str = "real"):
+                 timing: str = "detailed", clock: str = "real", journal_blocks: int = 0):
         self.profile = profile
         self.media = media
         self.socket_path = socket_path
@@ -94,7 +94,7 @@ class Daemon:
             if r < 0:
                 raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
         self.store = open_store(media, format_media, not profile.write_cache.enabled,
-                                profile)
+                                profile, journal_blocks)
         for nsid, (offset, nbytes) in self.store.namespaces.items():
             lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
         # from here on KV commands run in the data plane against the store (c/sde_store.c)
@@ -460,7 +460,7 @@ class Daemon:
 
 
 def open_store(media: Media, format_media: bool, durable_on_completion: bool,
-               profile: Profile | None = None) -> Store:
+               profile: Profile | None = None, journal_blocks: int = 0) -> Store:
     """Serve media that holds an ssdemu device; format blank media (or any, with
     --format); refuse everything else with one clear line."""
     state = probe(media)
@@ -469,7 +469,8 @@ def open_store(media: Media, format_media: bool, durable_on_completion: bool,
         kv = profile.kv if profile else None
         return Store.format(media, durable_on_completion,
                             index_keys=kv.index_keys if kv else 0,
-                            max_value=kv.max_value_bytes if kv else DEFAULT_MAX_VALUE)
+                            max_value=kv.max_value_bytes if kv else DEFAULT_MAX_VALUE,
+                            journal_blocks=journal_blocks)
     if state == "foreign":
         raise StoreError(f"{media.spec} holds something that is not an ssdemu device; "
                          "give --format to overwrite it")
@@ -485,8 +486,9 @@ def _close_mapping(mm: mmap.mmap) -> None:
 
 def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
-          timing: str = "detailed", clock: str = "real") -> int:
-    daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock)
+          timing: str = "detailed", clock: str = "real", journal_blocks: int = 0) -> int:
+    daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
+                    journal_blocks)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)
