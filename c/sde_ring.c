@@ -154,13 +154,16 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
             wait_ms = (int)((timeout_ns - spent + 999999) / 1000000);
         }
         struct pollfd p[2] = {{.fd = completion_fd, .events = POLLIN},
-                              {.fd = hangup_fd, .events = POLLIN | POLLRDHUP}};
+                              /* not POLLIN: a reply to another thread's control
+                               * request makes the socket readable; only a hang-up (the
+                               * daemon gone) ends the wait */
+                              {.fd = hangup_fd, .events = POLLRDHUP}};
         int r = poll(p, hangup_fd >= 0 ? 2 : 1, wait_ms);
         if (r < 0 && errno != EINTR) {
             STORE_REL(&h->cq_flags, 0);
             return -errno;
         }
-        if (r > 0 && hangup_fd >= 0 && p[1].revents) {
+        if (r > 0 && hangup_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             STORE_REL(&h->cq_flags, 0);
             if (LOAD_ACQ(&h->cq_tail) != h->cq_head)
                 return (int)(LOAD_ACQ(&h->cq_tail) - h->cq_head);
