@@ -722,8 +722,9 @@ static struct dev_buf *client_range(sde_dev *dev, struct dev_qp *q, const sde_sq
 static void kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes)
 {
     dev->stats.cls[x->cls].bytes_copied += x->copied;
-    finish_at(dev, x->qp, x->cls, x->cid, status, status ? x->result : x->result, bytes,
-              x->t0, status ? 0 : x->due, status ? 0 : x->dtime);
+    /* an error keeps its result (a retrieve's value length) and is not held */
+    finish_at(dev, x->qp, x->cls, x->cid, status, x->result, bytes, x->t0,
+              status ? 0 : x->due, status ? 0 : x->dtime);
     ctx_put(dev, x);
 }
 
