@@ -65,7 +65,8 @@ struct dev_ctx {
     uint8_t used;
     uint8_t kind;
     uint8_t nio;     /* I/Os of this command in flight */
-    uint8_t io_failed;
+    uint8_t io_failed;  /* a media I/O of it failed: MEDIA_ERROR */
+    uint8_t no_memory;  /* no bounce for it: INTERNAL */
     uint64_t t0;
     uint8_t *bounce;
     uint8_t *client_addr;
@@ -827,23 +828,38 @@ static void *bounce_alloc(uint64_t n)
     return posix_memalign(&p, 4096, n) ? NULL : p;
 }
 
+/* The arguments every value-moving KV command shares (flags, namespace, key, the client's
+ * buffer range); on a failure its completion is posted and NULL returned. */
+static struct dev_buf *kv_value_args(sde_dev *dev, int qp, const sde_sqe *c, int cls,
+                                     uint64_t t0, uint8_t key[SDE_KEY_MAX], uint32_t *klen,
+                                     uint16_t (*more)(sde_dev *, const sde_sqe *))
+{
+    uint16_t st = kv_common(c, key, klen);
+    if (!st && more)
+        st = more(dev, c);
+    struct dev_buf *b = st ? NULL : client_range(dev, &dev->qps[qp], c);
+    if (!st && !b)
+        st = SDE_SC_INVALID_BUFFER;
+    if (st)
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+    return b;
+}
+
+static uint16_t put_fields(sde_dev *dev, const sde_sqe *c)
+{
+    if (!c->length || c->length > st_max_value(dev->store))
+        return SDE_SC_KV_INVALID_VALUE_SIZE;
+    return c->param0 > SDE_KV_STORE_IF_NOT_EXISTS ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
+}
+
 static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
 {
-    struct dev_qp *q = &dev->qps[qp];
     uint8_t key[SDE_KEY_MAX];
     uint32_t klen;
-    uint16_t st = kv_common(c, key, &klen);
-    struct dev_buf *b = NULL;
-    if (!st && (!c->length || c->length > st_max_value(dev->store)))
-        st = SDE_SC_KV_INVALID_VALUE_SIZE;
-    if (!st && c->param0 > SDE_KV_STORE_IF_NOT_EXISTS)
-        st = SDE_SC_INVALID_FIELD;
-    if (!st && !(b = client_range(dev, q, c)))
-        st = SDE_SC_INVALID_BUFFER;
-    if (st) {
-        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+    struct dev_buf *b = kv_value_args(dev, qp, c, cls, t0, key, &klen, put_fields);
+    if (!b)
         return;
-    }
+    uint16_t st;
     uint8_t *src = b->addr + c->buf_offset;
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_PUT, t0);
     x->vlen = c->length;
@@ -883,7 +899,7 @@ static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
         x->bounce = bounce_alloc(n);
         if (!x->bounce) {
             st_put_abort(dev->store, &x->plan);
-            x->io_failed = 1;
+            x->no_memory = 1;
             if (!x->nio)
                 kv_finish(dev, x, SDE_SC_INTERNAL, 0);
             return;
@@ -898,17 +914,12 @@ static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
 
 static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
 {
-    struct dev_qp *q = &dev->qps[qp];
     uint8_t key[SDE_KEY_MAX];
     uint32_t klen;
-    uint16_t st = kv_common(c, key, &klen);
-    struct dev_buf *b = NULL;
-    if (!st && !(b = client_range(dev, q, c)))
-        st = SDE_SC_INVALID_BUFFER;
-    if (st) {
-        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+    struct dev_buf *b = kv_value_args(dev, qp, c, cls, t0, key, &klen, NULL);
+    if (!b)
         return;
-    }
+    uint16_t st;
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_GET, t0);
     uint64_t off;
     st = st_get_begin(dev->store, 0, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
@@ -941,7 +952,7 @@ static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
         uint64_t n = nbytes - full;
         x->bounce = bounce_alloc(n);
         if (!x->bounce) {
-            x->io_failed = 1;
+            x->no_memory = 1;
             if (!x->nio) {
                 st_get_end(dev->store, x->ext);
                 kv_finish(dev, x, SDE_SC_INTERNAL, 0);
@@ -960,9 +971,9 @@ static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
 {
     int active = dev->qps[x->qp].active;
     if (x->kind == CTX_KV_PUT) {
-        if (x->io_failed) {
+        if (x->io_failed || x->no_memory) {
             st_put_abort(dev->store, &x->plan);
-            kv_finish(dev, x, x->bounce ? SDE_SC_MEDIA_ERROR : SDE_SC_INTERNAL, 0);
+            kv_finish(dev, x, x->no_memory ? SDE_SC_INTERNAL : SDE_SC_MEDIA_ERROR, 0);
             return;
         }
         free(x->bounce);
@@ -977,7 +988,8 @@ static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
         return;
     }
     /* a retrieve */
-    uint16_t st = x->io_failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+    uint16_t st = x->no_memory ? SDE_SC_INTERNAL
+                  : x->io_failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
     if (!st && active) {
         if (x->copy_len) {
             memcpy(x->copy_to, x->bounce, x->copy_len);

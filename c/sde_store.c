@@ -879,7 +879,7 @@ void sde_store_free(sde_store *st)
     free(st);
 }
 
-int sde_store_probe(int fd, uint32_t lba, uint32_t *version)
+int sde_store_probe(int fd, uint32_t *version)
 {
     uint8_t *b = aligned(SB_BYTES);
     if (!b)
@@ -1013,7 +1013,7 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
                    sde_store **out)
 {
     uint32_t version = 0;
-    int pr = sde_store_probe(fd, lba, &version);
+    int pr = sde_store_probe(fd, &version);
     if (pr < 0)
         return fail(pr, "cannot read the media: %s", strerror(-pr));
     if (pr == SDE_PROBE_BLANK)

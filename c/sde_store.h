@@ -80,7 +80,7 @@ typedef struct sde_kv_put_result {
 typedef struct sde_store sde_store;
 
 /* What the media holds: SDE_PROBE_*, or -errno.  *version gets the format found. */
-int sde_store_probe(int fd, uint32_t lba, uint32_t *version);
+int sde_store_probe(int fd, uint32_t *version);
 int sde_store_format(int fd, uint64_t media_size, uint32_t lba, const sde_store_params *p,
                      sde_store **out);
 /* 0, or -errno with sde_store_last_error() saying why in one line. */

@@ -296,7 +296,7 @@ class Store:
 def probe(media: Media) -> str:
     """'ssdemu', 'blank', 'foreign', 'old' (an earlier store format) or 'newer': what the
     media's first block holds."""
-    r = lib.sde_store_probe(media.fd, media.lba_size, ffi.NULL)
+    r = lib.sde_store_probe(media.fd, ffi.NULL)
     if r < 0:
         raise OSError(-r, f"cannot read {media.spec}: {os.strerror(-r)}")
     return {lib.SDE_PROBE_BLANK: "blank", lib.SDE_PROBE_CURRENT: "ssdemu",

@@ -169,6 +169,15 @@ while True:
 """
 
 
+def _kill_9(d: DaemonProcess, client: subprocess.Popen | None) -> None:
+    """The daemon killed -9 mid-work, then its client (which would see it gone)."""
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.communicate()  # reaped, its pipes closed
+    if client is not None:
+        client.kill()
+        client.wait()
+
+
 def _expected_value(i: int) -> bytes:
     return (b"%d:" % i) * (50 + i % 300)
 
@@ -179,6 +188,7 @@ def test_kill_9_during_churn_loses_nothing_acknowledged(tmp_path, disk_dir):
     for run in range(3):
         d = DaemonProcess(str(tmp_path / f"c{run}.sock"), media=f"file:{path}:64M",
                           extra=["--journal-blocks", "16"] if run == 0 else [])
+        p = None
         try:
             p = subprocess.Popen([sys.executable, "-c", CHURN, d.socket_path],
                                  stdout=subprocess.PIPE, text=True)
@@ -189,12 +199,8 @@ def test_kill_9_during_churn_loses_nothing_acknowledged(tmp_path, disk_dir):
                 state[parts[1]] = int(parts[2]) if parts[0] == "put" else None
                 if n >= limit:
                     break
-            d.proc.send_signal(signal.SIGKILL)
-            d.proc.wait()
-            p.kill()
-            p.wait()
         finally:
-            d.kill()
+            _kill_9(d, p)
         again = DaemonProcess(str(tmp_path / f"a{run}.sock"), media=f"file:{path}")
         try:
             with hostlib.connect(again.socket_path) as dev:
@@ -240,17 +246,14 @@ def test_a_64_mib_value_survives_kill_9_as_old_or_new(tmp_path, disk_dir):
     path = os.path.join(disk_dir, "big.img")
     d = DaemonProcess(str(tmp_path / "b.sock"), media=f"file:{path}:256M",
                       extra=["--timing", "off"])
+    p = None
     try:
         p = subprocess.Popen([sys.executable, "-c", BIG, d.socket_path],
                              stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "old"
-        time.sleep(0.05 + random.random() * 0.3)  # some puts of the new value in flight
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait()
-        p.kill()
-        p.wait()
+        time.sleep(0.05 + random.random() * 0.3)  # the kill lands among puts of the new value
     finally:
-        d.kill()
+        _kill_9(d, p)
     again = DaemonProcess(str(tmp_path / "b2.sock"), media=f"file:{path}")
     try:
         with hostlib.connect(again.socket_path) as dev:
