@@ -49,7 +49,7 @@ system:
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard c/*.c c/*.h c/*.py) firmware/warm.py
+$(STAMP): pyproject.toml setup.py $(wildcard c/*.c c/*.h c/*.py firmware/*.py)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@# the firmware's Numba kernels, compiled into their on-disk cache now rather than at a

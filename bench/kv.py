@@ -42,14 +42,14 @@ def _key(i: int) -> bytes:
 
 
 def _loop(dev, opcode: int, buf, bs: int, span: int, seconds: float, nsid: int = 0,
-          stamp: bool = False) -> dict:
+          stamp: bool = False, stamp_at: int = 0) -> dict:
     handle, _ = dev._locate(buf)
     hist = np.zeros(lib.SDE_HIST_BUCKETS, np.uint64)
     out = ffi.new("uint64_t[3]")
     qp = dev.qp
     r = lib.sde_client_loop(qp.mem, qp.doorbell_fd, qp.completion_fd, opcode, nsid, handle, bs,
                             QD, span, int(seconds * 1e9), 11,
-                            ffi.cast("void *", buf.ctypes.data) if stamp else ffi.NULL,
+                            ffi.cast("void *", buf.ctypes.data + stamp_at) if stamp else ffi.NULL,
                             ffi.cast("uint64_t *", hist.ctypes.data), out)
     if r < 0:
         raise RuntimeError(f"client loop failed: {os.strerror(-r)}")
@@ -138,14 +138,20 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         nq = 64
         for k in range(nq):
             dev.kv_put_quantized(_key(k), block, "fp16", SCHEME)
-        qp_ = _loop(dev, OPCODES["KV_STORE_QUANTIZED"], qbuf, slot, nq, seconds)
+        before = dev.log()["store"]["dedup_hits"]
+        # stamped after the request: every block differs, so every put is quantized and
+        # written (the loop keeps the stamps finite)
+        qp_ = _loop(dev, OPCODES["KV_STORE_QUANTIZED"], qbuf, slot, nq, seconds, stamp=True,
+                    stamp_at=QUANT_REQUEST.size)
+        dedup = dev.log()["store"]["dedup_hits"] - before
         dbuf = dev.alloc(QD * block.nbytes)
         qg = _loop(dev, OPCODES["KV_RETRIEVE_DEQUANTIZED"], dbuf, block.nbytes, nq, seconds)
         q_rate, d_rate = _kernel_rate(block, seconds)
         put_bps = qp_["ops_per_s"] * block.nbytes
         get_bps = qg["ops_per_s"] * block.nbytes
         out["kv_put_quantized"] = {"bytes_per_s": put_bps, "kernel_bytes_per_s": q_rate,
-                                   "ratio_kernel": put_bps / q_rate, "block_bytes": block.nbytes}
+                                   "ratio_kernel": put_bps / q_rate, "block_bytes": block.nbytes,
+                                   "dedup_hits": dedup, "commands": qp_["commands"]}
         out["kv_get_dequantized"] = {"bytes_per_s": get_bps, "kernel_bytes_per_s": d_rate,
                                      "ratio_kernel": get_bps / d_rate}
         store = dev.log()["store"]

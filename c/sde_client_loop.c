@@ -32,6 +32,23 @@ static int is_kv(uint8_t op)
            op == SDE_CMD_KV_STORE_QUANTIZED || op == SDE_CMD_KV_RETRIEVE_DEQUANTIZED;
 }
 
+/* Make the value at p differ from every other the loop stores: its first 8 bytes carry the
+ * serial.  A quantized store's block is fp16 or bf16, where raw serial bits could be inf or
+ * NaN (refused) or too close to the last to change a code: so the serial is mixed (a
+ * bijection) and spread over four 14-bit fields, each a finite, small, positive value. */
+static void stamp_value(uint8_t *p, uint64_t serial, uint8_t opcode)
+{
+    if (opcode != SDE_CMD_KV_STORE_QUANTIZED) {
+        memcpy(p, &serial, 8);
+        return;
+    }
+    uint64_t m = serial * 0x9E3779B97F4A7C15ull;
+    for (int k = 0; k < 4; k++) {
+        uint16_t v = (uint16_t)((m >> (14 * k + 8)) & 0x3FFF);
+        memcpy(p + 2 * k, &v, 2);
+    }
+}
+
 /* One command of the loop: a block command at a random bs-aligned lba, or a KV command on
  * a random one of `span` 16-byte keys (key index in bytes 0-7). */
 static sde_sqe next_sqe(uint8_t opcode, uint16_t cid, uint32_t nsid, uint32_t buf, uint32_t bs,
@@ -78,7 +95,7 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
     uint64_t start = now_ns();
     for (uint32_t i = 0; i < qd; i++) {
         if (stamp) /* every value differs: the store's dedup must not turn puts into reads */
-            memcpy((uint8_t *)stamp + (uint64_t)i * bs, &(uint64_t){++serial}, 8);
+            stamp_value((uint8_t *)stamp + (uint64_t)i * bs, ++serial, opcode);
         sqe[i] = next_sqe(opcode, (uint16_t)i, nsid, buf, bs, span, &rng);
         t0[i] = start;
     }
@@ -115,7 +132,7 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
             hist[sde_hist_bucket(t - t0[c])]++;
             if (t < deadline) {
                 if (stamp)
-                    memcpy((uint8_t *)stamp + (uint64_t)c * bs, &(uint64_t){++serial}, 8);
+                    stamp_value((uint8_t *)stamp + (uint64_t)c * bs, ++serial, opcode);
                 sqe[again++] = next_sqe(opcode, c, nsid, buf, bs, span, &rng);
                 t0[c] = t;
             } else {

@@ -21,7 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sde_budget.h"
 #include "sde_engine.h"
+#include "sde_fw.h"
 #include "sde_ring.h"
 #include "sde_store_internal.h"
 
@@ -54,7 +56,13 @@ struct dev_ns {
     uint64_t bytes; /* 0: no such namespace */
 };
 
-enum { CTX_BLOCK = 0, CTX_KV_PUT = 1, CTX_KV_GET = 2, CTX_KV_DELETE = 3 };
+enum {
+    CTX_BLOCK = 0, CTX_KV_PUT = 1, CTX_KV_GET = 2, CTX_KV_DELETE = 3,
+    /* compute commands: their kernels run on the firmware's threads (c/sde_fw.h) */
+    CTX_QSTORE = 4,    /* KV_STORE_QUANTIZED: quantize, then store as a put does */
+    CTX_DQ_GET = 5,    /* KV_RETRIEVE_DEQUANTIZED: read, then dequantize into the client */
+    CTX_PM_TOKENS = 6  /* PREFIX_MATCH_TOKENS: hash the chain, then match */
+};
 
 struct dev_ctx {
     sde_io io;
@@ -82,6 +90,14 @@ struct dev_ctx {
     uint64_t result;
     uint64_t group;      /* the journal group this command waits for */
     uint32_t next_wait;  /* FIFO of commands waiting for their group's commit */
+    /* compute commands */
+    sde_fw_job job;
+    uint8_t req[64];     /* the quantized-store request (copied: the client cannot change it
+                          * between its check and the kernel) */
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    double msubmit;      /* the modelled submission */
+    double ready;        /* the modelled time the kernel's input is ready, then its output */
 };
 
 #define NO_CTX UINT32_MAX
@@ -119,12 +135,17 @@ struct sde_dev {
     int virtual_time;
     uint64_t origin;      /* real time: the model's zero on the monotonic clock */
     double vclock;        /* virtual time: the latest submission (never goes back) */
-    double stage_origin;  /* the modelled submission of the slow path's current command */
     struct held *held;    /* min-heap on due: completions waiting for their modelled time */
     uint32_t nheld, cap_held;
     sde_dev_stats stats;
     /* the KV store (NULL: KV commands go to Python, as before a store is attached) */
     sde_store *store;
+    int write_cache;      /* the model's: a store completes before its NAND program */
+    /* the firmware: its threads and the TOPS budget its kernels are charged to (NULL: compute
+     * commands are refused with INTERNAL) */
+    sde_fw *fw;
+    sde_fw_entry fw_entry;
+    sde_budget budget;
     sde_io jio;           /* the journal group being written, then its sync */
     uint64_t jgroup;
     uint32_t wait_head, wait_tail;
@@ -162,6 +183,7 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     struct stat st;
     dev->is_block = fstat(media_fd, &st) == 0 && S_ISBLK(st.st_mode);
     dev->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->origin = now_ns(); /* the device clock without a model too (compute times) */
     dev->admin_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     dev->ctx = calloc(io_depth, sizeof(*dev->ctx));
     dev->free_ctx = calloc(io_depth, sizeof(*dev->free_ctx));
@@ -187,6 +209,8 @@ fail:
 
 void sde_dev_free(sde_dev *dev)
 {
+    if (dev)
+        sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
     if (!dev)
         return;
     if (dev->eng)
@@ -360,8 +384,8 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
 /* ---- the data plane ------------------------------------------------------------------- */
 
 /* The opcode table: every opcode, its command class, and where it runs: here in the data
- * plane, or handed to the host side (Python: admin commands and the firmware's compute
- * commands).  The count check fails when an opcode is defined without a row; a test
+ * plane (block I/O, KV, and compute on the firmware's threads), or handed to the host side
+ * (Python: the admin commands).  The count check fails when an opcode is defined without a row; a test
  * checks each host opcode has a Python handler and no data-plane opcode has one. */
 struct op_row {
     uint8_t op, cls, where;
@@ -383,10 +407,10 @@ static const struct op_row op_table[] = {
     {SDE_CMD_KV_DELETE, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
     {SDE_CMD_KV_EXIST, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
     {SDE_CMD_KV_LIST, SDE_CLASS_KV, SDE_RUN_DATA_PLANE},
-    {SDE_CMD_KV_STORE_QUANTIZED, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
-    {SDE_CMD_KV_RETRIEVE_DEQUANTIZED, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
-    {SDE_CMD_PREFIX_MATCH, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
-    {SDE_CMD_PREFIX_MATCH_TOKENS, SDE_CLASS_COMPUTE, SDE_RUN_HOST},
+    {SDE_CMD_KV_STORE_QUANTIZED, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_KV_RETRIEVE_DEQUANTIZED, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_PREFIX_MATCH, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
+    {SDE_CMD_PREFIX_MATCH_TOKENS, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
     {SDE_CMD_PIN, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
     {SDE_CMD_UNPIN, SDE_CLASS_COMPUTE, SDE_RUN_DATA_PLANE},
 };
@@ -545,9 +569,42 @@ static void finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
     finish_at(dev, qp, cls, cid, status, result, bytes, t0, 0, 0);
 }
 
-/* The model's verdict for a command starting now: (due on the monotonic clock, CQE device
- * time).  Real time: due = origin + completion, device time = the modelled latency.
- * Virtual time: due 0 (nothing is held), device time = the completion on the virtual clock. */
+/* The modelled submission of a command fetched at t0: the virtual clock (which never goes
+ * back) or the real one since the model's origin. */
+static double model_submit(sde_dev *dev, const sde_sqe *c, uint64_t t0)
+{
+    if (dev->virtual_time) {
+        double s = (double)c->submit_time_ns;
+        if (s > dev->vclock)
+            dev->vclock = s;
+        return dev->vclock;
+    }
+    return (double)(t0 - dev->origin);
+}
+
+/* (due on the monotonic clock, CQE device time) of a command submitted at `submit` that the
+ * model completes at `done`.  Real time: due = origin + done, device time = the modelled
+ * latency.  Virtual time: due 0 (nothing is held), device time = the completion. */
+static void model_verdict(sde_dev *dev, double submit, double done, uint64_t *due,
+                          uint64_t *dtime)
+{
+    *due = 0;
+    *dtime = 0;
+    if (done < 0)
+        return;
+    if (dev->virtual_time) {
+        *dtime = (uint64_t)done;
+    } else {
+        if (dev->model)
+            *due = dev->origin + (uint64_t)done;
+        *dtime = (uint64_t)(done - submit);
+        if (!*dtime)
+            *dtime = 1;
+    }
+}
+
+/* The model's verdict for a command starting now (see model_verdict); nothing without a
+ * model. */
 static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op,
                         uint64_t off, uint64_t nbytes, uint64_t *due, uint64_t *dtime)
 {
@@ -555,15 +612,7 @@ static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op
     *dtime = 0;
     if (!dev->model)
         return;
-    double submit;
-    if (dev->virtual_time) {
-        double s = (double)c->submit_time_ns;
-        if (s > dev->vclock)
-            dev->vclock = s;
-        submit = dev->vclock; /* the virtual clock never goes back */
-    } else {
-        submit = (double)(t0 - dev->origin);
-    }
+    double submit = model_submit(dev, c, t0);
     double done;
     switch (op) {
     case SDE_CMD_READ: done = sde_model_read(dev->model, submit, off, nbytes); break;
@@ -571,16 +620,7 @@ static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op
     case SDE_CMD_FLUSH: done = sde_model_flush(dev->model, submit); break;
     default: done = sde_model_nop(dev->model, submit); break;
     }
-    if (done < 0)
-        return; /* cannot happen: submissions come in time order */
-    if (dev->virtual_time) {
-        *dtime = (uint64_t)done;
-    } else {
-        *due = dev->origin + (uint64_t)done;
-        *dtime = (uint64_t)(done - submit);
-        if (!*dtime)
-            *dtime = 1;
-    }
+    model_verdict(dev, submit, done, due, dtime); /* done < 0 cannot happen: in time order */
 }
 
 int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time)
@@ -594,6 +634,7 @@ int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time)
     pthread_mutex_lock(&dev->lock);
     sde_model_free(dev->model);
     dev->model = m;
+    dev->write_cache = p ? p->write_cache : 0;
     dev->virtual_time = virtual_time;
     dev->origin = now_ns();
     dev->vclock = 0;
@@ -759,7 +800,7 @@ static int complete_committed(sde_dev *dev, int failed)
         if (dev->wait_head == NO_CTX)
             dev->wait_tail = NO_CTX;
         kv_finish(dev, x, failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS,
-                  x->kind == CTX_KV_PUT ? x->vlen : 0);
+                  x->kind == CTX_KV_PUT || x->kind == CTX_QSTORE ? x->vlen : 0);
         n++;
     }
     return n;
@@ -852,27 +893,45 @@ static uint16_t put_fields(sde_dev *dev, const sde_sqe *c)
     return c->param0 > SDE_KV_STORE_IF_NOT_EXISTS ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
 }
 
-static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+/* A put's device time once its placement is known (wrote: its bytes go to NAND at off).
+ * A plain put is timed as a write (or, stored already, a NOP) from its fetch; a quantized
+ * store continues from its kernel's end (x->ready): programmed, unless the write cache
+ * acknowledges it first. */
+static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
+                       uint64_t off, uint64_t len)
 {
-    uint8_t key[SDE_KEY_MAX];
-    uint32_t klen;
-    struct dev_buf *b = kv_value_args(dev, qp, c, cls, t0, key, &klen, put_fields);
-    if (!b)
-        return;
-    uint16_t st;
-    uint8_t *src = b->addr + c->buf_offset;
-    struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_PUT, t0);
-    x->vlen = c->length;
-    st = st_put_begin(dev->store, 0, key, klen, src, c->length, (int)c->param0, &x->plan);
-    if (st) {
-        ctx_put(dev, x);
-        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+    if (x->kind == CTX_KV_PUT) {
+        model_times(dev, c, x->t0, wrote ? SDE_CMD_WRITE : SDE_CMD_NOP, off, len, &x->due,
+                    &x->dtime);
         return;
     }
-    x->result = (uint64_t)x->plan.existed;
+    double done = x->ready;
+    if (wrote && dev->model) {
+        double programmed = sde_model_program(dev->model, x->ready, off, len);
+        if (!dev->write_cache && programmed > done)
+            done = programmed;
+    }
+    model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
+}
+
+/* Store len bytes at src under the context's key: plan (dedup, an extent), write, then commit
+ * in the next journal group.  buf_index >= 0: src lies in that registered buffer (whole
+ * blocks go direct, a partial last block through a bounce); staged: src is the context's own
+ * block-padded bounce (x->bounce), written whole.  c: the SQE of a plain put (its timing). */
+static void kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
+                         uint64_t len, int mode, int buf_index, int staged)
+{
+    uint16_t st = st_put_begin(dev->store, 0, x->key, x->klen, src, len, mode, &x->plan);
+    if (st) {
+        kv_finish(dev, x, st, 0);
+        return;
+    }
+    x->vlen = len;
+    if (x->kind == CTX_KV_PUT)
+        x->result = (uint64_t)x->plan.existed;
     if (!x->plan.wrote) {
         /* the bytes are stored already (under this key, or another: shared) */
-        model_times(dev, c, t0, SDE_CMD_NOP, 0, 0, &x->due, &x->dtime);
+        put_timing(dev, x, c, 0, 0, 0);
         uint64_t group;
         st = st_put_commit(dev->store, &x->plan, &group);
         if (st || !group) {
@@ -884,12 +943,17 @@ static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     }
     uint64_t off, nbytes;
     st_ext_place(dev->store, x->plan.ext, &off, &nbytes);
-    model_times(dev, c, t0, SDE_CMD_WRITE, off, c->length, &x->due, &x->dtime);
+    put_timing(dev, x, c, 1, off, len);
     uint32_t blk = st_block(dev->store);
-    int direct = !(b->flags & SDE_BUF_BOUNCE) && (uintptr_t)src % blk == 0;
-    uint64_t full = direct ? c->length / blk * blk : 0;
+    if (staged) {
+        kv_queue(dev, &x->io, SDE_OP_WRITE, src, nbytes, off, -1);
+        x->nio++;
+        return;
+    }
+    int direct = buf_index >= 0 && (uintptr_t)src % blk == 0;
+    uint64_t full = direct ? len / blk * blk : 0;
     if (full) {
-        kv_queue(dev, &x->io, SDE_OP_WRITE, src, full, off, (int)c->buf - 1);
+        kv_queue(dev, &x->io, SDE_OP_WRITE, src, full, off, buf_index);
         x->nio++;
     }
     if (full < nbytes) {
@@ -904,12 +968,26 @@ static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
                 kv_finish(dev, x, SDE_SC_INTERNAL, 0);
             return;
         }
-        memcpy(x->bounce, src + full, c->length - full);
-        memset(x->bounce + (c->length - full), 0, n - (c->length - full));
-        x->copied += c->length - full;
+        memcpy(x->bounce, src + full, len - full);
+        memset(x->bounce + (len - full), 0, n - (len - full));
+        x->copied += len - full;
         kv_queue(dev, &x->io2, SDE_OP_WRITE, x->bounce, n, off + full, -1);
         x->nio++;
     }
+}
+
+static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    struct dev_buf *b = kv_value_args(dev, qp, c, cls, t0, key, &klen, put_fields);
+    if (!b)
+        return;
+    struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_PUT, t0);
+    memcpy(x->key, key, sizeof(key));
+    x->klen = klen;
+    kv_put_value(dev, x, c, b->addr + c->buf_offset, c->length, (int)c->param0,
+                 (b->flags & SDE_BUF_BOUNCE) ? -1 : (int)c->buf - 1, 0);
 }
 
 static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
@@ -966,11 +1044,309 @@ static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     }
 }
 
+/* ---- compute commands: the firmware's kernels on its threads (c/sde_fw.h) -------------- */
+
+/* The completion status of a firmware entry point's failure. */
+static uint16_t fw_status(int64_t ret)
+{
+    switch (ret) {
+    case SDE_FW_E_OUT_SMALL:
+    case SDE_FW_E_VALUE_SIZE:
+        return SDE_SC_KV_INVALID_VALUE_SIZE;
+    case SDE_FW_E_NONFINITE: /* inf or NaN in the block */
+    case SDE_FW_E_REQUEST:
+    case SDE_FW_E_SCHEME:
+        return SDE_SC_INVALID_FIELD;
+    default:
+        /* -1..-9: the stored value is not a compressed block, or a corrupt one */
+        return ret < 0 && ret >= -9 ? SDE_SC_INVALID_FIELD : SDE_SC_INTERNAL;
+    }
+}
+
+/* A kernel whose input is ready at `ready` (the command's clock): its end on the budget. */
+static double charge(sde_dev *dev, int kernel, sde_kernel_cost cost, double ready,
+                     uint64_t host_ns)
+{
+    return sde_budget_charge(&dev->budget, kernel, cost, ready, (double)host_ns, NULL);
+}
+
+static void fw_submit(sde_dev *dev, struct dev_ctx *x, int kind, const uint8_t *in,
+                      int64_t in_len, uint8_t *out, int64_t out_cap, const uint8_t *req)
+{
+    sde_fw_job *j = &x->job;
+    memset(j, 0, sizeof(*j));
+    j->kind = kind;
+    j->in = in;
+    j->in_len = in_len;
+    j->out = out;
+    j->out_cap = out_cap;
+    j->req = req;
+    j->owner = ctx_index(dev, x);
+    sde_fw_submit(dev->fw, j);
+}
+
+/* A compute command's context, or NULL (its completion posted) when there is no firmware. */
+static struct dev_ctx *compute_ctx(sde_dev *dev, int qp, const sde_sqe *c, int cls, int kind,
+                                   uint64_t t0)
+{
+    if (!dev->fw || !dev->store) {
+        finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+        return NULL;
+    }
+    struct dev_ctx *x = ctx_take(dev, qp, c, cls, kind, t0);
+    x->msubmit = model_submit(dev, c, t0);
+    x->ready = x->msubmit;
+    return x;
+}
+
+/* KV_STORE_QUANTIZED: the request (64 bytes) leads the block in the command's range, or
+ * (param0 != 0) lies in a buffer of the client's own: handle << 40 | offset, so that a block
+ * in a registered buffer needs no room before it.  The block crosses the link as it is, is
+ * quantized into a staging buffer of the drive's, and that is stored as a put stores. */
+static void qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    struct dev_buf *b = kv_value_args(dev, qp, c, cls, t0, key, &klen, NULL);
+    if (!b)
+        return;
+    const uint8_t *req, *src;
+    uint64_t src_len;
+    uint8_t *base = b->addr + c->buf_offset;
+    if (!c->param0) {
+        if (c->length < 64) {
+            finish(dev, qp, cls, c->cid, SDE_SC_INVALID_FIELD, 0, 0, t0);
+            return;
+        }
+        req = base;
+        src = base + 64;
+        src_len = c->length - 64;
+    } else {
+        sde_sqe r = {.buf = (uint32_t)(c->param0 >> 40),
+                     .buf_offset = c->param0 & ((1ull << 40) - 1), .length = 64};
+        struct dev_buf *rb = client_range(dev, &dev->qps[qp], &r);
+        if (!rb) {
+            finish(dev, qp, cls, c->cid, SDE_SC_INVALID_BUFFER, 0, 0, t0);
+            return;
+        }
+        req = rb->addr + r.buf_offset;
+        src = base;
+        src_len = c->length;
+    }
+    struct dev_ctx *x = compute_ctx(dev, qp, c, cls, CTX_QSTORE, t0);
+    if (!x)
+        return;
+    memcpy(x->key, key, sizeof(key));
+    x->klen = klen;
+    memcpy(x->req, req, sizeof(x->req));
+    /* check the request and learn the compressed size (no kernel runs) */
+    int64_t info[8] = {0};
+    int64_t r = dev->fw_entry.quantize(x->req, src, (int64_t)src_len, NULL,
+                                                          0, info);
+    uint16_t st = r != SDE_FW_E_OUT_SMALL ? fw_status(r < 0 ? r : SDE_FW_E_REQUEST)
+                  : (uint64_t)info[SDE_FW_INFO_RAW] != src_len ? SDE_SC_KV_INVALID_VALUE_SIZE
+                  : (uint64_t)info[SDE_FW_INFO_COMPRESSED] > st_max_value(dev->store)
+                      ? SDE_SC_KV_INVALID_VALUE_SIZE : SDE_SC_SUCCESS;
+    uint64_t size = (uint64_t)info[SDE_FW_INFO_COMPRESSED];
+    uint32_t blk = st_block(dev->store);
+    uint64_t nbytes = (size + blk - 1) / blk * blk;
+    if (!st && !(x->bounce = bounce_alloc(nbytes)))
+        st = SDE_SC_INTERNAL;
+    if (st) {
+        kv_finish(dev, x, st, 0);
+        return;
+    }
+    memset(x->bounce + size, 0, nbytes - size); /* nothing past the value reaches the media */
+    if (dev->model)
+        x->ready = sde_model_receive(dev->model, x->msubmit, src_len);
+    fw_submit(dev, x, SDE_FW_QUANTIZE, src, (int64_t)src_len, x->bounce, (int64_t)size,
+              x->req);
+}
+
+/* KV_RETRIEVE_DEQUANTIZED: the compressed block is read into a staging buffer, checked, and
+ * dequantized straight into the client's buffer (no copy). */
+static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    struct dev_buf *b = kv_value_args(dev, qp, c, cls, t0, key, &klen, NULL);
+    if (!b)
+        return;
+    struct dev_ctx *x = compute_ctx(dev, qp, c, cls, CTX_DQ_GET, t0);
+    if (!x)
+        return;
+    uint64_t off;
+    uint16_t st = st_get_begin(dev->store, 0, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
+    if (st) {
+        kv_finish(dev, x, st, 0);
+        return;
+    }
+    uint32_t blk = st_block(dev->store);
+    uint64_t nbytes = (x->vlen + blk - 1) / blk * blk;
+    x->bounce = bounce_alloc(nbytes);
+    if (!x->bounce) {
+        st_get_end(dev->store, x->ext);
+        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        return;
+    }
+    x->copy_to = b->addr + c->buf_offset;
+    x->copy_len = c->length;
+    if (dev->model)
+        x->ready = sde_model_sense(dev->model, x->msubmit, off, x->vlen);
+    kv_queue(dev, &x->io, SDE_OP_READ, x->bounce, nbytes, off, -1);
+    x->nio++;
+}
+
+static void dq_read_done(sde_dev *dev, struct dev_ctx *x)
+{
+    uint16_t st = x->io_failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+    /* the checksum: a value that does not match what was stored is an error, never data */
+    if (!st && st_value_hash(x->bounce, x->vlen) != x->vhash)
+        st = SDE_SC_MEDIA_ERROR;
+    st_get_end(dev->store, x->ext);
+    if (st) {
+        kv_finish(dev, x, st, 0);
+        return;
+    }
+    fw_submit(dev, x, SDE_FW_DEQUANTIZE, x->bounce, (int64_t)x->vlen, x->copy_to,
+              (int64_t)x->copy_len, NULL);
+}
+
+/* The prefix block sizes the drive hashes (hostlib/prefix_hash.py BLOCK_SIZES). */
+static int prefix_block_size_ok(uint64_t t) { return t == 16 || t == 256 || t == 512; }
+
+/* PREFIX_MATCH: the keys are probed here, against the store's index. */
+static void prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    struct dev_buf *b = client_range(dev, &dev->qps[qp], c);
+    uint16_t st = c->flags ? SDE_SC_INVALID_FIELD
+                  : !b ? SDE_SC_INVALID_BUFFER
+                  : !c->length || c->length % 16 ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
+    if (!st && (!dev->fw || !dev->store))
+        st = SDE_SC_INTERNAL;
+    if (st) {
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    uint64_t n = c->length / 16;
+    uint64_t h0 = now_ns();
+    uint64_t hits = sde_store_prefix_match(dev->store, b->addr + c->buf_offset, n);
+    uint64_t host = now_ns() - h0;
+    double submit = model_submit(dev, c, t0);
+    double done = charge(dev, SDE_KERNEL_PREFIX_MATCH,
+                         sde_cost_prefix_match(hits + 1 < n ? hits + 1 : n), submit, host);
+    uint64_t due, dtime;
+    model_verdict(dev, submit, done, &due, &dtime);
+    finish_at(dev, qp, cls, c->cid, SDE_SC_SUCCESS, hits, 0, t0, due, dtime);
+}
+
+/* PREFIX_MATCH_TOKENS: a 16-byte root key, then token ids (uint32); the chain of keys is
+ * hashed on a firmware thread, then matched here. */
+static void prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    struct dev_buf *b = client_range(dev, &dev->qps[qp], c);
+    uint16_t st = c->flags ? SDE_SC_INVALID_FIELD
+                  : !b ? SDE_SC_INVALID_BUFFER
+                  : !prefix_block_size_ok(c->param0) || c->length < 16 || (c->length - 16) % 4
+                      ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
+    uint64_t ntokens = st ? 0 : (c->length - 16) / 4;
+    uint64_t nblocks = st ? 0 : ntokens / c->param0;
+    if (st || !nblocks) {
+        finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+        return;
+    }
+    struct dev_ctx *x = compute_ctx(dev, qp, c, cls, CTX_PM_TOKENS, t0);
+    if (!x)
+        return;
+    x->bounce = bounce_alloc(nblocks * 16);
+    if (!x->bounce) {
+        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        return;
+    }
+    uint8_t *base = b->addr + c->buf_offset;
+    fw_submit(dev, x, SDE_FW_HASH, base + 16, (int64_t)ntokens, x->bounce,
+              (int64_t)nblocks * 16, base);
+    x->job.block_tokens = (int64_t)c->param0;
+}
+
+/* A firmware job is done: the command goes on. */
+static void fw_job_done(sde_dev *dev, sde_fw_job *j)
+{
+    struct dev_ctx *x = &dev->ctx[j->owner];
+    const int64_t *info = j->info;
+    if (j->ret < 0) {
+        if (j->ret == SDE_FW_E_OUT_SMALL && x->kind == CTX_DQ_GET)
+            x->result = (uint64_t)info[SDE_FW_INFO_RAW]; /* how large a buffer it needs */
+        kv_finish(dev, x, fw_status(j->ret), 0);
+        return;
+    }
+    switch (x->kind) {
+    case CTX_QSTORE:
+        x->ready = charge(dev, SDE_KERNEL_QUANTIZE,
+                          sde_cost_quantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
+                                            (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
+                                            (int)info[SDE_FW_INFO_KIND],
+                                            (uint32_t)info[SDE_FW_INFO_GROUP],
+                                            (uint64_t)j->ret),
+                          x->ready, j->host_ns);
+        x->result = (uint64_t)j->ret; /* the compressed size */
+        kv_put_value(dev, x, NULL, x->bounce, (uint64_t)j->ret, SDE_KV_STORE_ANY, -1, 1);
+        return;
+    case CTX_DQ_GET: {
+        double done = charge(dev, SDE_KERNEL_DEQUANTIZE,
+                             sde_cost_dequantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
+                                                 (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
+                                                 (int)info[SDE_FW_INFO_KIND],
+                                                 (uint32_t)info[SDE_FW_INFO_GROUP], x->vlen),
+                             x->ready, j->host_ns);
+        if (dev->model) /* the dequantized block crosses the link */
+            done = sde_model_transfer(dev->model, done, (uint64_t)j->ret);
+        model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
+        x->result = (uint64_t)j->ret;
+        kv_finish(dev, x, SDE_SC_SUCCESS, (uint64_t)j->ret);
+        return;
+    }
+    case CTX_PM_TOKENS: {
+        uint64_t n = (uint64_t)j->ret;
+        double hashed = charge(dev, SDE_KERNEL_PREFIX_HASH,
+                               sde_cost_prefix_hash(n, (uint32_t)j->block_tokens),
+                               x->msubmit, j->host_ns);
+        uint64_t h0 = now_ns();
+        uint64_t hits = sde_store_prefix_match(dev->store, x->bounce, n);
+        double done = charge(dev, SDE_KERNEL_PREFIX_MATCH,
+                             sde_cost_prefix_match(hits + 1 < n ? hits + 1 : n), hashed,
+                             now_ns() - h0);
+        model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
+        x->result = hits;
+        kv_finish(dev, x, SDE_SC_SUCCESS, 0);
+        return;
+    }
+    default:
+        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+    }
+}
+
+static int reap_firmware(sde_dev *dev)
+{
+    if (!dev->fw)
+        return 0;
+    int n = 0;
+    for (sde_fw_job *j = sde_fw_take_done(dev->fw), *next; j; j = next, n++) {
+        next = j->next;
+        fw_job_done(dev, j);
+    }
+    return n;
+}
+
 /* Every I/O of a KV command has ended. */
 static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
 {
     int active = dev->qps[x->qp].active;
-    if (x->kind == CTX_KV_PUT) {
+    if (x->kind == CTX_DQ_GET) {
+        dq_read_done(dev, x);
+        return;
+    }
+    if (x->kind == CTX_KV_PUT || x->kind == CTX_QSTORE) {
         if (x->io_failed || x->no_memory) {
             st_put_abort(dev->store, &x->plan);
             kv_finish(dev, x, x->no_memory ? SDE_SC_INTERNAL : SDE_SC_MEDIA_ERROR, 0);
@@ -1109,8 +1485,10 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     case SDE_CMD_KV_LIST:
     case SDE_CMD_PIN:
     case SDE_CMD_UNPIN:
-        if (!dev->store)
-            goto host;
+        if (!dev->store) {
+            finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+            return 0;
+        }
         if (c->opcode == SDE_CMD_KV_STORE)
             kv_put_start(dev, qp, c, cls, t0);
         else if (c->opcode == SDE_CMD_KV_RETRIEVE)
@@ -1120,12 +1498,22 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
         else
             kv_now(dev, qp, c, cls, t0);
         return 0;
+    case SDE_CMD_KV_STORE_QUANTIZED:
+        qstore_start(dev, qp, c, cls, t0);
+        return 0;
+    case SDE_CMD_KV_RETRIEVE_DEQUANTIZED:
+        dq_get_start(dev, qp, c, cls, t0);
+        return 0;
+    case SDE_CMD_PREFIX_MATCH:
+        prefix_match_now(dev, qp, c, cls, t0);
+        return 0;
+    case SDE_CMD_PREFIX_MATCH_TOKENS:
+        prefix_tokens_start(dev, qp, c, cls, t0);
+        return 0;
     default:
-    host:
-        /* admin and compute commands run on the host side (Python: the control plane,
-         * the firmware kernels) */
-        if ((sde_dev_opcode_where(c->opcode) == SDE_RUN_HOST || cls == SDE_CLASS_KV ||
-             cls == SDE_CLASS_COMPUTE) && dev->admin_tail - dev->admin_head < ADMIN_CAP) {
+        /* admin commands run on the host side (Python: the control plane) */
+        if (sde_dev_opcode_where(c->opcode) == SDE_RUN_HOST &&
+            dev->admin_tail - dev->admin_head < ADMIN_CAP) {
             sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
             a->qp = qp;
             a->client = q->client;
@@ -1261,6 +1649,7 @@ static int pass(sde_dev *dev)
         q->nstage = 0;
         kick(q->cfd);
     }
+    work += reap_firmware(dev); /* puts of quantized blocks queue their writes */
     sde_submit_queued(dev->eng);
     work += reap_engine(dev);
     if (journal_kick(dev)) {
@@ -1348,7 +1737,7 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
      * store can be flushed and closed */
     for (;;) {
         pthread_mutex_lock(&dev->lock);
-        uint32_t left = sde_inflight(dev->eng);
+        uint32_t left = sde_inflight(dev->eng) + (dev->fw ? sde_fw_pending(dev->fw) : 0);
         if (left)
             pass(dev);
         pthread_mutex_unlock(&dev->lock);
@@ -1419,46 +1808,47 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
     return ret;
 }
 
-uint64_t sde_dev_model_stage(sde_dev *dev, int stage, uint64_t offset, uint64_t nbytes,
-                             uint64_t after_ns, uint64_t t0_ns, uint64_t submit_ns)
+/* ---- the firmware and its budget ------------------------------------------------------ */
+
+int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
+                         uint64_t hash_chain, uint32_t threads, double tops, uint32_t units,
+                         double memory_bytes_per_s)
 {
+    sde_budget b;
+    int r = sde_budget_init(&b, tops, units, memory_bytes_per_s);
+    if (r < 0)
+        return r;
+    sde_fw_entry e = {(sde_fw_quantize_fn)(uintptr_t)quantize,
+                      (sde_fw_dequantize_fn)(uintptr_t)dequantize,
+                      (sde_fw_hash_fn)(uintptr_t)hash_chain};
+    sde_fw *fw;
+    r = sde_fw_new(&e, threads, dev->doorbell, &fw);
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&dev->lock);
-    uint64_t out = 0;
-    if (dev->model) {
-        int begins = stage != SDE_STAGE_TRANSFER && stage != SDE_STAGE_PROGRAM;
-        if (begins) {
-            double submit;
-            if (dev->virtual_time) {
-                if ((double)submit_ns > dev->vclock)
-                    dev->vclock = (double)submit_ns;
-                submit = dev->vclock;
-            } else {
-                /* the slow path runs after later fast-path commands: never before the
-                 * horizon */
-                double horizon = sde_model_horizon(dev->model);
-                submit = (double)(t0_ns - dev->origin);
-                if (submit < horizon)
-                    submit = horizon;
-            }
-            dev->stage_origin = submit;
-        }
-        double base = dev->virtual_time ? 0.0 : dev->stage_origin;
-        double after = base + (double)after_ns;
-        double s = dev->stage_origin, done;
-        switch (stage) {
-        case SDE_STAGE_READ: done = sde_model_read(dev->model, s, offset, nbytes); break;
-        case SDE_STAGE_WRITE: done = sde_model_write(dev->model, s, offset, nbytes); break;
-        case SDE_STAGE_SENSE: done = sde_model_sense(dev->model, s, offset, nbytes); break;
-        case SDE_STAGE_RECEIVE: done = sde_model_receive(dev->model, s, nbytes); break;
-        case SDE_STAGE_TRANSFER: done = sde_model_transfer(dev->model, after, nbytes); break;
-        case SDE_STAGE_PROGRAM:
-            done = sde_model_program(dev->model, after, offset, nbytes);
-            break;
-        default: done = sde_model_nop(dev->model, s); break;
-        }
-        if (done >= 0)
-            out = dev->virtual_time ? (uint64_t)done : (uint64_t)(done - base) + 1;
+    sde_fw *old = dev->fw;
+    int busy = old && sde_fw_pending(old);
+    if (!busy) {
+        dev->fw = fw;
+        dev->fw_entry = e;
+        dev->budget = b;
     }
     pthread_mutex_unlock(&dev->lock);
-    return out;
+    sde_fw_free(busy ? fw : old);
+    return busy ? -EBUSY : 0;
+}
+
+void sde_dev_budget(sde_dev *dev, sde_budget *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    *out = dev->budget;
+    pthread_mutex_unlock(&dev->lock);
+}
+
+double sde_dev_clock_ns(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    double t = dev->virtual_time ? dev->vclock : (double)(now_ns() - dev->origin);
+    pthread_mutex_unlock(&dev->lock);
+    return t;
 }

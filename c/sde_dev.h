@@ -2,8 +2,9 @@
  * The device core: the daemon's data plane, in C.  It polls every queue pair's SQ, copies
  * each command out once, validates it against the sending client's own buffers and the
  * namespaces, runs block I/O through the io_uring engine straight into the client's
- * registered buffer, and posts completions.  Admin commands are handed to the daemon's
- * Python side (sde_dev_admin_pop / sde_dev_complete).  Python owns the control plane and
+ * registered buffer, runs KV commands against the store and compute commands on the
+ * firmware's threads (c/sde_fw.h), and posts completions.  Admin commands are handed to the
+ * daemon's Python side (sde_dev_admin_pop / sde_dev_complete).  Python owns the control plane and
  * changes these tables only through the calls below, which take the core's lock.
  */
 #ifndef SDE_DEV_H
@@ -12,6 +13,7 @@
 #include "sde_queue.h"
 #include "sde_model.h"
 #include "sde_store.h"
+#include "sde_budget.h"
 
 /* CDEF-BEGIN */
 #define SDE_MAX_QPS 256
@@ -103,25 +105,23 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
  * modelled completion time, nothing is held.  p NULL: no model (measured times). */
 int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time);
 void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out);
-/* The model's time for a stage of the work the slow path does for one command (in
- * sde_model.h's terms): SDE_STAGE_READ, _WRITE, _NOP, _SENSE and _RECEIVE begin a command
- * fetched at t0_ns (real) or stamped submit_ns (virtual); _TRANSFER and _PROGRAM continue the
- * last begun one at after_ns.  Times are latencies since the command's modelled submission
- * (real) or completion times on the virtual clock (virtual), after_ns likewise.  0 without a
- * model. */
-enum {
-    SDE_STAGE_READ = 0, SDE_STAGE_WRITE = 1, SDE_STAGE_NOP = 2, SDE_STAGE_SENSE = 3,
-    SDE_STAGE_RECEIVE = 4, SDE_STAGE_TRANSFER = 5, SDE_STAGE_PROGRAM = 6
-};
-uint64_t sde_dev_model_stage(sde_dev *dev, int stage, uint64_t offset, uint64_t nbytes,
-                             uint64_t after_ns, uint64_t t0_ns, uint64_t submit_ns);
-
 /* The KV store: once attached, KV commands (store, retrieve, delete, exist, list) and pins
  * run in the data plane against it.  Python's synchronous store calls (sde_store_*) go
  * between enter (the core's lock, no journal write in flight) and leave. */
 int sde_dev_attach_store(sde_dev *dev, sde_store *st);
 void sde_dev_store_enter(sde_dev *dev);
 void sde_dev_store_leave(sde_dev *dev);
+
+/* The firmware: the addresses of its entry points (firmware/entry.py), the threads that run
+ * them, and the TOPS budget (c/sde_budget.h) its kernels are charged to.  Compute commands
+ * answer INTERNAL until it is set; -EBUSY while the previous one has jobs. */
+int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
+                         uint64_t hash_chain, uint32_t threads, double tops, uint32_t units,
+                         double memory_bytes_per_s);
+void sde_dev_budget(sde_dev *dev, sde_budget *out);   /* a copy of the budget's state */
+/* The device clock: the virtual clock's latest submission, or real time since the model's
+ * origin. */
+double sde_dev_clock_ns(sde_dev *dev);
 
 /* The command class an opcode dispatches to (SDE_CLASS_INVALID for none), and where it
  * runs (SDE_RUN_*, -1 for none). */

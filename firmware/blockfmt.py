@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from firmware import blockops as B
 from firmware.checksum import sum64
-from firmware.layout import DTYPE_NAMES, KVShape
+from firmware.layout import KVShape
 
 MAGIC = b"SDKV"
 VERSION = 1
@@ -96,48 +97,45 @@ def seal(header: BlockHeader, block: np.ndarray) -> np.ndarray:
     return block
 
 
-def _check_fields(scheme, bits, flags, dtype, group, residual, tokens) -> str | None:
-    """What is wrong with these header fields, or None."""
-    if scheme not in SCHEME_NAMES or dtype not in DTYPE_NAMES or flags & ~3:
-        return f"scheme {scheme}, dtype {dtype}, flags {flags}"
-    if scheme == SCHEME_FP8:
-        if bits != 8 or group != 0 or residual or flags & FLAG_SYMMETRIC:
-            return f"fp8 with bits {bits}, group {group}, residual {residual}, flags {flags}"
-    elif bits not in (4, 8) or group not in INT_GROUPS or flags & FLAG_PER_HEAD:
-        return f"bits {bits}, group {group}, flags {flags}"
-    if scheme == SCHEME_INT and residual:
-        return f"residual {residual} on an int block"
-    if scheme == SCHEME_KIVI and (residual > tokens or flags & FLAG_SYMMETRIC):
-        return f"KIVI with residual {residual} of {tokens} tokens, flags {flags}"
-    return None
+_FIELD_NAMES = {B.P_BITS: "bits", B.P_GROUP: "group", B.P_KIND: "scheme", B.P_DTYPE: "dtype",
+                B.P_RESIDUAL: "residual"}
 
 
 def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
-    """Parse and verify a compressed block; returns its header and body (a view)."""
+    """Parse and verify a compressed block (firmware/blockops.open_header, the drive's own
+    check); returns its header and body (a view).  CorruptBlockError says what is wrong."""
     buf = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
     buf = buf.reshape(-1).view(np.uint8)
     if buf.ctypes.data % 8:  # the checksum and the float32 sections want aligned words
         buf = buf.copy()
-    if buf.nbytes < HEADER_BYTES:
-        raise CorruptBlockError(f"compressed block too short: {buf.nbytes} bytes")
-    (magic, version, hbytes, scheme, bits, flags, dtype, group, tokens, layers, heads, hdim,
-     body_bytes, checksum, residual) = _HEADER.unpack(buf[:HEADER_BYTES].tobytes())
-    if magic != MAGIC:
-        raise CorruptBlockError(f"not a compressed KV block (magic {magic!r})")
-    if version != VERSION or hbytes != HEADER_BYTES:
-        raise CorruptBlockError(f"unsupported compressed block version {version}")
-    if buf.nbytes != HEADER_BYTES + body_bytes:
-        raise CorruptBlockError(
-            f"compressed block is {buf.nbytes} bytes, header says {HEADER_BYTES + body_bytes}")
-    if int(sum64(buf, _CHECKSUM_WORD)) != checksum:
-        raise CorruptBlockError("compressed block checksum mismatch")
-    # fields are checked after the checksum too: a block can be well-sealed and still wrong
-    problem = _check_fields(scheme, bits, flags, dtype, group, residual, tokens)
-    if problem:
-        raise CorruptBlockError(f"bad header: {problem}")
-    try:
-        shape = KVShape(tokens, layers, heads, hdim)
-    except ValueError as e:
-        raise CorruptBlockError(f"bad header: {e}") from None
-    return BlockHeader(scheme, bits, flags, dtype, group, shape, body_bytes, residual), \
-        buf[HEADER_BYTES:]
+    p = np.zeros(B.NPARAM, np.int64)
+    e = B.open_header(buf, p)
+    if e:
+        raise CorruptBlockError(_problem(e, buf, p))
+    flags = (FLAG_SYMMETRIC if p[B.P_SYM] else 0) | (FLAG_PER_HEAD if p[B.P_PER_HEAD] else 0)
+    shape = KVShape(*(int(p[i]) for i in (B.P_TOKENS, B.P_LAYERS, B.P_HEADS, B.P_HDIM)))
+    header = BlockHeader(int(p[B.P_KIND]), int(p[B.P_BITS]), flags, int(p[B.P_DTYPE]),
+                         int(p[B.P_GROUP]), shape, int(p[B.P_BODY]), int(p[B.P_RESIDUAL]))
+    return header, buf[HEADER_BYTES:]
+
+
+def _problem(e: int, buf: np.ndarray, p: np.ndarray) -> str:
+    if e == B.E_SHORT:
+        return f"compressed block too short: {buf.nbytes} bytes"
+    if e == B.E_MAGIC:
+        return f"not a compressed KV block (magic {buf[:4].tobytes()!r})"
+    if e == B.E_VERSION:
+        return "unsupported compressed block version"
+    if e == B.E_LENGTH:
+        return (f"compressed block is {buf.nbytes} bytes, header says "
+                f"{HEADER_BYTES + int(p[B.P_BODY])}")
+    if e == B.E_CHECKSUM:
+        return "compressed block checksum mismatch"
+    fields = ", ".join(f"{name} {int(p[i])}" for i, name in _FIELD_NAMES.items())
+    if e == B.E_FIELDS:
+        return f"bad header: {fields}, flags {int(buf[10])}"
+    if e == B.E_SHAPE:
+        return "bad header: a shape field is 0 or too large"
+    if e == B.E_KIVI_GROUPS:
+        return "bad header: KIVI quantized tokens are not whole groups"
+    return f"bad header: the body is {int(p[B.P_BODY])} bytes, not what {fields} imply"

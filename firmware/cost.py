@@ -19,21 +19,26 @@ or per block:
   (the key and a 32-byte slot).
 - index insert: 40 per key (probe, slot and LRU updates); 112 bytes per key.
 
-The budget (`TopsBudget`) holds a profile's figures: TOPS, compute units and device-memory
-bandwidth.  One call runs on the compute unit that frees up first:
-start = max(submit time, unit's busy-until), device time = max(ops / per-unit rate,
-bytes / memory bandwidth), busy-until = start + device time.  Memory bandwidth is not split
-between units: a simplification that over-estimates throughput when every unit streams at
-once.  Each call also records the host time the real kernel took, so that the daemon can
-tell when this host is slower than the device it emulates (`host_lag_calls`).
+The formulas and the budget are defined once, in C (c/sde_budget.c), where the daemon's
+data plane charges them; this module is their Python face, for model-mode replay, reports and
+tests.  The budget holds a profile's figures: TOPS, compute units and device-memory
+bandwidth.  One call runs on the compute unit that frees up first: start = max(submit time,
+unit's busy-until), device time = max(ops / per-unit rate, bytes / memory bandwidth),
+busy-until = start + device time.  Memory bandwidth is not split between units: a
+simplification that over-estimates throughput when every unit streams at once.  Each call
+also records the host time the real kernel took, so that the daemon can tell when this host
+is slower than the device it emulates (`host_lag_calls`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from firmware.quant import Scheme, parse_scheme
+from ssdemu import _engine
+
+ffi, lib = _engine.ffi, _engine.lib
 
 
 @dataclass(frozen=True)
@@ -47,47 +52,42 @@ class KernelCost:
             raise ValueError(f"a kernel cost must be positive, got {self}")
 
 
-def _groups(n: int, group: int) -> int:
-    return (n + group - 1) // group
+def _cost(c) -> KernelCost:
+    return KernelCost(int(c.ops), int(c.bytes))
+
+
+def _scheme(scheme: Scheme | str) -> tuple[int, int]:
+    s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+    kind = {"int": lib.SDE_SCHEME_INT, "kivi": lib.SDE_SCHEME_KIVI, "fp8": lib.SDE_SCHEME_FP8}
+    return kind[s.kind], s.group
 
 
 def quantize_cost(elements: int, element_bytes: int, scheme: Scheme | str,
                   compressed_bytes: int) -> KernelCost:
-    s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    if s.kind == "fp8":
-        ops = 7 * elements + 2
-    else:
-        ops = 8 * elements + 6 * _groups(elements, s.group)
-        if s.kind == "kivi":
-            ops += elements
-    return KernelCost(ops, elements * element_bytes + compressed_bytes)
+    return _cost(lib.sde_cost_quantize(elements, element_bytes, *_scheme(scheme),
+                                       compressed_bytes))
 
 
 def dequantize_cost(elements: int, element_bytes: int, scheme: Scheme | str,
                     compressed_bytes: int) -> KernelCost:
-    s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    if s.kind == "fp8":
-        ops = 3 * elements
-    else:
-        ops = 4 * elements + _groups(elements, s.group)
-    return KernelCost(ops, elements * element_bytes + compressed_bytes)
+    return _cost(lib.sde_cost_dequantize(elements, element_bytes, *_scheme(scheme),
+                                         compressed_bytes))
 
 
 def prefix_hash_cost(blocks: int, block_tokens: int) -> KernelCost:
-    message = 16 + 4 * block_tokens
-    compressions = (message + 127) // 128
-    return KernelCost(blocks * compressions * 1400, blocks * (message + 16))
+    return _cost(lib.sde_cost_prefix_hash(blocks, block_tokens))
 
 
 def prefix_match_cost(keys_probed: int) -> KernelCost:
-    return KernelCost(20 * keys_probed, 48 * keys_probed)
+    return _cost(lib.sde_cost_prefix_match(keys_probed))
 
 
 def index_insert_cost(keys: int) -> KernelCost:
-    return KernelCost(40 * keys, 112 * keys)
+    return _cost(lib.sde_cost_index_insert(keys))
 
 
-# every kernel the firmware runs, with an example shape, so tests can check them all
+# every kernel the firmware runs, with an example shape, so tests can check them all; the
+# order is the C side's kernel numbering (SDE_KERNEL_*)
 KERNELS = {
     "quantize": lambda: quantize_cost(4096, 2, "int8_g64", 4096 + 512),
     "dequantize": lambda: dequantize_cost(4096, 2, "int8_g64", 4096 + 512),
@@ -95,6 +95,11 @@ KERNELS = {
     "prefix_match": lambda: prefix_match_cost(1),
     "index_insert": lambda: index_insert_cost(1),
 }
+KERNEL_IDS = {"quantize": lib.SDE_KERNEL_QUANTIZE, "dequantize": lib.SDE_KERNEL_DEQUANTIZE,
+              "prefix_hash": lib.SDE_KERNEL_PREFIX_HASH,
+              "prefix_match": lib.SDE_KERNEL_PREFIX_MATCH,
+              "index_insert": lib.SDE_KERNEL_INDEX_INSERT}
+assert len(KERNEL_IDS) == lib.SDE_NKERNELS
 
 
 @dataclass(frozen=True)
@@ -118,43 +123,53 @@ class KernelStats:
     host_lag_calls: int = 0  # calls whose real host time exceeded their device time
 
 
-@dataclass
+def kernel_stats(b) -> dict[str, KernelStats]:
+    """The per-kernel counters of a C budget (an sde_budget), for kernels called at least
+    once."""
+    out = {}
+    for name, i in KERNEL_IDS.items():
+        k = b.kernels[i]
+        if k.calls:
+            out[name] = KernelStats(k.calls, k.ops, k.bytes, k.device_ns, k.host_ns,
+                                    k.host_lag_calls)
+    return out
+
+
 class TopsBudget:
-    """Busy-until time per compute unit; device time per kernel call (see the module doc)."""
+    """Busy-until time per compute unit; device time per kernel call (see the module doc):
+    the C budget (c/sde_budget.c) the daemon charges, held here for model-mode replay."""
 
-    profile: ComputeProfile
-    busy_until_ns: list[float] = field(default_factory=list)
-    busy_ns: list[float] = field(default_factory=list)
-    kernels: dict[str, KernelStats] = field(default_factory=dict)
+    def __init__(self, profile: ComputeProfile):
+        self.profile = profile
+        self._b = ffi.new("sde_budget *")
+        r = lib.sde_budget_init(self._b, profile.tops, profile.compute_units,
+                                profile.device_memory_bytes_per_s)
+        if r < 0:
+            raise ValueError(f"compute profile figures must be positive and finite, with 1 to "
+                             f"{lib.SDE_MAX_UNITS} units: {profile}")
 
-    def __post_init__(self):
-        units = self.profile.compute_units
-        self.busy_until_ns = [0.0] * units
-        self.busy_ns = [0.0] * units
-        self.unit_ops_per_ns = self.profile.tops * 1e12 / units / 1e9
-        self.memory_bytes_per_ns = self.profile.device_memory_bytes_per_s / 1e9
+    @property
+    def busy_until_ns(self) -> list[float]:
+        return list(self._b.busy_until_ns[0:self._b.units])
+
+    @property
+    def busy_ns(self) -> list[float]:
+        return list(self._b.busy_ns[0:self._b.units])
+
+    @property
+    def kernels(self) -> dict[str, KernelStats]:
+        return kernel_stats(self._b)
 
     def device_ns(self, cost: KernelCost) -> float:
-        return max(cost.ops / self.unit_ops_per_ns, cost.bytes / self.memory_bytes_per_ns)
+        return lib.sde_budget_device_ns(self._b, (cost.ops, cost.bytes))
 
     def charge(self, kernel: str, cost: KernelCost, submit_ns: float,
                host_ns: float = 0.0) -> tuple[float, float]:
         """Account one call submitted at submit_ns (device clock); returns (start, done)."""
-        unit = min(range(len(self.busy_until_ns)), key=self.busy_until_ns.__getitem__)
-        start = max(submit_ns, self.busy_until_ns[unit])
-        duration = self.device_ns(cost)
-        done = start + duration
-        self.busy_until_ns[unit] = done
-        self.busy_ns[unit] += duration
-        st = self.kernels.setdefault(kernel, KernelStats())
-        st.calls += 1
-        st.ops += cost.ops
-        st.bytes += cost.bytes
-        st.device_ns += duration
-        st.host_ns += host_ns
-        if host_ns > duration:
-            st.host_lag_calls += 1
-        return start, done
+        start = ffi.new("double *")
+        done = lib.sde_budget_charge(self._b, KERNEL_IDS[kernel], (cost.ops, cost.bytes),
+                                     submit_ns, host_ns, start)
+        return start[0], done
 
     def run(self, kernel: str, cost: KernelCost, submit_ns: float, fn, *args):
         """Run a real kernel, time it on the host, charge it; returns (result, done_ns)."""
@@ -165,9 +180,7 @@ class TopsBudget:
 
     def utilization(self, elapsed_ns: float) -> float:
         """Busy unit-time over available unit-time since the clock's origin."""
-        if elapsed_ns <= 0:
-            return 0.0
-        return sum(self.busy_ns) / (elapsed_ns * len(self.busy_ns))
+        return lib.sde_budget_utilization(self._b, elapsed_ns)
 
     @property
     def host_lag_calls(self) -> int:

@@ -57,7 +57,7 @@ class Future:
     """One command in flight (as kvikio's IOFuture): `done()` polls, `result()` waits."""
 
     __slots__ = ("qp", "cid", "what", "status", "value", "finished", "_after", "device_ns",
-                 "bounce", "_out")
+                 "bounce", "_out", "release")
 
     def __init__(self, qp: QueuePair, cid: int, what: str, after=None, bounce: bool = False):
         self.qp, self.cid, self.what, self._after = qp, cid, what, after
@@ -67,6 +67,7 @@ class Future:
         self.device_ns = 0
         self.bounce = bounce  # holds a share of its queue pair's bounce buffer
         self._out = None
+        self.release = None  # called at completion whatever the status (temporary buffers)
 
     def _complete(self, status: int, result: int, device_ns: int = 0) -> None:
         self.status, self.value, self.finished = status, result, True
@@ -78,6 +79,9 @@ class Future:
         if self.bounce:
             self.qp._bounce_release()
             self.bounce = False
+        if self.release is not None:
+            self.release()
+            self.release = None
 
     def done(self) -> bool:
         if not self.finished:
@@ -333,6 +337,9 @@ class Device:
         fields["cid"] = cid
         fields.setdefault("submit_time_ns", self.submit_time_ns)
         f = Future(qp, cid, what, after, bounce)
+        tmp = getattr(after, "temporary", None)
+        if tmp is not None:
+            f.release = lambda: self.free(tmp)
         if qp._batch is not None:
             qp._batch.append((fields, f))
             return f
@@ -414,6 +421,17 @@ class Device:
         if handle is not None:
             return {"buf": handle, "buf_offset": off, "length": out.nbytes}, False, None
         view = out.reshape(-1).view(np.uint8)
+        if view.nbytes > qp.bounce.nbytes:  # larger than the bounce: a registered one for it
+            tmp = self.alloc(view.nbytes)
+            handle, off = self._locate(tmp)
+
+            def copy_back(n):
+                n = min(int(n), view.nbytes)
+                view[:n] = tmp[:n]
+                return n
+
+            copy_back.temporary = tmp  # submit() frees it at completion, whatever happens
+            return {"buf": handle, "buf_offset": off, "length": view.nbytes}, False, copy_back
         boff, share = qp.bounce_take(view.nbytes)
 
         def copy_back(n):
@@ -557,34 +575,43 @@ class Device:
                                qp: QueuePair | None = None) -> Future:
         """Store a KV block (tokens, 2, layers, kv_heads, head_dim; fp16/bf16 as uint16 bits)
         quantized in the drive; the result is the compressed size.  kv_get returns the
-        compressed block, kv_get_dequantized the block."""
+        compressed block, kv_get_dequantized the block.  A block inside a Device.alloc
+        buffer is read by the drive where it lies (no copy, any size up to the drive's
+        largest value); the 64-byte request then travels in the queue pair's bounce."""
         from firmware.layout import dtype_code
         from ssdemu.queue_layout import QUANT_REQUEST, pack_quant_request
 
         qp = qp or self.qp
         kf = _key_fields(key)
+        what = f"kv store quantized {key!r}"
         t, _two, layers, heads, dim = block.shape
-        header = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
-                                                  dim), np.uint8)
-        n = QUANT_REQUEST.size + block.nbytes
-        if n <= qp.bounce.nbytes:
-            boff, share = qp.bounce_take(n)
-            share[:QUANT_REQUEST.size] = header
+        request = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
+                                                   dim), np.uint8)
+        handle, off = self._locate(block)
+        if handle is None and QUANT_REQUEST.size + block.nbytes <= qp.bounce.nbytes:
+            # small and not registered: request and block together in one bounce share
+            boff, share = qp.bounce_take(QUANT_REQUEST.size + block.nbytes)
+            share[:QUANT_REQUEST.size] = request
             share[QUANT_REQUEST.size:] = _as_bytes_array(block)
-            return self.submit(OPCODES["KV_STORE_QUANTIZED"], f"kv store quantized {key!r}",
-                               qp=qp, bounce=True, buf=qp.bounce_handle, buf_offset=boff,
-                               length=n, **kf)
-        tmp = self.alloc(n)  # a block larger than the bounce: a registered buffer for it
-        tmp[:QUANT_REQUEST.size] = header
-        tmp[QUANT_REQUEST.size:] = _as_bytes_array(block)
-        handle, off = self._locate(tmp)
-
-        def release(result):
-            self.free(tmp)
-            return result
-
-        return self.submit(OPCODES["KV_STORE_QUANTIZED"], f"kv store quantized {key!r}",
-                           qp=qp, after=release, buf=handle, buf_offset=off, length=n, **kf)
+            return self.submit(OPCODES["KV_STORE_QUANTIZED"], what, qp=qp, bounce=True,
+                               buf=qp.bounce_handle, buf_offset=boff, length=share.nbytes,
+                               **kf)
+        tmp = None
+        if handle is None:  # larger than the bounce: a registered buffer for it
+            tmp = self.alloc(block.nbytes)
+            tmp[:] = _as_bytes_array(block)
+            handle, off = self._locate(tmp)
+        roff, rshare = qp.bounce_take(QUANT_REQUEST.size)
+        rshare[:] = request
+        f = self.submit(OPCODES["KV_STORE_QUANTIZED"], what, qp=qp, bounce=True, buf=handle,
+                        buf_offset=off, length=block.nbytes,
+                        param0=(qp.bounce_handle << 40) | roff, **kf)
+        if tmp is not None:
+            if f.finished:
+                self.free(tmp)
+            else:
+                f.release = lambda: self.free(tmp)
+        return f
 
     def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
                          qp: QueuePair | None = None) -> int:

@@ -2,7 +2,9 @@
 
 Threads: the data plane runs in C (`sde_dev_run`, the GIL released) and serves every queue
 pair; this Python thread runs the control plane on a Unix SOCK_SEQPACKET socket (clients,
-queue pairs, buffers), the admin commands the data plane hands over, and shutdown.
+queue pairs, buffers), the admin commands the data plane hands over, and shutdown.  The
+firmware's threads (C pthreads calling the Numba entry points of firmware/entry.py) run the
+compute commands' kernels for the data plane.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from firmware.cost import ComputeProfile, TopsBudget
+from firmware import entry
+from firmware.cost import kernel_stats
 from ssdemu import _engine, control
+from ssdemu.admin import Admin, Outcome
 from ssdemu.media import Media
 from ssdemu.profile import Profile
 from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
-from ssdemu.slowpath import Outcome, SlowPath
 from ssdemu.store import DEFAULT_MAX_VALUE, Store, StoreError, probe
 from ssdemu.timing import model_params
 
@@ -99,10 +102,15 @@ class Daemon:
             lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
         # from here on KV commands run in the data plane against the store (c/sde_store.c)
         self.store.attach(self.dev)
-        self.budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
-                                                profile.compute.memory_bytes_per_s))
-        self._origin_ns = time.monotonic_ns()
-        self.slowpath = SlowPath(self)
+        # the firmware: as many threads as the drive has compute units, at most one per core
+        # of this host (more would only take turns)
+        c = profile.compute
+        threads = max(1, min(c.units, os.cpu_count() or 1, lib.SDE_FW_MAX_THREADS))
+        r = lib.sde_dev_set_firmware(self.dev, *entry.addresses(), threads, c.tops, c.units,
+                                     c.memory_bytes_per_s)
+        if r < 0:
+            raise OSError(-r, f"cannot start the firmware: {os.strerror(-r)}")
+        self.admin = Admin(self)
         self.clients: dict[int, Client] = {}
         self.draining: list[Departure] = []
         self._next_client = 1
@@ -396,10 +404,12 @@ class Daemon:
                 "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
                                               if c.lat_hist[b]},
             }
+        budget = ffi.new("sde_budget *")
+        lib.sde_dev_budget(self.dev, budget)
         compute = {name: {"calls": k.calls, "ops": k.ops, "bytes": k.bytes,
                           "device_ns": k.device_ns, "host_ns": k.host_ns,
                           "host_lag_calls": k.host_lag_calls}
-                   for name, k in self.budget.kernels.items()}
+                   for name, k in kernel_stats(budget).items()}
         ms = ffi.new("sde_model_stats *")
         lib.sde_dev_model_stats(self.dev, ms)
         model = {name: getattr(ms, name) for name, _ in ffi.typeof("sde_model_stats").fields}
@@ -407,7 +417,8 @@ class Daemon:
                 "timing": self.timing, "clock": self.clock, "held": st.held,
                 "host_lag": st.host_lag, "model": model,
                 "compute": compute,
-                "compute_utilization": self.budget.utilization(self.device_now_ns()),
+                "compute_utilization": lib.sde_budget_utilization(budget,
+                                                                   self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
                 "logical_bytes": self.store.logical_bytes,
                 "physical_bytes": self.store.physical_bytes,
@@ -422,25 +433,23 @@ class Daemon:
             for i in range(n):
                 a = cmds[i]
                 try:
-                    out = self.slowpath.run(self.clients.get(a.client), a.sqe, a.t0_ns)
+                    out = self.admin.run(self.clients.get(a.client), a.sqe)
                 except Exception:  # a bug on our side: the client gets an error, we go on
                     log.exception("command %d failed", a.sqe.opcode)
                     out = Outcome(STATUS["INTERNAL"])
                 cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": out.status,
-                                            "result": out.result,
-                                            "device_time_ns": out.device_ns})
-                lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns, a.sqe.opcode, out.bytes,
-                                     out.copied)
+                                            "result": out.result})
+                lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns, a.sqe.opcode, out.bytes, 0)
 
     # -- the drive's clock and prefix index --
     def device_now_ns(self) -> int:
         """The drive's clock: since the daemon started (real), or the latest submission stamp
         (virtual)."""
-        if self.clock == "virtual":  # block I/O stamps the model without the slow path
+        if self.clock == "virtual":  # block I/O stamps the model, compute the data plane
             ms = ffi.new("sde_model_stats *")
             lib.sde_dev_model_stats(self.dev, ms)
-            return max(self.slowpath.vnow, int(ms.horizon_ns))
-        return time.monotonic_ns() - self._origin_ns
+            return int(max(lib.sde_dev_clock_ns(self.dev), ms.horizon_ns))
+        return int(lib.sde_dev_clock_ns(self.dev))
 
     # -- namespaces, kept in the store on the media --
     def namespace_list(self) -> list[dict]:

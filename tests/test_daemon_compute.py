@@ -116,3 +116,109 @@ def test_bad_compute_commands(dev):
         dev.submit(OPCODES["KV_STORE_QUANTIZED"], "raw", buf=h, buf_offset=off, length=4096,
                    lba=1, param1=1).result()
     assert not dev.kv_exists(b"bad")
+
+
+# ---- the compute commands in the data plane (firmware threads, zero copy) ----------------
+
+
+def _raw(dev, opcode, key=b"", **fields):
+    """A raw command (fields as in sde_sqe); returns (status, result)."""
+    from hostlib.client import _key_fields
+
+    f = dev.submit(opcode, "raw", **(_key_fields(key) if key else {}), **fields)
+    while not f.done():
+        f.qp.wait(None)
+    return f.status, f.value
+
+
+def test_compute_from_and_into_registered_buffers_copies_nothing(dev):
+    """A block in a Device.alloc buffer is quantized where it lies (the request travels
+    apart), and a dequantized block lands straight in the client's buffer."""
+    x = block((512, 2, 2, 2, 64), seed=9)  # 512 KiB
+    src = dev.alloc(x.nbytes).view(np.uint16).reshape(x.shape)
+    src[:] = x
+    before = dev.log()["classes"]["compute"]
+    size = dev.kv_put_quantized(b"zc", src, "fp16", "int8_g64")
+    out = dev.alloc(x.nbytes).view(np.uint16).reshape(x.shape)
+    dev.kv_get_dequantized(b"zc", out)
+    after = dev.log()["classes"]["compute"]
+    assert after["commands"] - before["commands"] == 2
+    assert after["bytes_copied"] == before["bytes_copied"]  # nothing copied by the daemon
+    host, _ = dequantize(dev.kv_get(b"zc"))
+    assert len(dev.kv_get(b"zc")) == size and np.array_equal(out, host)
+
+
+def test_a_block_larger_than_the_bounce_from_a_registered_buffer(dev):
+    """8 MiB of fp16 (past the old 4 MiB - 64 B limit), quantized in place."""
+    x = block((1024, 2, 4, 8, 64), seed=3)
+    assert x.nbytes == 8 << 20
+    src = dev.alloc(x.nbytes).view(np.uint16).reshape(x.shape)
+    src[:] = x
+    size = dev.kv_put_quantized(b"big", src, "fp16", "int4_g64")
+    out = np.empty_like(x)
+    dev.kv_get_dequantized(b"big", out)
+    host, _ = dequantize(dev.kv_get(b"big"))
+    assert size < x.nbytes // 3 and np.array_equal(out, host)
+    # and from plain memory (through a temporary registered buffer)
+    assert dev.kv_put_quantized(b"big2", x, "fp16", "int4_g64") == size
+
+
+def test_raw_compute_commands_are_validated(dev):
+    from ssdemu.queue_layout import OPCODES, STATUS, pack_quant_request
+
+    x = block((32, 2, 2, 2, 64), seed=4)
+    req = np.frombuffer(pack_quant_request(0, "int8_g64", 32, 2, 2, 64), np.uint8)
+    buf = dev.alloc(64 + x.nbytes)
+    h, off = dev._locate(buf)
+    buf[:64] = req
+    buf[64:] = x.reshape(-1).view(np.uint8)
+    store = OPCODES["KV_STORE_QUANTIZED"]
+    status, size = _raw(dev, store, b"ok", buf=h, buf_offset=off, length=buf.size)
+    assert status == STATUS["SUCCESS"] and size == len(dev.kv_get(b"ok")) < x.nbytes
+    # one element short, or one block too many: the shape and the bytes disagree
+    assert _raw(dev, store, b"s", buf=h, buf_offset=off, length=buf.size - 2)[0] == \
+        STATUS["KV_INVALID_VALUE_SIZE"]
+    bad = buf.copy()
+    for field, value in ((slice(0, 4), b"XXXX"), (slice(8, 16), b"int9_g64"),
+                         (slice(40, 44), b"\0\0\0\0")):  # magic, scheme, zero tokens
+        buf[field] = np.frombuffer(value, np.uint8)
+        assert _raw(dev, store, b"f", buf=h, buf_offset=off, length=buf.size)[0] == \
+            STATUS["INVALID_FIELD"], value
+        buf[:] = bad
+    # the request apart, in another buffer of the client's: handle << 40 | offset
+    other = dev.alloc(4096)
+    oh, ooff = dev._locate(other)
+    other[:64] = req
+    assert _raw(dev, store, b"apart", buf=h, buf_offset=off + 64, length=x.nbytes,
+                param0=(oh << 40) | ooff)[0] == STATUS["SUCCESS"]
+    for param0 in ((999 << 40), (oh << 40) | (4096 - 32)):  # no such buffer; past its end
+        assert _raw(dev, store, b"nb", buf=h, buf_offset=off + 64, length=x.nbytes,
+                    param0=param0)[0] == STATUS["INVALID_BUFFER"]
+    assert not dev.kv_exists(b"f") and not dev.kv_exists(b"nb") and not dev.kv_exists(b"s")
+    # a dequantized retrieve into too small a buffer says how large a one it needs
+    small = dev.alloc(4096)
+    sh, soff = dev._locate(small)
+    assert _raw(dev, OPCODES["KV_RETRIEVE_DEQUANTIZED"], b"ok", buf=sh, buf_offset=soff,
+                length=4096) == (STATUS["KV_INVALID_VALUE_SIZE"], x.nbytes)
+    with pytest.raises(hostlib.InvalidCommandError):  # the prefix match wants whole keys
+        dev.submit(OPCODES["PREFIX_MATCH"], "raw", buf=sh, buf_offset=soff, length=15).result()
+
+
+def test_compute_commands_in_flight_on_several_queue_pairs(dev):
+    """Many quantized stores and dequantized retrieves at once, on four queue pairs: each
+    block comes back as the host's own dequantization of what the drive stored."""
+    qps = [dev.queue_pair() for _ in range(4)]
+    blocks = [block((64, 2, 2, 2, 64), seed=100 + i) for i in range(32)]
+    futs = [dev.kv_put_quantized_async(b"m%d" % i, b, "fp16", "kivi4_g32_r16" if i % 2
+                                       else "fp8_head", qp=qps[i % 4])
+            for i, b in enumerate(blocks)]
+    for f in futs:
+        f.result()
+    outs = [np.empty_like(b) for b in blocks]
+    futs = [dev.kv_get_dequantized_async(b"m%d" % i, outs[i], qp=qps[i % 4])
+            for i in range(len(blocks))]
+    for f in futs:
+        f.result()
+    for i, out in enumerate(outs):
+        host, _ = dequantize(dev.kv_get(b"m%d" % i))
+        assert np.array_equal(out, host), i

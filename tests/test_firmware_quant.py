@@ -339,3 +339,60 @@ def test_nan_refused_by_every_scheme(scheme):
     x[3, 1, 0, 0, 0] = np.inf
     with pytest.raises(ValueError, match="inf/NaN"):
         quantize(x, "fp32", scheme)
+
+
+# ---- the compiled whole-block code the drive runs (firmware/blockops.py) ------------------
+
+_INT_RE = r"\Aint(8|4)_g0*(32|64|128)(_sym)?\Z"
+_KIVI_RE = r"\Akivi(8|4)_g0*(32|64|128)_r[0-9]{1,9}\Z"
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.one_of(
+    st.from_regex(r"\A(int|kivi|fp8_)[0-9a-z_]{0,14}\Z"),
+    st.sampled_from(["int8_g64", "int4_g128_sym", "kivi4_g32_r128", "kivi8_g64_r0",
+                     "fp8_tensor", "fp8_head", "int8_g64_sym_", "int8_g064", "kivi4_g32",
+                     "int8_g64\0x", "fp8_heads"]),
+    st.text(max_size=20)))
+def test_compiled_scheme_parser_matches_the_grammar(name):
+    """The drive's parser (bytes, no regex) accepts exactly the documented names."""
+    import re
+
+    from firmware import blockops as B
+
+    want = bool(re.match(_INT_RE, name) or re.match(_KIVI_RE, name)
+                or name in ("fp8_tensor", "fp8_head"))
+    raw = name.encode("utf-8")
+    p = np.zeros(B.NPARAM, np.int64)
+    got = len(raw) <= 32 and B.parse_scheme_name(np.frombuffer(raw.ljust(32, b"\0"), np.uint8),
+                                                 p) == 0
+    assert got == want, name
+    if want:  # and the Python API reads the same fields from it
+        s = parse_scheme(name)
+        assert (s.bits, s.group, s.symmetric) == (int(p[B.P_BITS]), int(p[B.P_GROUP]),
+                                                  bool(p[B.P_SYM]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(req=st.binary(min_size=64, max_size=64), keep_magic=st.booleans(),
+       src_len=st.integers(0, 4096))
+def test_entry_point_survives_any_request(req, keep_magic, src_len):
+    """Any 64 request bytes and any block length: a size, or a refusal code; never a crash,
+    never a write past the output it was given."""
+    import ctypes
+
+    from firmware import blockops as B
+    from firmware import entry
+
+    if keep_magic:
+        req = b"SQRQ" + req[4:]
+    fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                          ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
+        entry.fw_quantize.address)
+    r = np.frombuffer(req, np.uint8).copy()
+    src = np.zeros(max(src_len, 1), np.uint8)
+    info = np.zeros(8, np.int64)
+    out = np.full(4096 + 64, 0xAB, np.uint8)
+    n = fn(r.ctypes.data, src.ctypes.data, src_len, out.ctypes.data, 4096, info.ctypes.data)
+    assert n in (B.E_REQUEST, B.E_SCHEME, B.E_OUT_SMALL, B.E_VALUE_SIZE) or 64 <= n <= 4096
+    assert (out[4096:] == 0xAB).all()

@@ -1,0 +1,99 @@
+"""The firmware's C entry points: the data plane's own threads call these (`numba.cfunc`,
+no Python object, no GIL) for the compute commands.  ssdemu/daemon.py hands their addresses
+to the C side (sde_dev_set_firmware); c/sde_fw.h declares the same signatures.
+
+Why entry points called from C worker threads, rather than Python threads parked inside a
+`nogil` kernel that polls a C queue: the data plane's firmware threads are plain pthreads
+that sleep on a condition variable between commands and call straight into compiled code,
+so a command costs one queue hand-off and one call, no Python thread exists per unit, and
+nothing holds or waits for the GIL; a parked kernel would have to spin or call back into C
+to sleep, and a Python thread per unit would still take the GIL at start and at exit.
+
+All three return a byte count (>= 0) or a negative firmware/blockops.py code.
+"""
+
+import numpy as np
+from numba import carray, cfunc, njit, types
+
+from firmware.blockops import (
+    E_OUT_SMALL,
+    NPARAM,
+    P_BITS,
+    P_DTYPE,
+    P_GROUP,
+    P_KIND,
+    compressed_bytes,
+    dequantize_block,
+    dequantized_bytes,
+    elements,
+    open_header,
+    parse_request,
+    quantize_block,
+)
+from firmware.prefix_hash import hash_chain
+
+u8p = types.CPointer(types.uint8)
+i64p = types.CPointer(types.int64)
+u32p = types.CPointer(types.uint32)
+
+# what a call tells the data plane about the block, for its cost (c/sde_fw.h)
+INFO_ELEMENTS, INFO_ELEMENT_BYTES, INFO_KIND, INFO_GROUP, INFO_BITS, INFO_COMPRESSED, \
+    INFO_RAW = range(7)
+
+
+@njit(cache=True, nogil=True)
+def _info(p, info, compressed):
+    info[INFO_ELEMENTS] = elements(p)
+    info[INFO_ELEMENT_BYTES] = 4 if p[P_DTYPE] == 2 else 2
+    info[INFO_KIND] = p[P_KIND]
+    info[INFO_GROUP] = p[P_GROUP]
+    info[INFO_BITS] = p[P_BITS]
+    info[INFO_COMPRESSED] = compressed
+    info[INFO_RAW] = info[INFO_ELEMENTS] * info[INFO_ELEMENT_BYTES]
+
+
+@cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
+def fw_quantize(req, src, src_len, out, out_cap, info):
+    """Quantize the block at src (src_len bytes) as the 64-byte request at req says, into
+    out (out_cap bytes, 8-byte aligned).  out_cap 0: check the request only and give the
+    sizes in info.  Returns the compressed size."""
+    p = np.zeros(NPARAM, np.int64)
+    inf = carray(info, 7)
+    e = parse_request(carray(req, 64), p)
+    if e:
+        return e
+    _info(p, inf, compressed_bytes(p))
+    if out_cap < inf[INFO_COMPRESSED]:
+        return E_OUT_SMALL
+    return quantize_block(p, carray(src, src_len), carray(out, out_cap))
+
+
+
+@cfunc(types.int64(u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
+def fw_dequantize(blob, blob_len, out, out_cap, info):
+    """Dequantize the compressed block at blob into out.  out_cap 0: verify the block only
+    and give its sizes in info.  Returns the bytes written."""
+    p = np.zeros(NPARAM, np.int64)
+    inf = carray(info, 7)
+    b = carray(blob, blob_len)
+    e = open_header(b, p)
+    if e:
+        return e
+    _info(p, inf, blob_len)
+    if out_cap < dequantized_bytes(p):
+        return E_OUT_SMALL
+    return dequantize_block(b, carray(out, out_cap), p)
+
+
+@cfunc(types.int64(u32p, types.int64, types.int64, u8p, u8p), cache=True, nopython=True)
+def fw_hash_chain(tokens, ntokens, block_tokens, root, keys):
+    """The chained 16-byte keys of the full blocks of tokens (firmware/prefix_hash.py) into
+    keys (16 bytes per block).  Returns the number of blocks."""
+    nblocks = ntokens // block_tokens
+    return hash_chain(carray(tokens, ntokens), block_tokens, carray(root, 16),
+                      carray(keys, (nblocks, 16)))
+
+
+def addresses() -> tuple[int, int, int]:
+    """The entry points' addresses, for sde_dev_set_firmware."""
+    return fw_quantize.address, fw_dequantize.address, fw_hash_chain.address
