@@ -98,7 +98,12 @@ struct dev_ctx {
     uint32_t klen;
     double msubmit;      /* the modelled submission */
     double ready;        /* the modelled time the kernel's input is ready, then its output */
+    uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
+    uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
+    uint16_t fw_status;
 };
+
+enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
 
 #define NO_CTX UINT32_MAX
 #define UD_JOURNAL (UINT64_MAX - 1)
@@ -145,6 +150,7 @@ struct sde_dev {
      * commands are refused with INTERNAL) */
     sde_fw *fw;
     sde_fw_entry fw_entry;
+    uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX) */
     sde_budget budget;
     sde_io jio;           /* the journal group being written, then its sync */
     uint64_t jgroup;
@@ -200,6 +206,7 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
         dev->free_ctx[i] = io_depth - 1 - i;
     dev->nfree = io_depth;
     dev->wait_head = dev->wait_tail = NO_CTX;
+    dev->fw_head = dev->fw_tail = NO_CTX;
     *out = dev;
     return 0;
 fail:
@@ -1096,7 +1103,31 @@ static struct dev_ctx *compute_ctx(sde_dev *dev, int qp, const sde_sqe *c, int c
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, kind, t0);
     x->msubmit = model_submit(dev, c, t0);
     x->ready = x->msubmit;
+    x->next_fw = NO_CTX;
+    if (dev->virtual_time) {
+        /* its stages after the kernel are booked in fetch order, as the model would book
+         * commands one after another; in host order (whichever firmware thread finishes
+         * first) the modelled times would depend on this host's scheduling */
+        uint32_t i = ctx_index(dev, x);
+        if (dev->fw_tail == NO_CTX)
+            dev->fw_head = i;
+        else
+            dev->ctx[dev->fw_tail].next_fw = i;
+        dev->fw_tail = i;
+    }
     return x;
+}
+
+/* A compute command ends before or without its kernel: at once, or (virtual time) when the
+ * commands fetched before it have gone on. */
+static void compute_fail(sde_dev *dev, struct dev_ctx *x, uint16_t status)
+{
+    if (!dev->virtual_time) {
+        kv_finish(dev, x, status, 0);
+        return;
+    }
+    x->fw_state = FW_FAILED;
+    x->fw_status = status;
 }
 
 /* KV_STORE_QUANTIZED: the request (64 bytes) leads the block in the command's range, or
@@ -1153,7 +1184,7 @@ static void qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     if (!st && !(x->bounce = bounce_alloc(nbytes)))
         st = SDE_SC_INTERNAL;
     if (st) {
-        kv_finish(dev, x, st, 0);
+        compute_fail(dev, x, st);
         return;
     }
     memset(x->bounce + size, 0, nbytes - size); /* nothing past the value reaches the media */
@@ -1178,7 +1209,7 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     uint64_t off;
     uint16_t st = st_get_begin(dev->store, 0, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
     if (st) {
-        kv_finish(dev, x, st, 0);
+        compute_fail(dev, x, st);
         return;
     }
     uint32_t blk = st_block(dev->store);
@@ -1186,7 +1217,7 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     x->bounce = bounce_alloc(nbytes);
     if (!x->bounce) {
         st_get_end(dev->store, x->ext);
-        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        compute_fail(dev, x, SDE_SC_INTERNAL);
         return;
     }
     x->copy_to = b->addr + c->buf_offset;
@@ -1205,7 +1236,7 @@ static void dq_read_done(sde_dev *dev, struct dev_ctx *x)
         st = SDE_SC_MEDIA_ERROR;
     st_get_end(dev->store, x->ext);
     if (st) {
-        kv_finish(dev, x, st, 0);
+        compute_fail(dev, x, st);
         return;
     }
     fw_submit(dev, x, SDE_FW_DEQUANTIZE, x->bounce, (int64_t)x->vlen, x->copy_to,
@@ -1260,7 +1291,7 @@ static void prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls,
         return;
     x->bounce = bounce_alloc(nblocks * 16);
     if (!x->bounce) {
-        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        compute_fail(dev, x, SDE_SC_INTERNAL);
         return;
     }
     uint8_t *base = b->addr + c->buf_offset;
@@ -1333,7 +1364,22 @@ static int reap_firmware(sde_dev *dev)
     int n = 0;
     for (sde_fw_job *j = sde_fw_take_done(dev->fw), *next; j; j = next, n++) {
         next = j->next;
-        fw_job_done(dev, j);
+        if (dev->virtual_time)
+            dev->ctx[j->owner].fw_state = FW_DONE;
+        else
+            fw_job_done(dev, j);
+    }
+    /* virtual time: go on in fetch order, as far as the commands are back */
+    while (dev->fw_head != NO_CTX && dev->ctx[dev->fw_head].fw_state != FW_WAITING) {
+        struct dev_ctx *x = &dev->ctx[dev->fw_head];
+        dev->fw_head = x->next_fw;
+        if (dev->fw_head == NO_CTX)
+            dev->fw_tail = NO_CTX;
+        if (x->fw_state == FW_DONE)
+            fw_job_done(dev, &x->job);
+        else
+            kv_finish(dev, x, x->fw_status, 0);
+        n++;
     }
     return n;
 }

@@ -134,8 +134,9 @@ class LRUTier:
 
 class SyntheticKV:
     """Synthetic KV values of a model's blocks: Gaussian fp16 (as uint16 bits), a different
-    block for every hash id (a rotation of one base block, with the id in its first four
-    values), so that identical-bytes deduplication in the drive never merges two blocks."""
+    block for every hash id (a rotation of one base block, with the id's bytes in its first
+    four values), so that identical-bytes deduplication in the drive never merges two
+    blocks."""
 
     def __init__(self, model: ModelConfig, seed: int = 0):
         self.shape = model.block_shape().array_shape
@@ -143,8 +144,28 @@ class SyntheticKV:
         self._base = (np.random.default_rng(seed).standard_normal(n)
                       .astype(np.float16).view(np.uint16))
 
+    def shift(self, hash_id: int) -> int:
+        """The rotation of the base block that block hash_id is."""
+        return (hash_id * 7919) % self._base.size
+
     def block(self, hash_id: int) -> np.ndarray:
-        flat = np.roll(self._base, (hash_id * 7919) % self._base.size)
-        flat[:4] = np.array([(hash_id >> s) & 0xFF for s in (0, 8, 16, 24)],
+        return self.block_into(hash_id, np.empty(self.shape, np.uint16))
+
+    def block_into(self, hash_id: int, out: np.ndarray) -> np.ndarray:
+        """Write block hash_id into out (the block's shape, uint16): two copies of the base,
+        no temporary."""
+        flat = out.reshape(-1)
+        r = self.shift(hash_id)
+        n = flat.size
+        flat[:r] = self._base[n - r:]
+        flat[r:] = self._base[:n - r]
+        # the id's bytes as values in the data's own range (k / 64 - 2, exact in fp16): an
+        # outlier there would widen its quantization groups past the error bound the
+        # replay's checks use
+        flat[:4] = np.array([((hash_id >> s) & 0xFF) / 64 - 2 for s in (0, 8, 16, 24)],
                             np.float16).view(np.uint16)
-        return flat.reshape(self.shape)
+        return out
+
+    def sample(self, hash_id: int, index: np.ndarray) -> np.ndarray:
+        """Elements `index` (flat, all >= 4) of block hash_id, without making the block."""
+        return self._base[(index - self.shift(hash_id)) % self._base.size]
