@@ -26,6 +26,20 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _group_id(text: str) -> int:
+    """A group name or gid (argparse type): the gid."""
+    import grp
+
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        pass
+    try:
+        return grp.getgrgid(int(text)).gr_gid
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"no such group: {text!r}") from None
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -58,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", required=True, help="the Unix socket clients connect to")
     serve.add_argument("--allow-uid", type=int, action="append", default=[],
                        help="another uid allowed to connect (the daemon's own and root are)")
+    serve.add_argument("--group", type=_group_id,
+                       help="a group (name or gid) whose members may connect: the socket "
+                       "is then 0660 in that group (default: 0600, the daemon's user)")
     serve.add_argument("--timing", choices=("detailed", "fixed", "off"), default="detailed",
                        help="hold completions until the profile's modelled time (detailed, "
                        "the default; fixed: every command its unloaded latency), or post "
@@ -204,16 +221,17 @@ def _cmd_serve(args) -> int:
     import logging
     import os
 
-    from ssdemu.daemon import serve
+    from ssdemu.daemon import check_socket_path, serve
     from ssdemu.media import open_media
     from ssdemu.profile import load
 
+    check_socket_path(args.socket)  # before anything is opened, formatted or logged
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s ssdemu[%(process)d] %(levelname)s %(message)s")
     profile = load(args.profile)
     with open_media(args.media) as media:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
-                     args.format, args.timing, args.clock, args.journal_blocks)
+                     args.format, args.timing, args.clock, args.journal_blocks, args.group)
 
 
 def _cmd_format(args) -> int:

@@ -17,6 +17,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import threading
 import time
@@ -35,8 +36,11 @@ from ssdemu.timing import model_params
 ffi, lib = _engine.ffi, _engine.lib
 log = logging.getLogger("ssdemu.serve")
 
+F_ADD_SEALS = 1033
 F_GET_SEALS = 1034
+F_SEAL_SEAL = 0x0001
 F_SEAL_SHRINK = 0x0002
+F_SEAL_GROW = 0x0004
 LOG_PAGE_COUNTERS = 1
 CLASS_NAMES = ["nop", "read", "write", "flush", "zero", "admin", "invalid", "kv", "compute"]
 
@@ -80,8 +84,10 @@ class Client:
 class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
                  allowed_uids: set[int] | None = None, format_media: bool = False,
-                 timing: str = "detailed", clock: str = "real", journal_blocks: int = 0):
+                 timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
+                 group: int | None = None):
         self.profile = profile
+        self.group = group  # the socket's group (mode 0660): its members may connect
         self.media = media
         self.socket_path = socket_path
         self.allowed_uids = allowed_uids if allowed_uids is not None else {os.getuid(), 0}
@@ -122,19 +128,25 @@ class Daemon:
 
     # -- lifecycle --
     def start(self) -> None:
-        if os.path.exists(self.socket_path):
+        if check_socket_path(self.socket_path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 probe.connect(self.socket_path)
-                probe.close()
                 raise OSError(errno.EADDRINUSE, f"a daemon already serves {self.socket_path}")
             except (ConnectionRefusedError, FileNotFoundError):
                 os.unlink(self.socket_path)  # a stale socket from a daemon that died
             finally:
                 probe.close()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.listener.bind(self.socket_path)
-        os.chmod(self.socket_path, 0o666)  # access is decided by SO_PEERCRED, not the mode
+        # the socket is created 0600 (0660 with a group): other users cannot reach it at all;
+        # SO_PEERCRED then checks those who can
+        old = os.umask(0o177 if self.group is None else 0o117)
+        try:
+            self.listener.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        if self.group is not None:
+            os.chown(self.socket_path, -1, self.group)
         self.listener.listen(64)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
@@ -154,12 +166,17 @@ class Daemon:
         while not self._stopping:
             for key, _ in self.sel.select(timeout=0.2):
                 kind, client = key.data
-                if kind == "accept":
-                    self._accept()
-                elif kind == "admin":
-                    self._admin()
-                else:
-                    self._client_message(client)
+                try:
+                    if kind == "accept":
+                        self._accept()
+                    elif kind == "admin":
+                        self._admin()
+                    else:
+                        self._client_message(client)
+                except Exception:  # a bug on our side: log it, drop that client, go on
+                    log.exception("serving %s failed", kind)
+                    if client is not None and client.cid in self.clients:
+                        self._drop_client(client)
             self._reap_drained()
         self.shutdown()
 
@@ -199,22 +216,15 @@ class Daemon:
             sock, _ = self.listener.accept()
         except BlockingIOError:
             return
-        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET,
-                                                             socket.SO_PEERCRED, 12))
-        if uid not in self.allowed_uids:
-            log.warning("refused pid %d: uid %d is not allowed", pid, uid)
-            try:
-                # read the client's hello first: closing a Unix socket with unread data
-                # resets the connection and the client would never see why
-                sock.settimeout(0.2)  # bounded: a silent client cannot stall the others
-                try:
-                    sock.recv(65536)
-                except OSError:
-                    pass
-                control.send(sock, {"ok": False, "error": f"uid {uid} is not allowed to use "
-                                    "this device"})
-            finally:
-                sock.close()
+        try:
+            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET,
+                                                                socket.SO_PEERCRED, 12))
+        except OSError:
+            sock.close()
+            return
+        # with a group, the socket's mode already let in only its members (and the owner)
+        if uid not in self.allowed_uids and self.group is None:
+            self._refuse(sock, pid, uid)
             return
         client = Client(self._next_client, sock, uid, pid)
         self._next_client += 1
@@ -223,6 +233,26 @@ class Daemon:
         sock.settimeout(5)
         self.sel.register(sock, selectors.EVENT_READ, ("client", client))
         log.info("client %d connected: pid %d uid %d", client.cid, pid, uid)
+
+    def _refuse(self, sock: socket.socket, pid: int, uid: int) -> None:
+        """Tell a client it may not use the device, at no cost to anyone else: nothing here
+        blocks, and nothing the peer does (close at once, never read) is an error of ours."""
+        log.warning("refused pid %d: uid %d is not allowed", pid, uid)
+        sock.setblocking(False)
+        try:
+            # read the hello if it is there: closing with unread data resets the connection
+            # and the client would not see why
+            try:
+                sock.recv(65536)
+            except OSError:
+                pass
+            try:
+                control.send(sock, {"ok": False,
+                                    "error": f"uid {uid} is not allowed to use this device"})
+            except (OSError, control.ControlError):
+                pass  # gone already, or not reading: its loss
+        finally:
+            sock.close()
 
     def _client_message(self, client: Client) -> None:
         try:
@@ -280,8 +310,11 @@ class Daemon:
         if len(client.qps) >= q.max_queue_pairs:
             return {"ok": False, "error": f"at most {q.max_queue_pairs} queue pairs"}, []
         nbytes = lib.sde_qp_bytes(entries, entries)
-        fd = os.memfd_create("ssdemu-qp", os.MFD_CLOEXEC)
+        fd = os.memfd_create("ssdemu-qp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, nbytes)
+        # sealed before the client gets it: a client that could shrink it would fault the
+        # data plane (SIGBUS) and stop every other client
+        fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
         mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
         addr = ffi.cast("void *", ffi.from_buffer(mm))
         cfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -468,6 +501,18 @@ class Daemon:
         log.info("namespace %d deleted", nsid)
 
 
+def check_socket_path(path: str) -> bool:
+    """Whether a socket exists at path (maybe stale); anything else there is refused, never
+    removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StoreError(f"{path} exists and is not a socket: refusing to replace it")
+    return True
+
+
 def open_store(media: Media, format_media: bool, durable_on_completion: bool,
                profile: Profile | None = None, journal_blocks: int = 0) -> Store:
     """Serve media that holds an ssdemu device; format blank media (or any, with
@@ -495,9 +540,11 @@ def _close_mapping(mm: mmap.mmap) -> None:
 
 def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
-          timing: str = "detailed", clock: str = "real", journal_blocks: int = 0) -> int:
+          timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
+          group: int | None = None) -> int:
+    check_socket_path(socket_path)  # before the media is touched
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks)
+                    journal_blocks, group)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

@@ -5,6 +5,7 @@ profile's name: only its figures matter."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from dataclasses import dataclass
 
@@ -115,6 +116,8 @@ def _section(where: str, data, cls):
                 raise ProfileError(f"{where}.{name} must be true or false, got {v!r}")
         elif isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ProfileError(f"{where}.{name} must be a number, got {v!r}")
+        elif not math.isfinite(v):  # NaN passes every comparison below; inf is no figure
+            raise ProfileError(f"{where}.{name} must be a finite number, got {v!r}")
         elif f.type == "int" and int(v) != v:
             raise ProfileError(f"{where}.{name} must be a whole number, got {v!r}")
         elif v <= 0 and not (name == "bytes" or name == "latency_ns"):
@@ -136,7 +139,10 @@ def load(name_or_path: str) -> Profile:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ProfileError(f"profile {path} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ProfileError(f"{path}{at}: not valid YAML: {why}") from None
     return parse(data, str(path))
 
 

@@ -192,6 +192,13 @@ def test_other_uid_is_refused():
     os.chmod(d, 0o755)
     daemon = DaemonProcess(os.path.join(d, "sde.sock"))
     try:
+        # the socket is 0600: another user cannot even reach it
+        p = subprocess.run([sys.executable, "-c", OTHER_UID, daemon.socket_path],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+        assert "cannot reach ssdemu" in p.stdout and "Permission denied" in p.stdout, \
+            p.stdout + p.stderr
+        # and if the mode let it, SO_PEERCRED still refuses it, with the reason
+        os.chmod(daemon.socket_path, 0o666)
         p = subprocess.run([sys.executable, "-c", OTHER_UID, daemon.socket_path],
                            capture_output=True, text=True, timeout=60, cwd="/")
         assert "uid 65534 is not allowed" in p.stdout, p.stdout + p.stderr

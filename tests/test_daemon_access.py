@@ -1,0 +1,154 @@
+"""Who can reach the daemon, and what a client can do to it: the socket's mode and path,
+refused users that cost nothing, queue-pair memory no client can fault, profiles that refuse
+what is not a number (real daemon processes throughout)."""
+
+from __future__ import annotations
+
+import grp
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hostlib
+from ssdemu import control
+from ssdemu.daemon_process import DaemonProcess
+from ssdemu.queue_layout import PROTOCOL_VERSION
+
+ROOT = os.getuid() == 0
+
+
+def _serves(path: str) -> None:
+    with hostlib.connect(path) as dev:
+        dev.kv_put(b"alive", b"yes")
+        assert dev.kv_get(b"alive") == b"yes"
+
+
+def test_socket_is_private_by_default_and_group_shared_on_request(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    try:
+        assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o600
+    finally:
+        assert d.terminate()[0] == 0
+    group = grp.getgrgid(os.getgid()).gr_name
+    d = DaemonProcess(str(tmp_path / "g.sock"), extra=["--group", group])
+    try:
+        st = os.stat(d.socket_path)
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()
+        _serves(d.socket_path)
+    finally:
+        assert d.terminate()[0] == 0
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "serve", "--media", "mem:16M",
+                        "--socket", str(tmp_path / "x.sock"), "--group", "no-such-group-x"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no such group" in p.stderr
+
+
+def test_socket_path_on_a_regular_file_is_refused_and_the_file_kept(tmp_path):
+    f = tmp_path / "precious.txt"
+    f.write_text("keep me")
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "serve", "--media", "mem:16M",
+                        "--socket", str(f)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert len(p.stderr.strip().splitlines()) == 1 and "not a socket" in p.stderr
+    assert f.read_text() == "keep me"
+
+
+_HOSTILE = r"""
+import os, socket, sys, json
+os.setgid(65534); os.setuid(65534)  # nobody: a uid the daemon does not allow
+path, mode = sys.argv[1], sys.argv[2]
+for i in range(100):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    if mode == "hello" and i % 2:
+        s.send(json.dumps({"op": "hello"}).encode())
+    s.close()  # at once: never reads the refusal
+print("done")
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to act as another uid")
+@pytest.mark.parametrize("mode", ["close", "hello"])
+def test_refused_users_cannot_stop_or_stall_the_daemon(tmp_path, mode):
+    """100 connections from a uid that is not allowed, each closed at once (the refusal's
+    send then meets a closed peer): the daemon keeps serving, promptly."""
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="ssdemu-access-")  # pytest's own dirs are 0700
+    os.chmod(where, 0o755)
+    d = DaemonProcess(os.path.join(where, "s.sock"))
+    try:
+        os.chmod(d.socket_path, 0o666)  # as the old daemon made it: anyone could reach it
+        p = subprocess.run([sys.executable, "-c", _HOSTILE, d.socket_path, mode],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and "done" in p.stdout, p.stderr
+        assert d.proc.poll() is None
+        _serves(d.socket_path)
+    finally:
+        code, err = d.terminate()
+        shutil.rmtree(where, ignore_errors=True)
+    assert code == 0, err
+    assert "Traceback" not in err and err.count("refused pid") == 100
+
+
+def test_queue_pair_memory_cannot_be_shrunk_by_its_client(tmp_path):
+    """The queue-pair memfd a client gets is sealed: ftruncate fails, and the daemon (and
+    its other clients) go on."""
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    try:
+        with hostlib.connect(d.socket_path) as other:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(d.socket_path)
+            control.send(s, {"op": "hello", "version": PROTOCOL_VERSION})
+            reply, _ = control.recv(s)
+            assert reply["ok"]
+            control.send(s, {"op": "create_qp", "entries": 64})
+            reply, fds = control.recv(s)
+            assert reply["ok"]
+            mem, doorbell = fds[0], fds[1]
+            for size in (0, 4096):
+                with pytest.raises(PermissionError):
+                    os.ftruncate(mem, size)
+            with pytest.raises(PermissionError):
+                os.ftruncate(mem, reply["bytes"] * 2)  # nor grown
+            os.eventfd_write(doorbell, 1)  # and a doorbell now faults nothing
+            other.kv_put(b"k", np.arange(4096, dtype=np.uint8))
+            assert other.kv_get(b"k") == bytes(np.arange(4096, dtype=np.uint8))
+            for fd in fds:
+                os.close(fd)
+            s.close()
+        assert d.proc.poll() is None
+    finally:
+        assert d.terminate()[0] == 0
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_profiles_refuse_nan_and_infinity(tmp_path, value):
+    from ssdemu.profile import ProfileError, load
+
+    text = (load.__globals__["PROFILE_DIR"] / "star2000d.yaml").read_text()
+    for field in ("latency_ns", "tops"):
+        bad = tmp_path / f"bad-{field}.yaml"
+        lines = [(ln.split(":")[0] + f": {value}" if ln.strip().startswith(field + ":")
+                  else ln) for ln in text.splitlines()]
+        bad.write_text("\n".join(lines))
+        with pytest.raises(ProfileError, match="finite") as e:
+            load(str(bad))
+        assert "\n" not in str(e.value)
+
+
+def test_a_profile_that_is_not_yaml_gives_one_line_with_its_place(tmp_path):
+    from ssdemu.profile import ProfileError, load
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nlink: [1, 2\n")
+    with pytest.raises(ProfileError) as e:
+        load(str(bad))
+    msg = str(e.value)
+    assert "\n" not in msg and f"{bad}:" in msg and "not valid YAML" in msg
