@@ -1077,12 +1077,16 @@ static double charge(sde_dev *dev, int kernel, sde_kernel_cost cost, double read
     return sde_budget_charge(&dev->budget, kernel, cost, ready, (double)host_ns, NULL);
 }
 
+/* Hand a job to the firmware's threads: every field is set before it is queued (a thread may
+ * run it at once). */
 static void fw_submit(sde_dev *dev, struct dev_ctx *x, int kind, const uint8_t *in,
-                      int64_t in_len, uint8_t *out, int64_t out_cap, const uint8_t *req)
+                      int64_t in_len, uint8_t *out, int64_t out_cap, const uint8_t *req,
+                      int64_t block_tokens)
 {
     sde_fw_job *j = &x->job;
     memset(j, 0, sizeof(*j));
     j->kind = kind;
+    j->block_tokens = block_tokens;
     j->in = in;
     j->in_len = in_len;
     j->out = out;
@@ -1191,7 +1195,7 @@ static void qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     if (dev->model)
         x->ready = sde_model_receive(dev->model, x->msubmit, src_len);
     fw_submit(dev, x, SDE_FW_QUANTIZE, src, (int64_t)src_len, x->bounce, (int64_t)size,
-              x->req);
+              x->req, 0);
 }
 
 /* KV_RETRIEVE_DEQUANTIZED: the compressed block is read into a staging buffer, checked, and
@@ -1240,7 +1244,7 @@ static void dq_read_done(sde_dev *dev, struct dev_ctx *x)
         return;
     }
     fw_submit(dev, x, SDE_FW_DEQUANTIZE, x->bounce, (int64_t)x->vlen, x->copy_to,
-              (int64_t)x->copy_len, NULL);
+              (int64_t)x->copy_len, NULL, 0);
 }
 
 /* The prefix block sizes the drive hashes (hostlib/prefix_hash.py BLOCK_SIZES). */
@@ -1296,8 +1300,7 @@ static void prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls,
     }
     uint8_t *base = b->addr + c->buf_offset;
     fw_submit(dev, x, SDE_FW_HASH, base + 16, (int64_t)ntokens, x->bounce,
-              (int64_t)nblocks * 16, base);
-    x->job.block_tokens = (int64_t)c->param0;
+              (int64_t)nblocks * 16, base, (int64_t)c->param0);
 }
 
 /* A firmware job is done: the command goes on. */

@@ -1038,9 +1038,12 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
         struct sb *sb = &st->sb;
         if (sb->hash != XXH3_64bits(sb, offsetof(struct sb, hash)))
             r = fail(-EINVAL, "the superblock's checksum does not match");
-        else if (sb->block != st->block || sb->media_bytes > media_size)
-            r = fail(-EINVAL, "the superblock does not fit this media (%u-byte blocks, %llu "
-                     "bytes; the media has %u-byte blocks, %llu bytes)", sb->block,
+        else if (sb->block != st->block || sb->media_bytes != media_size)
+            /* shrunk, it lost data; grown (a file enlarged after format), it is not the
+             * device that was formatted, or it was changed behind the store's back */
+            r = fail(-EINVAL, "the device was formatted for other media (%u-byte blocks, %llu "
+                     "bytes; the media has %u-byte blocks, %llu bytes): restore its size, or "
+                     "run ssdemu format to start over", sb->block,
                      (unsigned long long)sb->media_bytes, st->block,
                      (unsigned long long)media_size);
         else if (sb->d_off + sb->d_len > media_size || sb->index_keys == 0 ||

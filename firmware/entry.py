@@ -17,6 +17,7 @@ from numba import carray, cfunc, njit, types
 
 from firmware.blockops import (
     E_OUT_SMALL,
+    E_REQUEST,
     NPARAM,
     P_BITS,
     P_DTYPE,
@@ -89,6 +90,8 @@ def fw_dequantize(blob, blob_len, out, out_cap, info):
 def fw_hash_chain(tokens, ntokens, block_tokens, root, keys):
     """The chained 16-byte keys of the full blocks of tokens (firmware/prefix_hash.py) into
     keys (16 bytes per block).  Returns the number of blocks."""
+    if block_tokens <= 0 or ntokens < 0:
+        return E_REQUEST  # never a division by zero: nothing may raise in here
     nblocks = ntokens // block_tokens
     return hash_chain(carray(tokens, ntokens), block_tokens, carray(root, 16),
                       carray(keys, (nblocks, 16)))

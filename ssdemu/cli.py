@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ssdemu.errors import SsdemuError
@@ -55,8 +56,8 @@ def _positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    if not math.isfinite(v) or v <= 0:  # float() takes 'nan' and 'inf'
+        raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
     return v
 
 
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--group", type=_group_id,
                        help="a group (name or gid) whose members may connect: the socket "
                        "is then 0660 in that group (default: 0600, the daemon's user)")
+    serve.add_argument("--max-buffers-per-client", type=_positive_int, default=256,
+                       help="registered buffers one client may hold (default 256 of the "
+                       "device's 1024), so that none can lock the others out")
     serve.add_argument("--timing", choices=("detailed", "fixed", "off"), default="detailed",
                        help="hold completions until the profile's modelled time (detailed, "
                        "the default; fixed: every command its unloaded latency), or post "
@@ -231,7 +235,8 @@ def _cmd_serve(args) -> int:
     profile = load(args.profile)
     with open_media(args.media) as media:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
-                     args.format, args.timing, args.clock, args.journal_blocks, args.group)
+                     args.format, args.timing, args.clock, args.journal_blocks, args.group,
+                     args.max_buffers_per_client)
 
 
 def _cmd_format(args) -> int:

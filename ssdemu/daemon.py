@@ -85,8 +85,9 @@ class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
                  allowed_uids: set[int] | None = None, format_media: bool = False,
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
-                 group: int | None = None):
+                 group: int | None = None, max_buffers: int = 256):
         self.profile = profile
+        self.max_buffers = max_buffers  # per client: no client takes every buffer slot
         self.group = group  # the socket's group (mode 0660): its members may connect
         self.media = media
         self.socket_path = socket_path
@@ -333,6 +334,9 @@ class Daemon:
         nbytes = msg.get("bytes")
         if len(fds) != 1 or not isinstance(nbytes, int) or nbytes <= 0:
             return {"ok": False, "error": "register_buffer takes one memfd and its size"}, []
+        if len(client.buffers) >= self.max_buffers:
+            return {"ok": False, "error": f"at most {self.max_buffers} buffers per client "
+                    "(serve --max-buffers-per-client)"}, []
         fd = os.dup(fds[0])
         try:
             st = os.fstat(fd)
@@ -541,10 +545,10 @@ def _close_mapping(mm: mmap.mmap) -> None:
 def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
-          group: int | None = None) -> int:
+          group: int | None = None, max_buffers: int = 256) -> int:
     check_socket_path(socket_path)  # before the media is touched
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks, group)
+                    journal_blocks, group, max_buffers)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

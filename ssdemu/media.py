@@ -126,6 +126,10 @@ def open_media(spec: MediaSpec | str) -> Media:
     if isinstance(spec, str):
         spec = parse_media_spec(spec)
     if spec.kind == "mem":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if spec.size > ram:  # it would be killed when the pages are touched, not now
+            raise MediaError(f"cannot open media {spec}: {spec.size:,} bytes is more than this "
+                             f"host's memory ({ram:,} bytes)")
         mfd = os.memfd_create("ssdemu-mem", os.MFD_CLOEXEC)
         try:
             os.ftruncate(mfd, spec.size)
@@ -163,6 +167,13 @@ def open_media(spec: MediaSpec | str) -> Media:
                 f"cannot open media {spec}: {spec.path} does not exist; "
                 f"give a size to create it (file:{spec.path}:SIZE)"
             )
+        try:
+            fs = os.statvfs(os.path.dirname(os.path.abspath(spec.path)))
+        except OSError:
+            fs = None  # no such directory: the open below says so
+        if fs and spec.size > fs.f_blocks * fs.f_frsize:  # sparse, but never fillable
+            raise MediaError(f"cannot open media {spec}: {spec.size:,} bytes is more than its "
+                             f"filesystem holds ({fs.f_blocks * fs.f_frsize:,} bytes)")
         fd = _open_direct(spec.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, spec)
         try:
             os.ftruncate(fd, spec.size)  # sparse

@@ -73,12 +73,20 @@ def parse_capacities(text: str, block_bytes: dict[str, int]) -> dict[str, int | 
     """'hbm=80G,dram=blocks:1000,drive=unbounded' -> blocks per tier (None: unbounded).  A
     tier of B bytes holds floor(B / its stored block size) blocks; tiers not named hold 0."""
     out: dict[str, int | None] = {t: 0 for t in TIERS}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise ValueError("no capacity given: expected TIER=SIZE[,TIER=SIZE...], e.g. "
+                         "drive=16G")
+    seen = set()
+    for part in filter(None, parts):
         m = re.match(r"^(hbm|dram|drive)=(.+)$", part)
         if not m:
             raise ValueError(f"bad capacity {part!r}: expected TIER=SIZE with TIER one of "
                              f"{', '.join(TIERS)}")
         tier, value = m.groups()
+        if tier in seen:
+            raise ValueError(f"capacity of {tier} given twice in {text!r}")
+        seen.add(tier)
         if value == "unbounded":
             out[tier] = None
         elif value.startswith("blocks:"):

@@ -383,9 +383,26 @@ def test_other_client_process_unaffected_by_bad_commands(dev, daemon):
     "param0": st.integers(0, 2**64 - 1),
 }), min_size=1, max_size=32))
 def test_fuzzed_commands_always_complete_with_a_status(dev, cmds):
-    """Whatever the fields, every command completes with a known status; nothing hangs."""
+    """Whatever the fields, every command completes with a known status, nothing hangs, and
+    the commands that are certainly wrong are refused (a validation that answered SUCCESS to
+    everything would fail here)."""
     futures = dev.submit_batch(cmds)
     done = dev.reap(futures, len(futures), timeout=30)
     assert len(done) == len(futures)
     assert {f.status for f in futures} <= set(STATUS.values())
+    handles = {h for _, _, h in dev._buffers}
+    key_ops = {OPCODES[n] for n in ("KV_STORE", "KV_RETRIEVE", "KV_DELETE", "KV_EXIST",
+                                    "KV_STORE_QUANTIZED", "KV_RETRIEVE_DEQUANTIZED", "PIN",
+                                    "UNPIN")}
+    io_ops = {OPCODES["READ"], OPCODES["WRITE"]}
+    for cmd, f in zip(cmds, futures, strict=True):
+        op = cmd["opcode"]
+        if op not in OPCODES.values():
+            assert f.status == STATUS["INVALID_OPCODE"], cmd
+        elif op in key_ops:  # no key length given (param1 is 0): never a success
+            assert f.status in (STATUS["INVALID_FIELD"], STATUS["INVALID_NAMESPACE"],
+                                STATUS["KV_INVALID_KEY_SIZE"]), (cmd, f.status)
+        elif op in io_ops and (cmd["flags"] or cmd["buf"] not in handles
+                               or not cmd["length"] or cmd["length"] % 512):
+            assert f.status != STATUS["SUCCESS"], cmd
     dev.nop()

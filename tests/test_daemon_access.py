@@ -66,7 +66,10 @@ for i in range(100):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(path)
     if mode == "hello" and i % 2:
-        s.send(json.dumps({"op": "hello"}).encode())
+        try:
+            s.send(json.dumps({"op": "hello"}).encode())
+        except OSError:
+            pass  # refused and closed already
     s.close()  # at once: never reads the refusal
 print("done")
 """
@@ -152,3 +155,21 @@ def test_a_profile_that_is_not_yaml_gives_one_line_with_its_place(tmp_path):
         load(str(bad))
     msg = str(e.value)
     assert "\n" not in msg and f"{bad}:" in msg and "not valid YAML" in msg
+
+
+def test_one_client_cannot_take_every_buffer_slot(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--max-buffers-per-client", "8"])
+    try:
+        with hostlib.connect(d.socket_path) as greedy:
+            held = []
+            with pytest.raises(hostlib.ConnectError, match="at most 8 buffers per client"):
+                for _ in range(64):
+                    held.append(greedy.alloc(4096))
+            assert 1 <= len(held) < 8  # its queue pair's bounce buffer counts too
+            with hostlib.connect(d.socket_path) as other:  # the others still get theirs
+                buf = other.alloc(4096)
+                buf[:] = 7
+                other.kv_put(b"mine", buf)
+                assert other.kv_get(b"mine") == bytes(buf)
+    finally:
+        assert d.terminate()[0] == 0

@@ -41,6 +41,16 @@ def test_quantize_in_drive_round_trip(dev, scheme):
     assert len(compressed) == size < x.nbytes
     host, dtype = dequantize(compressed)  # the host can dequantize what the drive stored
     assert dtype == "fp16"
+    # the scheme asked for is the one stored (not some default that also round-trips)
+    from firmware.blockfmt import open_block
+    from firmware.quant import compressed_nbytes, parse_scheme
+
+    header, _ = open_block(compressed)
+    want = parse_scheme(scheme)
+    assert (header.bits, header.group if want.kind != "fp8" else 0, header.symmetric,
+            header.per_head) == (want.bits, want.group, want.symmetric, want.per_head)
+    assert {1: "int", 2: "kivi", 3: "fp8"}[header.scheme] == want.kind
+    assert size == compressed_nbytes(header.shape, want, "fp16")
     out = np.empty_like(x)
     dev.kv_get_dequantized(key, out)  # or the drive does it
     assert np.array_equal(out, host)

@@ -170,9 +170,15 @@ def test_cli_replay(tmp_path):
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert 0 < r["block_hit_ratio"] < 1 and r["requests"] == 100
-    for key in ("tier_hit_ratio", "prefill_tokens_saved", "host_link_bytes", "nand_bytes",
-                "compression_ratio", "ttft_s", "drive_utilization", "host_lag"):
-        assert key in r
+    # the figures, not just their names: they add up, and they say what a drive tier does
+    assert sum(r["tier_hit_ratio"].values()) == pytest.approx(r["block_hit_ratio"])
+    assert r["tier_hit_ratio"]["drive"] > 0
+    assert 0 < r["prefill_tokens_saved"] <= sum(q.input_length for q in generate(100, seed=2))
+    assert r["host_link_bytes"] > 0 and r["nand_bytes"] > 0
+    assert r["compression_ratio"] >= 1
+    ttft = r["ttft_s"]
+    assert 0 < ttft["with_drive"]["p50"] <= ttft["without_drive"]["p50"]
+    assert all(0 <= v for v in r["drive_utilization"].values()) and r["host_lag"] >= 0
     with open(path, "a") as f:
         f.write("garbage\n")
     p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--model", "tiny"],
