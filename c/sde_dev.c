@@ -110,6 +110,15 @@ enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
 #define UD_JOURNAL_SYNC (UINT64_MAX - 2)
 #define UD_IO2 (1ull << 32)
 
+/* A client's pins on one key: pins belong to the client that made them (only it can unpin
+ * them) and go when it does (sde_dev_release_pins). */
+struct pin_rec {
+    uint32_t client;
+    uint32_t klen;
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t count;
+};
+
 struct held {
     uint64_t due;
     int qp;
@@ -148,6 +157,8 @@ struct sde_dev {
     int write_cache;      /* the model's: a store completes before its NAND program */
     /* the firmware: its threads and the TOPS budget its kernels are charged to (NULL: compute
      * commands are refused with INTERNAL) */
+    struct pin_rec *pins;
+    uint32_t npins, cap_pins;
     sde_fw *fw;
     sde_fw_entry fw_entry;
     uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX) */
@@ -216,8 +227,10 @@ fail:
 
 void sde_dev_free(sde_dev *dev)
 {
-    if (dev)
+    if (dev) {
         sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
+        free(dev->pins);
+    }
     if (!dev)
         return;
     if (dev->eng)
@@ -1445,6 +1458,85 @@ static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uin
     wait_commit(dev, x, group);
 }
 
+static struct pin_rec *pin_find(sde_dev *dev, uint32_t client, const uint8_t *key,
+                                uint32_t klen)
+{
+    for (uint32_t i = 0; i < dev->npins; i++) {
+        struct pin_rec *p = &dev->pins[i];
+        if (p->client == client && p->klen == klen && !memcmp(p->key, key, klen))
+            return p;
+    }
+    return NULL;
+}
+
+static void pin_forget(sde_dev *dev, struct pin_rec *p)
+{
+    *p = dev->pins[--dev->npins];
+}
+
+/* PIN: the store's count goes up, and the client's own record of it. */
+static uint16_t pin_add(sde_dev *dev, uint32_t client, const uint8_t *key, uint32_t klen,
+                        uint32_t *count)
+{
+    struct pin_rec *p = pin_find(dev, client, key, klen);
+    if (!p && dev->npins == dev->cap_pins) {
+        uint32_t cap = dev->cap_pins ? 2 * dev->cap_pins : 64;
+        struct pin_rec *n = realloc(dev->pins, (uint64_t)cap * sizeof(*n));
+        if (!n)
+            return SDE_SC_INTERNAL;
+        dev->pins = n;
+        dev->cap_pins = cap;
+    }
+    uint16_t st = (uint16_t)sde_store_pin(dev->store, 0, key, klen, 1, count);
+    if (st)
+        return st;
+    if (!p) {
+        p = &dev->pins[dev->npins++];
+        memset(p, 0, sizeof(*p));
+        p->client = client;
+        p->klen = klen;
+        memcpy(p->key, key, klen);
+    }
+    p->count++;
+    return SDE_SC_SUCCESS;
+}
+
+/* UNPIN: only a pin of this client's own (another's is as if there were none). */
+static uint16_t pin_drop(sde_dev *dev, uint32_t client, const uint8_t *key, uint32_t klen,
+                         uint32_t *count)
+{
+    struct pin_rec *p = pin_find(dev, client, key, klen);
+    if (!p)
+        return sde_store_exists(dev->store, 0, key, klen) ? SDE_SC_KV_KEY_NOT_EXIST
+                                                          : SDE_SC_INVALID_FIELD;
+    uint16_t st = (uint16_t)sde_store_pin(dev->store, 0, key, klen, -1, count);
+    if (!st && --p->count == 0)
+        pin_forget(dev, p);
+    return st;
+}
+
+int sde_dev_release_pins(sde_dev *dev, uint32_t client)
+{
+    pthread_mutex_lock(&dev->lock);
+    int n = 0;
+    for (uint32_t i = 0; i < dev->npins;) {
+        struct pin_rec *p = &dev->pins[i];
+        if (p->client != client) {
+            i++;
+            continue;
+        }
+        for (uint32_t k = 0; k < p->count; k++) {
+            uint32_t count;
+            if (dev->store)
+                sde_store_pin(dev->store, 0, p->key, p->klen, -1, &count);
+            n++;
+        }
+        pin_forget(dev, p); /* the last record moved here: look at slot i again */
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return n;
+}
+
 /* KV commands that need no media I/O: answered at once. */
 static void kv_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
 {
@@ -1464,8 +1556,8 @@ static void kv_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
         if (!st && klen != 16)
             st = SDE_SC_KV_INVALID_KEY_SIZE; /* pins are for 16-byte block keys */
         if (!st)
-            st = (uint16_t)sde_store_pin(dev->store, 0, key, klen,
-                                         c->opcode == SDE_CMD_PIN ? 1 : -1, &count);
+            st = c->opcode == SDE_CMD_PIN ? pin_add(dev, q->client, key, klen, &count)
+                                          : pin_drop(dev, q->client, key, klen, &count);
         result = count;
         break;
     }

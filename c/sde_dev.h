@@ -80,6 +80,8 @@ void sde_dev_shutdown_qps(sde_dev *dev);
 int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags);
 int sde_dev_remove_buffer(sde_dev *dev, int handle);
 int sde_dev_client_inflight(sde_dev *dev, uint32_t client);
+/* A client left: its pins go (returns how many). */
+int sde_dev_release_pins(sde_dev *dev, uint32_t client);
 
 /* Namespaces 1..SDE_MAX_NS: a byte range of the media (bytes 0: delete). */
 int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, uint64_t start, uint64_t bytes);

@@ -386,6 +386,9 @@ class Daemon:
         client.sock.close()
         for qp in client.qps.values():
             lib.sde_dev_remove_qp(self.dev, qp.index)
+        released = lib.sde_dev_release_pins(self.dev, client.cid)
+        if released:
+            log.info("client %d left %d pins: released", client.cid, released)
         self.draining.append(Departure(list(client.qps.values()),
                                        list(client.buffers.items())))
 

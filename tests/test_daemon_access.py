@@ -173,3 +173,49 @@ def test_one_client_cannot_take_every_buffer_slot(tmp_path):
                 assert other.kv_get(b"mine") == bytes(buf)
     finally:
         assert d.terminate()[0] == 0
+
+
+_PINNER = r"""
+import sys, hostlib
+dev = hostlib.connect(sys.argv[1])
+for i in range(50):
+    dev.pin(bytes([i]) * 16)
+print("pinned", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_pins_belong_to_their_client_and_go_with_it(tmp_path):
+    """50 pins by a client that is then killed -9 are released (the keys can be deleted); a
+    client cannot unpin another's pin."""
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            keys = [bytes([i]) * 16 for i in range(50)]
+            for k in keys:
+                dev.kv_put(k, b"block")
+            p = subprocess.Popen([sys.executable, "-c", _PINNER, d.socket_path],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                assert p.stdout.readline().strip() == "pinned"
+                with pytest.raises(hostlib.InvalidCommandError):
+                    dev.kv_delete(keys[0])  # pinned (by the other client)
+                with pytest.raises(hostlib.InvalidCommandError):
+                    dev.unpin(keys[0])  # not this client's pin
+                assert dev.pin(keys[1]) == 2 and dev.unpin(keys[1]) == 1  # its own: fine
+            finally:
+                p.kill()
+                p.wait()
+            for _ in range(200):  # the daemon sees the hang-up and releases the pins
+                try:
+                    dev.kv_delete(keys[0])
+                    break
+                except hostlib.InvalidCommandError:
+                    import time
+                    time.sleep(0.01)
+            for k in keys[1:]:
+                dev.kv_delete(k)
+            assert not any(dev.kv_exists(k) for k in keys)
+    finally:
+        code, err = d.terminate()
+    assert code == 0 and "left 50 pins: released" in err, err
