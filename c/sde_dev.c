@@ -722,6 +722,12 @@ static uint16_t zero_range(sde_dev *dev, uint8_t op, uint64_t off, uint64_t len)
     return r < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
 }
 
+int sde_dev_zero(sde_dev *dev, uint64_t offset, uint64_t bytes)
+{
+    if (offset > dev->media_size || bytes > dev->media_size - offset)
+        return -EINVAL;
+    return zero_range(dev, SDE_CMD_WRITE_ZEROES, offset, bytes) ? -EIO : 0;
+}
 
 /* ---- KV commands, run here against the store (c/sde_store.c) ------------------------- */
 

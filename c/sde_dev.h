@@ -83,6 +83,9 @@ int sde_dev_client_inflight(sde_dev *dev, uint32_t client);
 /* A client left: its pins go (returns how many). */
 int sde_dev_release_pins(sde_dev *dev, uint32_t client);
 
+/* Zero a byte range of the media (a new namespace's: no client sees another's old bytes).
+ * 0, or -EINVAL / -EIO. */
+int sde_dev_zero(sde_dev *dev, uint64_t offset, uint64_t bytes);
 /* Namespaces 1..SDE_MAX_NS: a byte range of the media (bytes 0: delete). */
 int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, uint64_t start, uint64_t bytes);
 

@@ -76,6 +76,8 @@ class Admin:
             return _err("INVALID_FIELD")
         except StoreFull:
             return _err("CAPACITY_EXCEEDED")
+        except OSError:
+            return _err("MEDIA_ERROR")
         return _ok(nsid)
 
     def ns_delete(self, client, sqe):

@@ -498,6 +498,12 @@ class Daemon:
 
     def create_namespace(self, nbytes: int) -> int:
         nsid, offset = self.store.ns_create(nbytes)
+        # zeroed before anyone can read it: the space may have held another client's
+        # namespace or values (a punched hole or BLKZEROOUT, not a write of every block)
+        r = lib.sde_dev_zero(self.dev, offset, nbytes)
+        if r < 0:
+            self.store.ns_delete(nsid)
+            raise OSError(-r, f"cannot zero the new namespace: {os.strerror(-r)}")
         lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
         log.info("namespace %d created: %d bytes at %d", nsid, nbytes, offset)
         return nsid

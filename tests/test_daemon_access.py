@@ -219,3 +219,29 @@ def test_pins_belong_to_their_client_and_go_with_it(tmp_path):
     finally:
         code, err = d.terminate()
     assert code == 0 and "left 50 pins: released" in err, err
+
+
+@pytest.mark.parametrize("media", ["mem:64M", "file"])
+def test_a_new_namespace_never_shows_old_bytes(tmp_path, media):
+    """A namespace written full, deleted, and made again over the same space reads zeros."""
+    spec = f"file:{tmp_path / 'd.img'}:64M" if media == "file" else media
+    d = DaemonProcess(str(tmp_path / "s.sock"), media=spec)
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            ns = dev.ns_create(4 << 20)
+            secret = dev.alloc(1 << 20)
+            secret[:] = 0xA5
+            for lba in range(0, 8192, 2048):
+                dev.write(ns, lba, secret)
+            start = next(n["start"] for n in dev.namespaces() if n["nsid"] == ns)
+            dev.ns_delete(ns)
+        with hostlib.connect(d.socket_path) as other:
+            ns2 = other.ns_create(4 << 20)
+            assert next(n["start"] for n in other.namespaces() if n["nsid"] == ns2) == start
+            out = other.alloc(1 << 20)
+            for lba in range(0, 8192, 2048):
+                out[:] = 1
+                other.read(ns2, lba, out)
+                assert not out.any(), lba
+    finally:
+        assert d.terminate()[0] == 0
