@@ -136,6 +136,16 @@ def test_bad_lines_name_file_and_line(tmp_path, line, reason):
     assert len(list(r)) == 2 and r.skipped == 1
 
 
+def test_bad_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = b'{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+    path.write_bytes(good + b'{"timestamp": 6, \xff\xfe}\n' + good)
+    with pytest.raises(TraceError, match=r"bad.jsonl:2: not UTF-8 \(byte 18\)"):
+        list(TraceReader(path))
+    r = TraceReader(path, skip_bad=True)
+    assert len(list(r)) == 2 and r.skipped == 1
+
+
 def test_timestamps_must_not_go_back(tmp_path):
     path = tmp_path / "t.jsonl"
     write([req(10, [1]), req(5, [2])], str(path))

@@ -64,11 +64,18 @@ class TraceReader:
     def __iter__(self) -> Iterator[Request]:
         last_ts = -1
         try:
-            f = open(self.path, encoding="utf-8")
+            f = open(self.path, "rb")  # decoded line by line: a bad byte is that line's error
         except OSError as e:
             raise TraceError(self.path, 0, f"cannot open: {e.strerror}") from None
         with f:
-            for n, text in enumerate(f, start=1):
+            for n, raw in enumerate(f, start=1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if self.skip_bad:
+                        self.skipped += 1
+                        continue
+                    raise TraceError(self.path, n, f"not UTF-8 (byte {e.start + 1})") from None
                 if not text.strip():
                     continue
                 try:
