@@ -206,12 +206,15 @@ def test_pins_belong_to_their_client_and_go_with_it(tmp_path):
             finally:
                 p.kill()
                 p.wait()
-            for _ in range(200):  # the daemon sees the hang-up and releases the pins
+            import time
+
+            deadline = time.monotonic() + 20  # the daemon sees the hang-up, then releases
+            while True:
                 try:
                     dev.kv_delete(keys[0])
                     break
                 except hostlib.InvalidCommandError:
-                    import time
+                    assert time.monotonic() < deadline, "the dead client's pins stayed"
                     time.sleep(0.01)
             for k in keys[1:]:
                 dev.kv_delete(k)
