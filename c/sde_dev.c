@@ -36,6 +36,8 @@ struct dev_qp {
     int in_use;     /* slot taken (until inactive and drained) */
     int active;     /* serving */
     uint32_t client;
+    uint32_t uid;   /* the client's owner identity: uid and token (0: none) */
+    uint64_t token;
     int cfd;        /* the client's completion eventfd */
     uint32_t inflight; /* fetched, not yet posted (staged completions count) */
     uint32_t nstage;
@@ -51,10 +53,6 @@ struct dev_buf {
     uint32_t flags;
 };
 
-struct dev_ns {
-    uint64_t start;
-    uint64_t bytes; /* 0: no such namespace */
-};
 
 enum {
     CTX_BLOCK = 0, CTX_KV_PUT = 1, CTX_KV_GET = 2, CTX_KV_DELETE = 3,
@@ -96,6 +94,7 @@ struct dev_ctx {
                           * between its check and the kernel) */
     uint8_t key[SDE_KEY_MAX];
     uint32_t klen;
+    uint32_t nsid;       /* the key's namespace */
     double msubmit;      /* the modelled submission */
     double ready;        /* the modelled time the kernel's input is ready, then its output */
     uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
@@ -114,6 +113,7 @@ enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
  * them) and go when it does (sde_dev_release_pins). */
 struct pin_rec {
     uint32_t client;
+    uint32_t nsid;
     uint32_t klen;
     uint8_t key[SDE_KEY_MAX];
     uint32_t count;
@@ -139,7 +139,7 @@ struct sde_dev {
     int qp_hi;            /* one past the highest queue pair slot ever used: passes scan no
                            * further (256 slots per scan showed in perf for KV puts) */
     struct dev_buf bufs[SDE_MAX_BUFS + 1];
-    struct dev_ns ns[SDE_MAX_NS + 1];
+    sde_ns_info ns[SDE_MAX_NS + 1]; /* flags 0: no such namespace */
     struct dev_ctx *ctx;
     uint32_t *free_ctx;
     uint32_t nfree;
@@ -255,7 +255,8 @@ int sde_dev_admin_fd(sde_dev *dev) { return dev->admin_fd; }
 
 /* ---- tables (control plane) ---------------------------------------------------------- */
 
-int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd)
+int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
+                   uint32_t uid, uint64_t token)
 {
     const sde_ring_hdr *h = mem;
     if (sde_qp_check(mem, bytes) < 0)
@@ -276,6 +277,8 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
         q->in_use = 1;
         q->active = 1;
         q->client = client;
+        q->uid = uid;
+        q->token = token;
         q->cfd = completion_fd;
         /* trusted copies, taken now, before the client can touch the memory */
         q->v.mem = mem;
@@ -383,15 +386,39 @@ int sde_dev_client_inflight(sde_dev *dev, uint32_t client)
     return n;
 }
 
-int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, uint64_t start, uint64_t bytes)
+int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns)
 {
-    if (nsid < 1 || nsid > SDE_MAX_NS || start % dev->lba || bytes % dev->lba ||
-        start > dev->media_size || bytes > dev->media_size - start)
+    if (nsid < 1 || nsid > SDE_MAX_NS)
+        return -EINVAL;
+    if (ns && (ns->offset % dev->lba || ns->bytes % dev->lba ||
+               ns->offset > dev->media_size || ns->bytes > dev->media_size - ns->offset ||
+               !(ns->flags & SDE_NS_USED)))
         return -EINVAL;
     pthread_mutex_lock(&dev->lock);
-    dev->ns[nsid] = (struct dev_ns){start, bytes};
+    if (ns) {
+        dev->ns[nsid] = *ns;
+    } else {
+        memset(&dev->ns[nsid], 0, sizeof(dev->ns[nsid]));
+        /* its keys went with it: so do the pins on them */
+        for (uint32_t i = 0; i < dev->npins;)
+            if (dev->pins[i].nsid == nsid)
+                dev->pins[i] = dev->pins[--dev->npins];
+            else
+                i++;
+    }
     pthread_mutex_unlock(&dev->lock);
     return 0;
+}
+
+/* Whether the client of queue pair q may use namespace nsid: it exists and is shared or its
+ * own (same uid and token).  Another owner's namespace looks exactly like a missing one. */
+static int ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid)
+{
+    if (nsid < 1 || nsid > SDE_MAX_NS)
+        return 0;
+    const sde_ns_info *ns = &dev->ns[nsid];
+    return (ns->flags & SDE_NS_USED) &&
+           ((ns->flags & SDE_NS_SHARED) || (ns->uid == q->uid && ns->token == q->token));
 }
 
 void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
@@ -679,15 +706,15 @@ static uint16_t check_block(sde_dev *dev, struct dev_qp *q, const sde_sqe *c, in
 {
     if (c->flags)
         return SDE_SC_INVALID_FIELD;
-    if (c->nsid < 1 || c->nsid > SDE_MAX_NS || !dev->ns[c->nsid].bytes)
+    if (!ns_visible(dev, q, c->nsid))
         return SDE_SC_INVALID_NAMESPACE;
     if (!c->length || c->length % dev->lba || (need_buf && c->length > SDE_MAX_IO_BYTES))
         return SDE_SC_INVALID_FIELD;
-    const struct dev_ns *ns = &dev->ns[c->nsid];
-    uint64_t nblocks = ns->bytes / dev->lba;
+    const sde_ns_info *ns = &dev->ns[c->nsid];
+    uint64_t nblocks = ns->bytes / dev->lba; /* 0 for a namespace of keys only */
     if (c->lba >= nblocks || c->length / dev->lba > nblocks - c->lba)
         return SDE_SC_LBA_OUT_OF_RANGE;
-    *media_off = ns->start + c->lba * dev->lba;
+    *media_off = ns->offset + c->lba * dev->lba;
     *buf = NULL;
     if (!need_buf)
         return c->buf ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
@@ -768,13 +795,15 @@ static uint32_t kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
     return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
 }
 
-/* Fields every KV command shares: flags, namespace, key.  Returns a status. */
-static uint16_t kv_common(const sde_sqe *c, uint8_t key[SDE_KEY_MAX], uint32_t *klen)
+/* Fields every KV command shares: flags, namespace (0, the shared default, or one the
+ * client may use), key.  Returns a status. */
+static uint16_t kv_common(const sde_dev *dev, const struct dev_qp *q, const sde_sqe *c,
+                          uint8_t key[SDE_KEY_MAX], uint32_t *klen)
 {
     *klen = kv_key(c, key);
     if (c->flags)
         return SDE_SC_INVALID_FIELD;
-    if (c->nsid)
+    if (c->nsid && !ns_visible(dev, q, c->nsid))
         return SDE_SC_INVALID_NAMESPACE;
     return *klen ? SDE_SC_SUCCESS : SDE_SC_KV_INVALID_KEY_SIZE;
 }
@@ -901,7 +930,7 @@ static struct dev_buf *kv_value_args(sde_dev *dev, int qp, const sde_sqe *c, int
                                      uint64_t t0, uint8_t key[SDE_KEY_MAX], uint32_t *klen,
                                      uint16_t (*more)(sde_dev *, const sde_sqe *))
 {
-    uint16_t st = kv_common(c, key, klen);
+    uint16_t st = kv_common(dev, &dev->qps[qp], c, key, klen);
     if (!st && more)
         st = more(dev, c);
     struct dev_buf *b = st ? NULL : client_range(dev, &dev->qps[qp], c);
@@ -947,7 +976,8 @@ static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wr
 static void kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
                          uint64_t len, int mode, int buf_index, int staged)
 {
-    uint16_t st = st_put_begin(dev->store, 0, x->key, x->klen, src, len, mode, &x->plan);
+    uint16_t st = st_put_begin(dev->store, x->nsid, x->key, x->klen, src, len, mode,
+                               &x->plan);
     if (st) {
         kv_finish(dev, x, st, 0);
         return;
@@ -1012,6 +1042,7 @@ static void kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_PUT, t0);
     memcpy(x->key, key, sizeof(key));
     x->klen = klen;
+    x->nsid = c->nsid;
     kv_put_value(dev, x, c, b->addr + c->buf_offset, c->length, (int)c->param0,
                  (b->flags & SDE_BUF_BOUNCE) ? -1 : (int)c->buf - 1, 0);
 }
@@ -1026,7 +1057,7 @@ static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     uint16_t st;
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_GET, t0);
     uint64_t off;
-    st = st_get_begin(dev->store, 0, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
+    st = st_get_begin(dev->store, c->nsid, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
     if (st) {
         ctx_put(dev, x);
         finish(dev, qp, cls, c->cid, st, 0, 0, t0);
@@ -1192,6 +1223,7 @@ static void qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
         return;
     memcpy(x->key, key, sizeof(key));
     x->klen = klen;
+    x->nsid = c->nsid;
     memcpy(x->req, req, sizeof(x->req));
     /* check the request and learn the compressed size (no kernel runs) */
     int64_t info[8] = {0};
@@ -1230,7 +1262,8 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     if (!x)
         return;
     uint64_t off;
-    uint16_t st = st_get_begin(dev->store, 0, key, klen, &x->ext, &off, &x->vlen, &x->vhash);
+    uint16_t st = st_get_begin(dev->store, c->nsid, key, klen, &x->ext, &off, &x->vlen,
+                               &x->vhash);
     if (st) {
         compute_fail(dev, x, st);
         return;
@@ -1274,6 +1307,8 @@ static void prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, ui
 {
     struct dev_buf *b = client_range(dev, &dev->qps[qp], c);
     uint16_t st = c->flags ? SDE_SC_INVALID_FIELD
+                  : c->nsid && !ns_visible(dev, &dev->qps[qp], c->nsid)
+                      ? SDE_SC_INVALID_NAMESPACE
                   : !b ? SDE_SC_INVALID_BUFFER
                   : !c->length || c->length % 16 ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
     if (!st && (!dev->fw || !dev->store))
@@ -1284,7 +1319,7 @@ static void prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, ui
     }
     uint64_t n = c->length / 16;
     uint64_t h0 = now_ns();
-    uint64_t hits = sde_store_prefix_match(dev->store, b->addr + c->buf_offset, n);
+    uint64_t hits = sde_store_prefix_match(dev->store, c->nsid, b->addr + c->buf_offset, n);
     uint64_t host = now_ns() - h0;
     double submit = model_submit(dev, c, t0);
     double done = charge(dev, SDE_KERNEL_PREFIX_MATCH,
@@ -1300,6 +1335,8 @@ static void prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls,
 {
     struct dev_buf *b = client_range(dev, &dev->qps[qp], c);
     uint16_t st = c->flags ? SDE_SC_INVALID_FIELD
+                  : c->nsid && !ns_visible(dev, &dev->qps[qp], c->nsid)
+                      ? SDE_SC_INVALID_NAMESPACE
                   : !b ? SDE_SC_INVALID_BUFFER
                   : !prefix_block_size_ok(c->param0) || c->length < 16 || (c->length - 16) % 4
                       ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
@@ -1312,6 +1349,7 @@ static void prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls,
     struct dev_ctx *x = compute_ctx(dev, qp, c, cls, CTX_PM_TOKENS, t0);
     if (!x)
         return;
+    x->nsid = c->nsid;
     x->bounce = bounce_alloc(nblocks * 16);
     if (!x->bounce) {
         compute_fail(dev, x, SDE_SC_INTERNAL);
@@ -1365,7 +1403,7 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
                                sde_cost_prefix_hash(n, (uint32_t)j->block_tokens),
                                x->msubmit, j->host_ns);
         uint64_t h0 = now_ns();
-        uint64_t hits = sde_store_prefix_match(dev->store, x->bounce, n);
+        uint64_t hits = sde_store_prefix_match(dev->store, x->nsid, x->bounce, n);
         double done = charge(dev, SDE_KERNEL_PREFIX_MATCH,
                              sde_cost_prefix_match(hits + 1 < n ? hits + 1 : n), hashed,
                              now_ns() - h0);
@@ -1453,9 +1491,9 @@ static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uin
     uint8_t key[SDE_KEY_MAX];
     uint32_t klen;
     uint64_t group = 0;
-    uint16_t st = kv_common(c, key, &klen);
+    uint16_t st = kv_common(dev, &dev->qps[qp], c, key, &klen);
     if (!st)
-        st = st_delete(dev->store, 0, key, klen, &group);
+        st = st_delete(dev->store, c->nsid, key, klen, &group);
     if (st) {
         finish(dev, qp, cls, c->cid, st, 0, 0, t0);
         return;
@@ -1464,12 +1502,13 @@ static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uin
     wait_commit(dev, x, group);
 }
 
-static struct pin_rec *pin_find(sde_dev *dev, uint32_t client, const uint8_t *key,
-                                uint32_t klen)
+static struct pin_rec *pin_find(sde_dev *dev, uint32_t client, uint32_t nsid,
+                                const uint8_t *key, uint32_t klen)
 {
     for (uint32_t i = 0; i < dev->npins; i++) {
         struct pin_rec *p = &dev->pins[i];
-        if (p->client == client && p->klen == klen && !memcmp(p->key, key, klen))
+        if (p->client == client && p->nsid == nsid && p->klen == klen &&
+            !memcmp(p->key, key, klen))
             return p;
     }
     return NULL;
@@ -1481,10 +1520,10 @@ static void pin_forget(sde_dev *dev, struct pin_rec *p)
 }
 
 /* PIN: the store's count goes up, and the client's own record of it. */
-static uint16_t pin_add(sde_dev *dev, uint32_t client, const uint8_t *key, uint32_t klen,
-                        uint32_t *count)
+static uint16_t pin_add(sde_dev *dev, uint32_t client, uint32_t nsid, const uint8_t *key,
+                        uint32_t klen, uint32_t *count)
 {
-    struct pin_rec *p = pin_find(dev, client, key, klen);
+    struct pin_rec *p = pin_find(dev, client, nsid, key, klen);
     if (!p && dev->npins == dev->cap_pins) {
         uint32_t cap = dev->cap_pins ? 2 * dev->cap_pins : 64;
         struct pin_rec *n = realloc(dev->pins, (uint64_t)cap * sizeof(*n));
@@ -1493,13 +1532,14 @@ static uint16_t pin_add(sde_dev *dev, uint32_t client, const uint8_t *key, uint3
         dev->pins = n;
         dev->cap_pins = cap;
     }
-    uint16_t st = (uint16_t)sde_store_pin(dev->store, 0, key, klen, 1, count);
+    uint16_t st = (uint16_t)sde_store_pin(dev->store, nsid, key, klen, 1, count);
     if (st)
         return st;
     if (!p) {
         p = &dev->pins[dev->npins++];
         memset(p, 0, sizeof(*p));
         p->client = client;
+        p->nsid = nsid;
         p->klen = klen;
         memcpy(p->key, key, klen);
     }
@@ -1508,14 +1548,14 @@ static uint16_t pin_add(sde_dev *dev, uint32_t client, const uint8_t *key, uint3
 }
 
 /* UNPIN: only a pin of this client's own (another's is as if there were none). */
-static uint16_t pin_drop(sde_dev *dev, uint32_t client, const uint8_t *key, uint32_t klen,
-                         uint32_t *count)
+static uint16_t pin_drop(sde_dev *dev, uint32_t client, uint32_t nsid, const uint8_t *key,
+                         uint32_t klen, uint32_t *count)
 {
-    struct pin_rec *p = pin_find(dev, client, key, klen);
+    struct pin_rec *p = pin_find(dev, client, nsid, key, klen);
     if (!p)
-        return sde_store_exists(dev->store, 0, key, klen) ? SDE_SC_KV_KEY_NOT_EXIST
-                                                          : SDE_SC_INVALID_FIELD;
-    uint16_t st = (uint16_t)sde_store_pin(dev->store, 0, key, klen, -1, count);
+        return sde_store_exists(dev->store, nsid, key, klen) ? SDE_SC_KV_KEY_NOT_EXIST
+                                                             : SDE_SC_INVALID_FIELD;
+    uint16_t st = (uint16_t)sde_store_pin(dev->store, nsid, key, klen, -1, count);
     if (!st && --p->count == 0)
         pin_forget(dev, p);
     return st;
@@ -1534,7 +1574,7 @@ int sde_dev_release_pins(sde_dev *dev, uint32_t client)
         for (uint32_t k = 0; k < p->count; k++) {
             uint32_t count;
             if (dev->store)
-                sde_store_pin(dev->store, 0, p->key, p->klen, -1, &count);
+                sde_store_pin(dev->store, p->nsid, p->key, p->klen, -1, &count);
             n++;
         }
         pin_forget(dev, p); /* the last record moved here: look at slot i again */
@@ -1549,12 +1589,12 @@ static void kv_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
     struct dev_qp *q = &dev->qps[qp];
     uint8_t key[SDE_KEY_MAX];
     uint32_t klen;
-    uint16_t st = kv_common(c, key, &klen);
+    uint16_t st = kv_common(dev, q, c, key, &klen);
     uint64_t result = 0, bytes = 0;
     switch (c->opcode) {
     case SDE_CMD_KV_EXIST:
         if (!st)
-            st = (uint16_t)sde_store_exists(dev->store, 0, key, klen);
+            st = (uint16_t)sde_store_exists(dev->store, c->nsid, key, klen);
         break;
     case SDE_CMD_PIN:
     case SDE_CMD_UNPIN: {
@@ -1562,20 +1602,21 @@ static void kv_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
         if (!st && klen != 16)
             st = SDE_SC_KV_INVALID_KEY_SIZE; /* pins are for 16-byte block keys */
         if (!st)
-            st = c->opcode == SDE_CMD_PIN ? pin_add(dev, q->client, key, klen, &count)
-                                          : pin_drop(dev, q->client, key, klen, &count);
+            st = c->opcode == SDE_CMD_PIN
+                     ? pin_add(dev, q->client, c->nsid, key, klen, &count)
+                     : pin_drop(dev, q->client, c->nsid, key, klen, &count);
         result = count;
         break;
     }
     case SDE_CMD_KV_LIST: {
         /* key length 0: from the first key */
-        if (st == SDE_SC_KV_INVALID_KEY_SIZE && c->param1 == 0)
+        if (st == SDE_SC_KV_INVALID_KEY_SIZE && c->param1 == 0 && !c->flags)
             st = SDE_SC_SUCCESS;
         struct dev_buf *b = st ? NULL : client_range(dev, q, c);
         if (!st && !b)
             st = SDE_SC_INVALID_BUFFER;
         if (!st) {
-            int n = sde_store_list(dev->store, 0, key, klen,
+            int n = sde_store_list(dev->store, c->nsid, key, klen,
                                    b->addr + c->buf_offset, c->length / SDE_LIST_ENTRY);
             if (n < 0) {
                 st = SDE_SC_INTERNAL;
@@ -1615,8 +1656,8 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
         st = check_block(dev, q, c, 1, &off, &b);
         break;
     case SDE_CMD_FLUSH:
-        st = c->nsid && (c->nsid > SDE_MAX_NS || !dev->ns[c->nsid].bytes)
-                 ? SDE_SC_INVALID_NAMESPACE : SDE_SC_SUCCESS;
+        st = c->nsid && !ns_visible(dev, q, c->nsid) ? SDE_SC_INVALID_NAMESPACE
+                                                     : SDE_SC_SUCCESS;
         break;
     case SDE_CMD_WRITE_ZEROES:
     case SDE_CMD_DEALLOCATE:

@@ -67,8 +67,10 @@ void sde_dev_free(sde_dev *dev);
 int sde_dev_doorbell_fd(sde_dev *dev);   /* clients kick it; Python kicks it to wake the loop */
 int sde_dev_admin_fd(sde_dev *dev);      /* readable when admin commands wait for Python */
 
-/* Queue pairs: mem is the mapped queue-pair memory (initialised by sde_qp_init). */
-int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd);
+/* Queue pairs: mem is the mapped queue-pair memory (initialised by sde_qp_init).  uid and
+ * token: the client's owner identity, which namespaces it may use (sde_ns_info). */
+int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
+                   uint32_t uid, uint64_t token);
 /* Stop serving a queue pair (its client left).  Completions of its in-flight commands are
  * dropped.  Returns the commands still in flight: unmap only when it reaches 0. */
 int sde_dev_remove_qp(sde_dev *dev, int qp);
@@ -86,8 +88,9 @@ int sde_dev_release_pins(sde_dev *dev, uint32_t client);
 /* Zero a byte range of the media (a new namespace's: no client sees another's old bytes).
  * 0, or -EINVAL / -EIO. */
 int sde_dev_zero(sde_dev *dev, uint64_t offset, uint64_t bytes);
-/* Namespaces 1..SDE_MAX_NS: a byte range of the media (bytes 0: delete). */
-int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, uint64_t start, uint64_t bytes);
+/* Namespaces 1..SDE_MAX_NS as the store keeps them (ns NULL: deleted, and the pins on its
+ * keys with it).  A client sees a namespace that is shared or its owner's own. */
+int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns);
 
 /* The data plane: serve until *stop becomes nonzero.  Polls for spin_ns after the last work,
  * then sleeps on the doorbell.  Returns 0 or -errno. */

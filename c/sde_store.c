@@ -77,6 +77,12 @@ struct ns_rec {
     uint64_t bytes;
 };
 
+struct ns_owner { /* in the checkpoint header after its hash: room the first v2 left */
+    uint32_t uid;
+    uint32_t flags;
+    uint64_t token;
+};
+
 struct ckpt_hdr {
     uint32_t magic;
     uint32_t version;
@@ -86,7 +92,12 @@ struct ckpt_hdr {
     uint64_t slot_hash; /* of nentries x ENTRY_BYTES of the slot */
     struct ns_rec ns[SDE_STORE_MAX_NS + 1];
     uint64_t hash;      /* of the bytes before it */
+    /* namespace owners; all zero (owners_hash too) in headers written before owners were
+     * kept: their namespaces load as shared */
+    struct ns_owner owners[SDE_STORE_MAX_NS + 1];
+    uint64_t owners_hash;
 };
+_Static_assert(sizeof(struct ckpt_hdr) <= CKPT_HDR_BYTES, "a checkpoint header is one 4 KiB write");
 
 struct rec { /* 64 bytes: a journal record and (op 0) a checkpoint entry */
     uint8_t op;
@@ -159,7 +170,9 @@ struct sde_store {
     uint64_t cursor;
     uint64_t free_blocks;
     uint64_t logical, physical;
-    struct ns_rec ns[SDE_STORE_MAX_NS + 1];
+    sde_ns_info ns[SDE_STORE_MAX_NS + 1];
+    uint32_t ns_gen[SDE_STORE_MAX_NS + 1]; /* bumped at every create: a put that began in a
+                                            * namespace never lands in its successor */
     /* journal */
     uint64_t ckpt_gen;
     uint64_t j_start;     /* sequence of the journal's first block */
@@ -494,12 +507,17 @@ static void reap_zombies(sde_store *st)
 
 /* ---- namespaces -------------------------------------------------------------------- */
 
-int sde_store_ns_get(const sde_store *st, uint32_t nsid, uint64_t *offset, uint64_t *bytes)
+/* Namespace 0 (the shared default for keys) always exists. */
+static int ns_present(const sde_store *st, uint32_t nsid)
 {
-    if (nsid < 1 || nsid > SDE_STORE_MAX_NS || !st->ns[nsid].bytes)
+    return nsid == 0 || (nsid <= SDE_STORE_MAX_NS && (st->ns[nsid].flags & SDE_NS_USED));
+}
+
+int sde_store_ns_get(const sde_store *st, uint32_t nsid, sde_ns_info *out)
+{
+    if (nsid < 1 || !ns_present(st, nsid))
         return -ENOENT;
-    *offset = st->ns[nsid].off;
-    *bytes = st->ns[nsid].bytes;
+    *out = st->ns[nsid];
     return 0;
 }
 
@@ -539,6 +557,23 @@ static int apply_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
     ext_unref(st, st->ents[i].ext);
     ent_remove(st, i);
     return SDE_SC_SUCCESS;
+}
+
+/* A namespace goes, and every key in it (the one place, live and at replay). */
+static void ns_drop(sde_store *st, uint32_t nsid)
+{
+    for (uint64_t b = 0; b <= st->ent_mask; b++) {
+        uint32_t i = st->ent_heads[b];
+        while (i != NIL) {
+            uint32_t next = st->ents[i].hnext;
+            if (st->ents[i].nsid == nsid) {
+                st->ents[i].pins = 0;
+                apply_delete(st, nsid, st->ents[i].key, st->ents[i].klen);
+            }
+            i = next;
+        }
+    }
+    memset(&st->ns[nsid], 0, sizeof(st->ns[nsid]));
 }
 
 struct offmap {
@@ -605,8 +640,18 @@ static int load_record(sde_store *st, struct offmap *m, const struct rec *r)
     if (r->op == OP_NS_CREATE || r->op == OP_NS_DELETE) {
         if (r->nsid < 1 || r->nsid > SDE_STORE_MAX_NS)
             return -1;
-        st->ns[r->nsid] = r->op == OP_NS_CREATE ? (struct ns_rec){r->off, r->len}
-                                                : (struct ns_rec){0, 0};
+        if (r->op == OP_NS_DELETE) {
+            ns_drop(st, r->nsid);
+            return 0;
+        }
+        /* owner: reserved2[0] = uid | flags << 32, reserved2[1] = token; a record from
+         * before owners were kept has none: shared */
+        uint32_t flags = (uint32_t)(r->reserved2[0] >> 32);
+        st->ns[r->nsid] = (sde_ns_info){
+            .offset = r->off, .bytes = r->len, .token = r->reserved2[1],
+            .uid = (uint32_t)r->reserved2[0],
+            .flags = SDE_NS_USED | (r->reserved2[0] || r->reserved2[1] ? flags : SDE_NS_SHARED)};
+        st->ns_gen[r->nsid]++;
         return 0;
     }
     return -1;
@@ -796,8 +841,15 @@ static int write_checkpoint(sde_store *st)
     h->j_start = st->j_next; /* the journal restarts at its first block */
     h->nentries = n;
     h->slot_hash = slot_hash;
-    memcpy(h->ns, st->ns, sizeof(h->ns));
+    for (uint32_t n = 1; n <= SDE_STORE_MAX_NS; n++) {
+        const sde_ns_info *ns = &st->ns[n];
+        if (!(ns->flags & SDE_NS_USED))
+            continue;
+        h->ns[n] = (struct ns_rec){ns->offset, ns->bytes};
+        h->owners[n] = (struct ns_owner){ns->uid, ns->flags, ns->token};
+    }
     h->hash = XXH3_64bits(h, offsetof(struct ckpt_hdr, hash));
+    h->owners_hash = XXH3_64bits(h->owners, sizeof(h->owners));
     ret = pio(st->fd, 1, hb, CKPT_HDR_BYTES, hdr_off(st, gen));
     if (!ret && fdatasync(st->fd) < 0)
         ret = -errno;
@@ -1073,7 +1125,19 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
             memset(m.slot, 0xff, n * sizeof(uint32_t));
     }
     if (!r) {
-        memcpy(st->ns, h->ns, sizeof(st->ns));
+        /* owners written with the header, or none (a header from before they were kept:
+         * a namespace with bytes is shared) */
+        int owned = h->owners_hash == XXH3_64bits(h->owners, sizeof(h->owners));
+        for (uint32_t n = 1; n <= SDE_STORE_MAX_NS; n++) {
+            const struct ns_owner *o = &h->owners[n];
+            uint32_t flags = owned ? o->flags : h->ns[n].bytes ? SDE_NS_USED | SDE_NS_SHARED : 0;
+            if (!(flags & SDE_NS_USED))
+                continue;
+            st->ns[n] = (sde_ns_info){.offset = h->ns[n].off, .bytes = h->ns[n].bytes,
+                                      .token = owned ? o->token : 0,
+                                      .uid = owned ? o->uid : 0, .flags = flags};
+            st->ns_gen[n]++;
+        }
         if (load_checkpoint(st, h, &m) < 0) {
             /* its slot was written and synced before its header: this is corruption */
             sde_store_free(st);
@@ -1134,15 +1198,15 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
         }
         st->nzombies = 0;
         for (uint32_t n = 1; !r && n <= SDE_STORE_MAX_NS; n++) {
-            const struct ns_rec *ns = &st->ns[n];
+            const sde_ns_info *ns = &st->ns[n];
             if (!ns->bytes)
                 continue;
-            if (ns->off < st->sb.d_off || ns->off % st->block || ns->bytes % st->block ||
-                ns->off + ns->bytes > st->sb.d_off + st->sb.d_len) {
+            if (ns->offset < st->sb.d_off || ns->offset % st->block || ns->bytes % st->block ||
+                ns->offset + ns->bytes > st->sb.d_off + st->sb.d_len) {
                 r = fail(-EINVAL, "namespace %u does not fit the data region", n);
                 break;
             }
-            set_bits(st, (ns->off - st->sb.d_off) / st->block, ns->bytes / st->block, 1);
+            set_bits(st, (ns->offset - st->sb.d_off) / st->block, ns->bytes / st->block, 1);
         }
     }
     if (r) {
@@ -1210,10 +1274,13 @@ int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
     if (mode != SDE_KV_STORE_ANY && mode != SDE_KV_STORE_IF_EXISTS &&
         mode != SDE_KV_STORE_IF_NOT_EXISTS)
         return SDE_SC_INVALID_FIELD;
+    if (!ns_present(st, nsid))
+        return SDE_SC_INVALID_NAMESPACE;
     if (st->failed)
         return SDE_SC_MEDIA_ERROR;
     memset(p, 0, sizeof(*p));
     p->nsid = nsid;
+    p->ns_gen = nsid ? st->ns_gen[nsid] : 0;
     p->klen = klen;
     memcpy(p->key, key, klen);
     p->mode = mode;
@@ -1275,6 +1342,8 @@ int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
     int st_code = SDE_SC_SUCCESS;
     if (st->failed)
         st_code = SDE_SC_MEDIA_ERROR;
+    else if (!ns_present(st, p->nsid) || (p->nsid && st->ns_gen[p->nsid] != p->ns_gen))
+        st_code = SDE_SC_INVALID_NAMESPACE; /* deleted while the value was written */
     else if (p->mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
         st_code = SDE_SC_KV_KEY_NOT_EXIST;
     else if (p->mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
@@ -1306,6 +1375,8 @@ int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
 {
     if (!key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (!ns_present(st, nsid))
+        return SDE_SC_INVALID_NAMESPACE;
     uint32_t i = ent_find(st, nsid, key, klen);
     if (i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;
@@ -1331,6 +1402,8 @@ int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
     *group = 0;
     if (!key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (!ns_present(st, nsid))
+        return SDE_SC_INVALID_NAMESPACE;
     if (st->failed)
         return SDE_SC_MEDIA_ERROR;
     uint32_t i = ent_find(st, nsid, key, klen);
@@ -1426,6 +1499,8 @@ int sde_store_exists(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
 {
     if (!key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (!ns_present(st, nsid))
+        return SDE_SC_INVALID_NAMESPACE;
     return ent_find(st, nsid, key, klen) == NIL ? SDE_SC_KV_KEY_NOT_EXIST : SDE_SC_SUCCESS;
 }
 
@@ -1500,10 +1575,10 @@ int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
     return SDE_SC_SUCCESS;
 }
 
-uint64_t sde_store_prefix_match(sde_store *st, const uint8_t *keys, uint64_t n)
+uint64_t sde_store_prefix_match(sde_store *st, uint32_t nsid, const uint8_t *keys, uint64_t n)
 {
     uint64_t i = 0;
-    while (i < n && ent_find(st, 0, keys + 16 * i, 16) != NIL)
+    while (i < n && ent_find(st, nsid, keys + 16 * i, 16) != NIL)
         i++;
     return i;
 }
@@ -1516,28 +1591,37 @@ int sde_store_flush(sde_store *st)
     return r;
 }
 
-int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t *nsid, uint64_t *offset)
+int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t uid, uint32_t flags,
+                        uint64_t token, uint32_t *nsid, uint64_t *offset)
 {
-    if (!bytes || bytes % st->block)
+    if (bytes % st->block || flags & ~(uint32_t)SDE_NS_SHARED)
         return SDE_SC_INVALID_FIELD;
     if (st->failed)
         return SDE_SC_MEDIA_ERROR;
     uint32_t id = 0;
     for (uint32_t n = 1; n <= SDE_STORE_MAX_NS && !id; n++)
-        if (!st->ns[n].bytes)
+        if (!ns_present(st, n))
             id = n;
     if (!id)
         return SDE_SC_CAPACITY_EXCEEDED;
-    uint64_t b = alloc_blocks(st, bytes / st->block);
-    if (b == UINT64_MAX)
-        return SDE_SC_CAPACITY_EXCEEDED;
-    uint64_t off = st->sb.d_off + b * st->block;
-    struct rec r = {.op = OP_NS_CREATE, .nsid = id, .off = off, .len = bytes};
+    uint64_t b = 0, off = 0;
+    if (bytes) { /* bytes 0: keys only, no block range */
+        b = alloc_blocks(st, bytes / st->block);
+        if (b == UINT64_MAX)
+            return SDE_SC_CAPACITY_EXCEEDED;
+        off = st->sb.d_off + b * st->block;
+    }
+    flags |= SDE_NS_USED;
+    struct rec r = {.op = OP_NS_CREATE, .nsid = id, .off = off, .len = bytes,
+                    .reserved2 = {uid | (uint64_t)flags << 32, token}};
     if (append(st, &r) < 0) {
-        free_blocks_at(st, b, bytes / st->block);
+        if (bytes)
+            free_blocks_at(st, b, bytes / st->block);
         return SDE_SC_INTERNAL;
     }
-    st->ns[id] = (struct ns_rec){off, bytes};
+    st->ns[id] = (sde_ns_info){.offset = off, .bytes = bytes, .token = token, .uid = uid,
+                               .flags = flags};
+    st->ns_gen[id]++;
     if (commit_sync(st) < 0)
         return SDE_SC_MEDIA_ERROR;
     *nsid = id;
@@ -1547,15 +1631,18 @@ int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t *nsid, uint64_t 
 
 int sde_store_ns_delete(sde_store *st, uint32_t nsid)
 {
-    if (nsid < 1 || nsid > SDE_STORE_MAX_NS || !st->ns[nsid].bytes)
+    if (nsid < 1 || !ns_present(st, nsid))
         return SDE_SC_INVALID_NAMESPACE;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
     struct rec r = {.op = OP_NS_DELETE, .nsid = nsid};
     if (append(st, &r) < 0)
         return SDE_SC_INTERNAL;
-    struct ns_rec ns = st->ns[nsid];
-    st->ns[nsid] = (struct ns_rec){0, 0};
+    sde_ns_info ns = st->ns[nsid];
+    ns_drop(st, nsid); /* its keys go with it (their extents once the record is durable) */
     int c = commit_sync(st);
     /* its blocks are reused only after the record is on the media */
-    free_blocks_at(st, (ns.off - st->sb.d_off) / st->block, ns.bytes / st->block);
+    if (ns.bytes)
+        free_blocks_at(st, (ns.offset - st->sb.d_off) / st->block, ns.bytes / st->block);
     return c < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
 }

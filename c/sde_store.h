@@ -77,6 +77,18 @@ typedef struct sde_kv_put_result {
     uint64_t length;
 } sde_kv_put_result;
 
+/* A namespace: a byte range of the data region for block I/O (bytes 0: keys only), and
+ * its owner.  Keys live in a namespace too (namespace 0: the shared default). */
+#define SDE_NS_USED 1     /* the id is taken */
+#define SDE_NS_SHARED 2   /* every client may use it; otherwise only its owner */
+typedef struct sde_ns_info {
+    uint64_t offset;
+    uint64_t bytes;
+    uint64_t token;   /* the owner's token (a hash of the name a client gave; 0: none) */
+    uint32_t uid;     /* the owner's uid */
+    uint32_t flags;   /* SDE_NS_* */
+} sde_ns_info;
+
 typedef struct sde_store sde_store;
 
 /* What the media holds: SDE_PROBE_*, or -errno.  *version gets the format found. */
@@ -108,16 +120,18 @@ int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
 /* delta +1 / -1; *count gets the pins left.  A pinned key cannot be deleted. */
 int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, int delta,
                   uint32_t *count);
-/* The leading run of n 16-byte keys (namespace 0) that the store holds. */
-uint64_t sde_store_prefix_match(sde_store *st, const uint8_t *keys, uint64_t n);
+/* The leading run of n 16-byte keys (of namespace nsid) that the store holds. */
+uint64_t sde_store_prefix_match(sde_store *st, uint32_t nsid, const uint8_t *keys, uint64_t n);
 int sde_store_flush(sde_store *st);
 int sde_store_checkpoint(sde_store *st);
 
-/* Block namespaces: extents of the data region, kept in the journal and checkpoints. */
-int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t *nsid, uint64_t *offset);
+/* Namespaces 1..SDE_STORE_MAX_NS, kept in the journal and checkpoints with their owners.
+ * bytes 0: a namespace for keys only.  Deleting one deletes its keys. */
+int sde_store_ns_create(sde_store *st, uint64_t bytes, uint32_t uid, uint32_t flags,
+                        uint64_t token, uint32_t *nsid, uint64_t *offset);
 int sde_store_ns_delete(sde_store *st, uint32_t nsid);
-/* 0 and the namespace's place, or -ENOENT. */
-int sde_store_ns_get(const sde_store *st, uint32_t nsid, uint64_t *offset, uint64_t *bytes);
+/* 0 and the namespace, or -ENOENT. */
+int sde_store_ns_get(const sde_store *st, uint32_t nsid, sde_ns_info *out);
 /* CDEF-END */
 
 #endif

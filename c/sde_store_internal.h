@@ -11,6 +11,7 @@
 
 typedef struct st_put_plan {
     uint32_t nsid;
+    uint32_t ns_gen;   /* the namespace's generation when the put began */
     uint32_t klen;
     uint8_t key[SDE_KEY_MAX];
     int mode;

@@ -35,7 +35,7 @@ from hostlib.errors import (
     raise_for_status,
 )
 from ssdemu import _engine, control
-from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
+from ssdemu.queue_layout import NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
 
 ffi, lib = _engine.ffi, _engine.lib
 
@@ -479,7 +479,8 @@ class Device:
     _key_fields = staticmethod(_key_fields)
 
     def kv_put_async(self, key: bytes, value, only_if_exists: bool = False,
-                     only_if_not_exists: bool = False, qp: QueuePair | None = None) -> Future:
+                     only_if_not_exists: bool = False, qp: QueuePair | None = None, *,
+                     nsid: int = 0) -> Future:
         """Store a value (bytes, or a uint8 array: zero copy when it lies in a Device.alloc
         buffer); the Future's result is True if the key existed."""
         qp = qp or self.qp
@@ -487,10 +488,11 @@ class Device:
         mode = 1 if only_if_exists else 2 if only_if_not_exists else 0
         fields, bounced = self._staged_in(value, qp)
         return self.submit(OPCODES["KV_STORE"], f"kv store {bytes(key)!r}", qp=qp,
-                           bounce=bounced, after=bool, param0=mode, **fields, **kf)
+                           bounce=bounced, after=bool, param0=mode, nsid=nsid, **fields, **kf)
 
     def kv_put(self, key: bytes, value, only_if_exists: bool = False,
-               only_if_not_exists: bool = False, qp: QueuePair | None = None) -> bool:
+               only_if_not_exists: bool = False, qp: QueuePair | None = None, *,
+               nsid: int = 0) -> bool:
         """Store a value (1 byte to identify's max_value_bytes); True if the key existed."""
         n = value.nbytes if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))
         if n > (qp or self.qp).bounce.nbytes and self._locate(value)[0] is None:
@@ -498,13 +500,14 @@ class Device:
             try:
                 tmp[:] = _as_bytes_array(value)
                 return self.kv_put_async(key, tmp, only_if_exists, only_if_not_exists,
-                                         qp).result()
+                                         qp, nsid=nsid).result()
             finally:
                 self.free(tmp)
-        return self.kv_put_async(key, value, only_if_exists, only_if_not_exists, qp).result()
+        return self.kv_put_async(key, value, only_if_exists, only_if_not_exists, qp,
+                                 nsid=nsid).result()
 
     def kv_get_async(self, key: bytes, out: np.ndarray | None = None,
-                     qp: QueuePair | None = None) -> Future:
+                     qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         """Retrieve into `out` (any uint8-viewable array; zero copy in a Device.alloc buffer):
         the result is the value's length.  Without `out`, the result is the value (bytes)
         when it fits the queue pair's bounce buffer.  A buffer too small raises
@@ -516,47 +519,47 @@ class Device:
             boff, share = qp.bounce_take(qp.bounce.nbytes)
             return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=True,
                                after=lambda n: bytes(share[:n]), buf=qp.bounce_handle,
-                               buf_offset=boff, length=share.nbytes, **kf)
+                               buf_offset=boff, length=share.nbytes, nsid=nsid, **kf)
         fields, bounced, copy = self._staged_out(out, qp)
         return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=bounced, after=copy,
-                           **fields, **kf)
+                           nsid=nsid, **fields, **kf)
 
     def kv_get(self, key: bytes, out: np.ndarray | None = None,
-               qp: QueuePair | None = None) -> bytes | int:
+               qp: QueuePair | None = None, *, nsid: int = 0) -> bytes | int:
         """The value (bytes), or, with `out`, its length."""
         try:
-            return self.kv_get_async(key, out, qp).result()
+            return self.kv_get_async(key, out, qp, nsid=nsid).result()
         except InvalidValueSizeError as e:
             if out is not None or not e.value_length:
                 raise
             tmp = self.alloc(e.value_length)  # larger than the bounce buffer
             try:
-                n = self.kv_get_async(key, tmp, qp).result()
+                n = self.kv_get_async(key, tmp, qp, nsid=nsid).result()
                 return bytes(tmp[:n])
             finally:
                 self.free(tmp)
 
-    def kv_delete_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
+    def kv_delete_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         return self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}", qp=qp,
-                           **_key_fields(key))
+                           nsid=nsid, **_key_fields(key))
 
-    def kv_delete(self, key: bytes, qp: QueuePair | None = None) -> None:
-        self.kv_delete_async(key, qp).result()
+    def kv_delete(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> None:
+        self.kv_delete_async(key, qp, nsid=nsid).result()
 
-    def kv_exists_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
+    def kv_exists_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         """The result is 0 when the key exists; KeyNotFoundError otherwise."""
         return self.submit(OPCODES["KV_EXIST"], f"kv exist {bytes(key)!r}", qp=qp,
-                           **_key_fields(key))
+                           nsid=nsid, **_key_fields(key))
 
-    def kv_exists(self, key: bytes, qp: QueuePair | None = None) -> bool:
+    def kv_exists(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> bool:
         try:
-            self.kv_exists_async(key, qp).result()
+            self.kv_exists_async(key, qp, nsid=nsid).result()
             return True
         except KeyNotFoundError:
             return False
 
     def kv_list(self, start: bytes = b"", max_keys: int = 1024,
-                qp: QueuePair | None = None) -> list[bytes]:
+                qp: QueuePair | None = None, *, nsid: int = 0) -> list[bytes]:
         qp = qp or self.qp
         fields = _key_fields(start) if start else {}
         nbytes = min(qp.bounce.nbytes, 17 * max_keys)
@@ -568,11 +571,11 @@ class Device:
 
         return self.submit(OPCODES["KV_LIST"], "kv list", qp=qp, bounce=True, after=keys,
                            buf=qp.bounce_handle, buf_offset=boff, length=nbytes,
-                           **fields).result()
+                           nsid=nsid, **fields).result()
 
     # -- compute: the drive's firmware --
     def kv_put_quantized_async(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
-                               qp: QueuePair | None = None) -> Future:
+                               qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         """Store a KV block (tokens, 2, layers, kv_heads, head_dim; fp16/bf16 as uint16 bits)
         quantized in the drive; the result is the compressed size.  kv_get returns the
         compressed block, kv_get_dequantized the block.  A block inside a Device.alloc
@@ -595,7 +598,7 @@ class Device:
             share[QUANT_REQUEST.size:] = _as_bytes_array(block)
             return self.submit(OPCODES["KV_STORE_QUANTIZED"], what, qp=qp, bounce=True,
                                buf=qp.bounce_handle, buf_offset=boff, length=share.nbytes,
-                               **kf)
+                               nsid=nsid, **kf)
         tmp = None
         if handle is None:  # larger than the bounce: a registered buffer for it
             tmp = self.alloc(block.nbytes)
@@ -605,7 +608,7 @@ class Device:
         rshare[:] = request
         f = self.submit(OPCODES["KV_STORE_QUANTIZED"], what, qp=qp, bounce=True, buf=handle,
                         buf_offset=off, length=block.nbytes,
-                        param0=(qp.bounce_handle << 40) | roff, **kf)
+                        param0=(qp.bounce_handle << 40) | roff, nsid=nsid, **kf)
         if tmp is not None:
             if f.finished:
                 self.free(tmp)
@@ -614,11 +617,11 @@ class Device:
         return f
 
     def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
-                         qp: QueuePair | None = None) -> int:
-        return self.kv_put_quantized_async(key, block, dtype, scheme, qp).result()
+                         qp: QueuePair | None = None, *, nsid: int = 0) -> int:
+        return self.kv_put_quantized_async(key, block, dtype, scheme, qp, nsid=nsid).result()
 
     def kv_get_dequantized_async(self, key: bytes, out: np.ndarray,
-                                 qp: QueuePair | None = None) -> Future:
+                                 qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         """Dequantized in the drive, into `out` (the block's shape and carrier dtype); the
         result is the bytes written."""
         qp = qp or self.qp
@@ -626,51 +629,52 @@ class Device:
         fields, bounced, copy = self._staged_out(out, qp)
         return self.submit(OPCODES["KV_RETRIEVE_DEQUANTIZED"],
                            f"kv retrieve dequantized {key!r}", qp=qp, bounce=bounced,
-                           after=copy, **fields, **kf)
+                           after=copy, nsid=nsid, **fields, **kf)
 
     def kv_get_dequantized(self, key: bytes, out: np.ndarray,
-                           qp: QueuePair | None = None) -> np.ndarray:
-        self.kv_get_dequantized_async(key, out, qp).result()
+                           qp: QueuePair | None = None, *, nsid: int = 0) -> np.ndarray:
+        self.kv_get_dequantized_async(key, out, qp, nsid=nsid).result()
         return out
 
-    def prefix_match_async(self, keys, qp: QueuePair | None = None) -> Future:
+    def prefix_match_async(self, keys, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         from firmware.prefix_index import keys_array
 
         qp = qp or self.qp
         arr = keys_array(keys).view(np.uint8).reshape(-1)
         fields, bounced = self._staged_in(arr, qp)
         return self.submit(OPCODES["PREFIX_MATCH"], "prefix match", qp=qp, bounce=bounced,
-                           **fields)
+                           nsid=nsid, **fields)
 
-    def prefix_match(self, keys, qp: QueuePair | None = None) -> int:
+    def prefix_match(self, keys, qp: QueuePair | None = None, *, nsid: int = 0) -> int:
         """How many leading keys of a chain (16-byte keys) the drive holds."""
-        return self.prefix_match_async(keys, qp).result()
+        return self.prefix_match_async(keys, qp, nsid=nsid).result()
 
     def prefix_match_tokens_async(self, tokens, block_tokens: int, root: bytes,
-                                  qp: QueuePair | None = None) -> Future:
+                                  qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         qp = qp or self.qp
         payload = np.concatenate([np.frombuffer(root, np.uint8),
                                   np.asarray(tokens, dtype="<u4").view(np.uint8)])
         fields, bounced = self._staged_in(payload, qp)
         return self.submit(OPCODES["PREFIX_MATCH_TOKENS"], "prefix match (tokens)", qp=qp,
-                           bounce=bounced, param0=block_tokens, **fields)
+                           bounce=bounced, param0=block_tokens, nsid=nsid, **fields)
 
     def prefix_match_tokens(self, tokens, block_tokens: int, root: bytes,
-                            qp: QueuePair | None = None) -> int:
+                            qp: QueuePair | None = None, *, nsid: int = 0) -> int:
         """Like prefix_match, the drive hashing the token ids itself (hostlib.prefix_hash)."""
-        return self.prefix_match_tokens_async(tokens, block_tokens, root, qp).result()
+        return self.prefix_match_tokens_async(tokens, block_tokens, root, qp,
+                                              nsid=nsid).result()
 
-    def pin_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
-        return self.submit(OPCODES["PIN"], "pin", qp=qp, **_key_fields(key))
+    def pin_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
+        return self.submit(OPCODES["PIN"], "pin", qp=qp, nsid=nsid, **_key_fields(key))
 
-    def pin(self, key: bytes, qp: QueuePair | None = None) -> int:
-        return self.pin_async(key, qp).result()
+    def pin(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> int:
+        return self.pin_async(key, qp, nsid=nsid).result()
 
-    def unpin_async(self, key: bytes, qp: QueuePair | None = None) -> Future:
-        return self.submit(OPCODES["UNPIN"], "unpin", qp=qp, **_key_fields(key))
+    def unpin_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
+        return self.submit(OPCODES["UNPIN"], "unpin", qp=qp, nsid=nsid, **_key_fields(key))
 
-    def unpin(self, key: bytes, qp: QueuePair | None = None) -> int:
-        return self.unpin_async(key, qp).result()
+    def unpin(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> int:
+        return self.unpin_async(key, qp, nsid=nsid).result()
 
     # -- admin --
     def _admin_json(self, opcode: int, what: str, **fields):
@@ -686,8 +690,12 @@ class Device:
     def namespaces(self) -> list[dict]:
         return self._admin_json(OPCODES["NS_LIST"], "namespace list")
 
-    def ns_create(self, nbytes: int) -> int:
-        return self.submit(OPCODES["NS_CREATE"], "namespace create", param0=nbytes).result()
+    def ns_create(self, nbytes: int = 0, shared: bool = False) -> int:
+        """A new namespace: nbytes of blocks (0: for keys only; KV calls name it with
+        `nsid=`).  It belongs to this client's owner (its uid, and the owner name given to
+        `connect`): other owners cannot see it, unless it is created shared."""
+        return self.submit(OPCODES["NS_CREATE"], "namespace create", param0=nbytes,
+                           param1=NS_SHARED if shared else 0).result()
 
     def ns_delete(self, nsid: int) -> None:
         self.submit(OPCODES["NS_DELETE"], f"namespace delete {nsid}", nsid=nsid).result()
@@ -710,7 +718,11 @@ class Device:
         self.close()
 
 
-def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5.0) -> Device:
+def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5.0,
+            owner: str | None = None) -> Device:
+    """Connect to a daemon.  owner: a name for this experiment (1-255 characters); the
+    namespaces it creates belong to this uid and that name together, across reconnects and
+    restarts, so that two experiments of one user stay apart.  None: the uid alone."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout)
     try:
@@ -720,7 +732,10 @@ def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5
         raise ConnectError(f"cannot reach ssdemu at {socket_path}: {e.strerror}") from None
     try:
         try:
-            control.send(sock, {"op": "hello", "version": PROTOCOL_VERSION})
+            hello = {"op": "hello", "version": PROTOCOL_VERSION}
+            if owner is not None:
+                hello["owner"] = owner
+            control.send(sock, hello)
         except BrokenPipeError:
             pass  # the daemon refused us at once: its reason is waiting to be read
         reply, _ = control.recv(sock)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ssdemu.queue_layout import OPCODES, STATUS
+from ssdemu.queue_layout import NS_SHARED, OPCODES, STATUS
 from ssdemu.store import KeyNotFound, StoreFull
 
 
@@ -61,7 +61,7 @@ class Admin:
         return self._reply_json(client, sqe, self.d.identify())
 
     def ns_list(self, client, sqe):
-        return self._reply_json(client, sqe, self.d.namespace_list())
+        return self._reply_json(client, sqe, self.d.namespace_list(client))
 
     def get_log(self, client, sqe):
         page = self.d.log_page(int(sqe.param0))
@@ -70,8 +70,14 @@ class Admin:
         return self._reply_json(client, sqe, page)
 
     def ns_create(self, client, sqe):
+        """param0: bytes (0: keys only); param1: 0, or NS_SHARED for every client's use."""
+        if int(sqe.param1) not in (0, NS_SHARED) or sqe.nsid or sqe.flags:
+            return _err("INVALID_FIELD")
+        if client is None:  # it left meanwhile: it would own a namespace no one can reach
+            return _err("ABORTED")
         try:
-            nsid = self.d.create_namespace(int(sqe.param0))
+            nsid = self.d.create_namespace(int(sqe.param0), client,
+                                           shared=int(sqe.param1) == NS_SHARED)
         except ValueError:
             return _err("INVALID_FIELD")
         except StoreFull:
@@ -82,7 +88,7 @@ class Admin:
 
     def ns_delete(self, client, sqe):
         try:
-            self.d.delete_namespace(int(sqe.nsid))
+            self.d.delete_namespace(int(sqe.nsid), client)
         except KeyNotFound:
             return _err("INVALID_NAMESPACE")
         return _ok()

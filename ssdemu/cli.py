@@ -104,11 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = sub.add_parser("ctl", help="admin commands against a running daemon")
     ctl.add_argument("--socket", required=True)
     ctl.add_argument("--json", action="store_true", help="print one JSON object")
+    ctl.add_argument("--owner", help="act as this owner (the name an experiment connects "
+                     "with): its private namespaces")
     csub = ctl.add_subparsers(dest="ctl", required=True, parser_class=_Parser)
     csub.add_parser("identify", help="what the device is")
     csub.add_parser("ns-list", help="namespaces")
     nc = csub.add_parser("ns-create", help="create a namespace")
-    nc.add_argument("size", type=_size_arg, help="bytes, with K/M/G/T")
+    nc.add_argument("size", type=_size_arg, help="bytes, with K/M/G/T (0: for keys only)")
+    nc.add_argument("--shared", action="store_true",
+                    help="every client may use it (default: only its owner)")
     nd = csub.add_parser("ns-delete", help="delete a namespace")
     nd.add_argument("nsid", type=_positive_int)
     lg = csub.add_parser("log", help="a log page (1: counters, latency, bytes copied)")
@@ -273,8 +277,7 @@ def _cmd_bench_queue(args) -> int:
 def _cmd_ctl(args) -> int:
     from ssdemu.ctl import run
 
-    arg = {"ns-create": "size", "ns-delete": "nsid", "log": "page"}.get(args.ctl)
-    print(run(args.socket, args.ctl, str(getattr(args, arg)) if arg else None, args.json))
+    print(run(args))
     return 0
 
 

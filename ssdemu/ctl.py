@@ -8,26 +8,28 @@ import hostlib
 from ssdemu.units import format_size
 
 
-def run(socket_path: str, action: str, arg: str | None, as_json: bool) -> str:
-    with hostlib.connect(socket_path, entries=8) as dev:
+def run(args) -> str:
+    """One ctl action (args: the parsed command line); the text or JSON to print."""
+    action, as_json = args.ctl, args.json
+    with hostlib.connect(args.socket, entries=8, owner=args.owner) as dev:
         if action == "identify":
             data = dev.identify()
             text = "\n".join(f"{k:<22}{v}" for k, v in data.items())
         elif action == "ns-list":
             data = dev.namespaces()
-            rows = [f"{'nsid':>5}  {'size':>10}  {'start':>14}"]
-            rows += [f"{n['nsid']:>5}  {format_size(n['bytes']):>10}  {n['start']:>14}"
-                     for n in data]
+            rows = [f"{'nsid':>5}  {'size':>10}  {'start':>14}  owner"]
+            rows += [f"{n['nsid']:>5}  {format_size(n['bytes']):>10}  {n['start']:>14}  "
+                     f"{'shared' if n['shared'] else 'yours'}" for n in data]
             text = "\n".join(rows)
         elif action == "ns-create":
-            data = {"nsid": dev.ns_create(int(arg))}
+            data = {"nsid": dev.ns_create(args.size, shared=args.shared)}
             text = f"created namespace {data['nsid']}"
         elif action == "ns-delete":
-            dev.ns_delete(int(arg))
-            data = {"deleted": int(arg)}
-            text = f"deleted namespace {arg}"
+            dev.ns_delete(args.nsid)
+            data = {"deleted": args.nsid}
+            text = f"deleted namespace {args.nsid}"
         else:  # log
-            data = dev.log(int(arg) if arg else 1)
+            data = dev.log(args.page)
             rows = [f"{'class':<8}{'commands':>10}{'errors':>8}{'bytes':>14}{'copied':>12}"
                     f"{'mean us':>10}"]
             for name, c in data["classes"].items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import mmap
 import os
@@ -77,6 +78,7 @@ class Client:
     sock: socket.socket
     uid: int
     pid: int
+    token: int = 0  # the owner name given at hello, hashed (0: none): see owner_token
     qps: dict[int, QueuePair] = field(default_factory=dict)
     buffers: dict[int, Buffer] = field(default_factory=dict)
 
@@ -105,8 +107,8 @@ class Daemon:
                 raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
         self.store = open_store(media, format_media, not profile.write_cache.enabled,
                                 profile, journal_blocks)
-        for nsid, (offset, nbytes) in self.store.namespaces.items():
-            lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
+        for nsid, ns in self.store.namespace_table().items():
+            lib.sde_dev_set_ns(self.dev, nsid, ns)
         # from here on KV commands run in the data plane against the store (c/sde_store.c)
         self.store.attach(self.dev)
         # the firmware: as many threads as the drive has compute units, at most one per core
@@ -285,6 +287,14 @@ class Daemon:
             if msg.get("version") != PROTOCOL_VERSION:
                 return {"ok": False, "error": f"protocol version {msg.get('version')!r} is "
                         f"not supported: this daemon speaks {PROTOCOL_VERSION}"}, []
+            owner = msg.get("owner")
+            if owner is not None:
+                if not isinstance(owner, str) or not 1 <= len(owner) <= 255:
+                    return {"ok": False, "error": "an owner name is 1 to 255 characters"}, []
+                if client.qps:
+                    return {"ok": False, "error": "the owner is named before any queue "
+                            "pair is made"}, []
+                client.token = owner_token(owner)
             return {"ok": True, "version": PROTOCOL_VERSION, "device": self.identify()}, []
         if op == "create_qp":
             return self._create_qp(client, msg)
@@ -320,7 +330,8 @@ class Daemon:
         addr = ffi.cast("void *", ffi.from_buffer(mm))
         cfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         lib.sde_qp_init(addr, entries, entries, 0)
-        index = lib.sde_dev_add_qp(self.dev, addr, nbytes, client.cid, cfd)
+        index = lib.sde_dev_add_qp(self.dev, addr, nbytes, client.cid, cfd, client.uid,
+                                   client.token)
         if index < 0:
             mm.close()
             os.close(fd)
@@ -491,27 +502,49 @@ class Daemon:
             return int(max(lib.sde_dev_clock_ns(self.dev), ms.horizon_ns))
         return int(lib.sde_dev_clock_ns(self.dev))
 
-    # -- namespaces, kept in the store on the media --
-    def namespace_list(self) -> list[dict]:
-        return [{"nsid": nsid, "bytes": nbytes, "start": off}
-                for nsid, (off, nbytes) in sorted(self.store.namespaces.items())]
+    # -- namespaces, kept in the store on the media with their owners --
+    def _visible(self, client: Client | None) -> dict:
+        """The namespaces a client may see: shared ones and its owner's own (the data plane
+        applies the same rule, c/sde_dev.c ns_visible)."""
+        return {nsid: ns for nsid, ns in self.store.namespace_table().items()
+                if ns.flags & lib.SDE_NS_SHARED
+                or (client is not None and (ns.uid, ns.token) == (client.uid, client.token))}
 
-    def create_namespace(self, nbytes: int) -> int:
-        nsid, offset = self.store.ns_create(nbytes)
+    def namespace_list(self, client: Client | None) -> list[dict]:
+        return [{"nsid": nsid, "bytes": ns.bytes, "start": ns.offset,
+                 "shared": bool(ns.flags & lib.SDE_NS_SHARED)}
+                for nsid, ns in sorted(self._visible(client).items())]
+
+    def create_namespace(self, nbytes: int, client: Client | None, shared: bool = False) -> int:
+        owner = None if shared or client is None else (client.uid, client.token)
+        nsid, offset = self.store.ns_create(nbytes, owner)
         # zeroed before anyone can read it: the space may have held another client's
         # namespace or values (a punched hole or BLKZEROOUT, not a write of every block)
-        r = lib.sde_dev_zero(self.dev, offset, nbytes)
+        r = lib.sde_dev_zero(self.dev, offset, nbytes) if nbytes else 0
         if r < 0:
             self.store.ns_delete(nsid)
             raise OSError(-r, f"cannot zero the new namespace: {os.strerror(-r)}")
-        lib.sde_dev_set_ns(self.dev, nsid, offset, nbytes)
-        log.info("namespace %d created: %d bytes at %d", nsid, nbytes, offset)
+        lib.sde_dev_set_ns(self.dev, nsid, self.store.namespace_table()[nsid])
+        log.info("namespace %d created: %d bytes at %d, %s", nsid, nbytes, offset,
+                 "shared" if owner is None else f"owner uid {owner[0]}")
         return nsid
 
-    def delete_namespace(self, nsid: int) -> None:
+    def delete_namespace(self, nsid: int, client: Client | None) -> None:
+        from ssdemu.store import KeyNotFound
+
+        if nsid not in self._visible(client):
+            raise KeyNotFound(nsid)  # another owner's is as if it did not exist
+        # the data plane stops taking its commands first; a put already under way fails
+        # at its commit (the store checks the namespace's generation)
+        lib.sde_dev_set_ns(self.dev, nsid, ffi.NULL)
         self.store.ns_delete(nsid)
-        lib.sde_dev_set_ns(self.dev, nsid, 0, 0)
         log.info("namespace %d deleted", nsid)
+
+
+def owner_token(name: str) -> int:
+    """The 64-bit token an owner name is kept as (on the media, with its namespaces)."""
+    token = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    return token or 1  # 0 means no name
 
 
 def check_socket_path(path: str) -> bool:

@@ -26,6 +26,7 @@ def _constants(prefix: str) -> dict[str, int]:
 OPCODES = _constants("SDE_CMD_")  # name -> opcode
 STATUS = _constants("SDE_SC_")  # name -> status code
 STATUS_NAMES = {v: k for k, v in STATUS.items()}
+NS_SHARED = lib.SDE_NS_SHARED  # NS_CREATE's param1: a namespace every client may use
 ADMIN_OPCODES = {OPCODES[n] for n in ("IDENTIFY", "NS_CREATE", "NS_DELETE", "NS_LIST",
                                       "GET_LOG")}
 

@@ -62,6 +62,7 @@ _SC = {
     lib.SDE_SC_KV_KEY_NOT_EXIST: KeyNotFound,
     lib.SDE_SC_MEDIA_ERROR: CorruptValue,
     lib.SDE_SC_CAPACITY_EXCEEDED: StoreFull,
+    lib.SDE_SC_INVALID_NAMESPACE: KeyNotFound,
 }
 
 
@@ -162,12 +163,12 @@ class Store:
         return {name: getattr(i, name) for name, _ in ffi.typeof("sde_store_info").fields}
 
     # -- the KV commands --
-    def put(self, key: bytes, value, mode: int = STORE_ANY) -> bool:
+    def put(self, key: bytes, value, mode: int = STORE_ANY, nsid: int = 0) -> bool:
         """Store; returns True if the key existed (its value replaced, or, for identical
         content, only touched)."""
-        return self.put_ex(key, value, mode)["existed"]
+        return self.put_ex(key, value, mode, nsid)["existed"]
 
-    def put_ex(self, key: bytes, value, mode: int = STORE_ANY) -> dict:
+    def put_ex(self, key: bytes, value, mode: int = STORE_ANY, nsid: int = 0) -> dict:
         """Store; returns what it did: existed, wrote (value bytes written, not shared),
         offset and length of the value's extent."""
         check_key(key)
@@ -177,67 +178,67 @@ class Store:
             raise ValueError(f"values are 1 byte to {self.max_value} bytes, got {data.nbytes}")
         res = ffi.new("sde_kv_put_result *")
         with self._locked():
-            st = lib.sde_store_put(self._st, 0, bytes(key), len(key),
+            st = lib.sde_store_put(self._st, nsid, bytes(key), len(key),
                                    ffi.cast("void *", address_of(data)), data.nbytes, mode, res)
         _check(st, key)
         return {"existed": bool(res.existed), "wrote": bool(res.wrote), "offset": res.offset,
                 "length": res.length}
 
-    def get(self, key: bytes) -> bytes:
+    def get(self, key: bytes, nsid: int = 0) -> bytes:
         check_key(key)
-        place = self.lookup(key)
+        place = self.lookup(key, nsid)
         if place is None:
             raise KeyNotFound(key)
         out = np.empty(max(place[1], 1), np.uint8)
         n = ffi.new("uint64_t *")
         with self._locked():
-            st = lib.sde_store_get(self._st, 0, bytes(key), len(key),
+            st = lib.sde_store_get(self._st, nsid, bytes(key), len(key),
                                    ffi.cast("void *", address_of(out)), out.nbytes, n)
         if st == lib.SDE_SC_MEDIA_ERROR:
             raise CorruptValue(f"the value of key {bytes(key).hex()} fails its checksum")
         _check(st, key)
         return bytes(out[:n[0]])
 
-    def lookup(self, key: bytes) -> tuple[int, int] | None:
+    def lookup(self, key: bytes, nsid: int = 0) -> tuple[int, int] | None:
         """(offset, length) of the key's value on the media, or None."""
         off, n = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         with self._locked():
-            st = lib.sde_store_lookup(self._st, 0, bytes(key), len(key), off, n)
+            st = lib.sde_store_lookup(self._st, nsid, bytes(key), len(key), off, n)
         return (off[0], n[0]) if st == lib.SDE_SC_SUCCESS else None
 
-    def delete(self, key: bytes) -> None:
+    def delete(self, key: bytes, nsid: int = 0) -> None:
         check_key(key)
         with self._locked():
-            st = lib.sde_store_delete(self._st, 0, bytes(key), len(key))
+            st = lib.sde_store_delete(self._st, nsid, bytes(key), len(key))
         _check(st, key)
 
-    def exists(self, key: bytes) -> bool:
+    def exists(self, key: bytes, nsid: int = 0) -> bool:
         check_key(key)
         with self._locked():
-            return lib.sde_store_exists(self._st, 0, bytes(key), len(key)) == 0
+            return lib.sde_store_exists(self._st, nsid, bytes(key), len(key)) == 0
 
-    def list(self, start: bytes = b"", limit: int = 1000) -> list[bytes]:
+    def list(self, start: bytes = b"", limit: int = 1000, nsid: int = 0) -> list[bytes]:
         """Keys in byte order from `start` (as NVMe KV List)."""
         limit = max(0, min(limit, self.info()["keys"]))
         out = np.zeros(max(1, limit) * LIST_ENTRY, np.uint8)
         with self._locked():
-            n = lib.sde_store_list(self._st, 0, bytes(start), len(start),
+            n = lib.sde_store_list(self._st, nsid, bytes(start), len(start),
                                    ffi.cast("uint8_t *", address_of(out)), limit)
         raw = out.tobytes()
         return [raw[i * LIST_ENTRY + 1:i * LIST_ENTRY + 1 + raw[i * LIST_ENTRY]]
                 for i in range(max(n, 0))]
 
-    def prefix_match(self, keys: np.ndarray) -> int:
+    def prefix_match(self, keys: np.ndarray, nsid: int = 0) -> int:
         """The leading run of 16-byte keys (an (n, 16) uint8 array) that the store holds."""
         k = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1)
         with self._locked():
-            return lib.sde_store_prefix_match(self._st, ffi.cast("uint8_t *", address_of(k)),
+            return lib.sde_store_prefix_match(self._st, nsid, ffi.cast("uint8_t *", address_of(k)),
                                               k.nbytes // 16)
 
-    def pin(self, key: bytes, delta: int) -> int:
+    def pin(self, key: bytes, delta: int, nsid: int = 0) -> int:
         count = ffi.new("uint32_t *")
         with self._locked():
-            st = lib.sde_store_pin(self._st, 0, bytes(key), len(key), delta, count)
+            st = lib.sde_store_pin(self._st, nsid, bytes(key), len(key), delta, count)
         _check(st, key)
         return count[0]
 
@@ -253,16 +254,20 @@ class Store:
         if r < 0:
             raise OSError(-r, f"checkpoint failed: {os.strerror(-r)}")
 
-    # -- block namespaces: extents of the data region, recorded in the journal --
+    # -- namespaces: extents of the data region and key spaces, with their owners, recorded
+    # in the journal and checkpoints --
     MAX_NAMESPACES = lib.SDE_STORE_MAX_NS
 
-    def ns_create(self, nbytes: int) -> tuple[int, int]:
-        """A new namespace of nbytes (a positive multiple of the block): (nsid, offset)."""
-        if nbytes <= 0 or nbytes % self.block:
-            raise ValueError(f"namespace size must be a positive multiple of {self.block}")
+    def ns_create(self, nbytes: int, owner: tuple[int, int] | None = None) -> tuple[int, int]:
+        """A new namespace of nbytes (a multiple of the block; 0: keys only): (nsid,
+        offset).  owner: (uid, token) it belongs to; None: shared by every client."""
+        if nbytes < 0 or nbytes % self.block:
+            raise ValueError(f"namespace size must be a multiple of {self.block}")
+        uid, token = owner if owner is not None else (0, 0)
+        flags = 0 if owner is not None else lib.SDE_NS_SHARED
         nsid, off = ffi.new("uint32_t *"), ffi.new("uint64_t *")
         with self._locked():
-            st = lib.sde_store_ns_create(self._st, nbytes, nsid, off)
+            st = lib.sde_store_ns_create(self._st, nbytes, uid, flags, token, nsid, off)
         if st == lib.SDE_SC_CAPACITY_EXCEEDED:
             raise StoreFull("no room (or no namespace id) for the namespace")
         _check(st, "namespace create")
@@ -277,11 +282,16 @@ class Store:
 
     @property
     def namespaces(self) -> dict[int, tuple[int, int]]:
+        """nsid -> (offset, bytes)."""
+        return {nsid: (ns.offset, ns.bytes) for nsid, ns in self.namespace_table().items()}
+
+    def namespace_table(self) -> dict[int, object]:
+        """nsid -> its sde_ns_info (offset, bytes, uid, token, flags)."""
         out = {}
-        off, n = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         for nsid in range(1, self.MAX_NAMESPACES + 1):
-            if lib.sde_store_ns_get(self._st, nsid, off, n) == 0:
-                out[nsid] = (off[0], n[0])
+            info = ffi.new("sde_ns_info *")
+            if lib.sde_store_ns_get(self._st, nsid, info) == 0:
+                out[nsid] = info
         return out
 
     @property
