@@ -40,6 +40,7 @@ struct dev_qp {
     uint64_t token;
     int cfd;        /* the client's completion eventfd */
     uint32_t inflight; /* fetched, not yet posted (staged completions count) */
+    uint32_t *client_inflight; /* the same, summed over its client's queue pairs */
     uint32_t nstage;
     sde_qp_view v;
     sde_cqe stage[STAGE]; /* completions of this pass, posted together: one fence, one kick */
@@ -136,6 +137,12 @@ struct sde_dev {
     int doorbell;
     int admin_fd;
     struct dev_qp qps[SDE_MAX_QPS];
+    /* commands in flight per client (a queue pair points at its client's counter) */
+    struct { uint32_t client, inflight; } clients[SDE_MAX_QPS];
+    uint32_t max_client_inflight; /* 0: no quota */
+    sde_faults faults;    /* fault injection rules */
+    struct delay { int qp; uint16_t cid; uint64_t ns; } *delays; /* latency faults pending */
+    uint32_t ndelays;
     int qp_hi;            /* one past the highest queue pair slot ever used: passes scan no
                            * further (256 slots per scan showed in perf for KV puts) */
     struct dev_buf bufs[SDE_MAX_BUFS + 1];
@@ -167,6 +174,13 @@ struct sde_dev {
     uint64_t jgroup;
     uint32_t wait_head, wait_tail;
 };
+
+/* n commands of queue pair q are posted or dropped. */
+static void qp_done(struct dev_qp *q, uint32_t n)
+{
+    q->inflight -= n;
+    *q->client_inflight -= n;
+}
 
 static uint64_t now_ns(void)
 {
@@ -230,6 +244,7 @@ void sde_dev_free(sde_dev *dev)
     if (dev) {
         sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
         free(dev->pins);
+        free(dev->delays);
     }
     if (!dev)
         return;
@@ -255,6 +270,33 @@ int sde_dev_admin_fd(sde_dev *dev) { return dev->admin_fd; }
 
 /* ---- tables (control plane) ---------------------------------------------------------- */
 
+/* The in-flight counter of a client: its own, or a slot no queue pair uses any more.  There
+ * is always one: a slot per queue pair. */
+static uint32_t *client_counter(sde_dev *dev, uint32_t client)
+{
+    int free_slot = -1;
+    for (int s = 0; s < SDE_MAX_QPS; s++) {
+        int used = 0;
+        for (int i = 0; i < dev->qp_hi && !used; i++)
+            used = dev->qps[i].in_use && dev->qps[i].client_inflight == &dev->clients[s].inflight;
+        if (used && dev->clients[s].client == client)
+            return &dev->clients[s].inflight;
+        if (!used && free_slot < 0)
+            free_slot = s;
+    }
+    dev->clients[free_slot].client = client;
+    dev->clients[free_slot].inflight = 0;
+    return &dev->clients[free_slot].inflight;
+}
+
+int sde_dev_set_client_quota(sde_dev *dev, uint32_t max_inflight)
+{
+    pthread_mutex_lock(&dev->lock);
+    dev->max_client_inflight = max_inflight;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
 int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
                    uint32_t uid, uint64_t token)
 {
@@ -277,6 +319,7 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
         q->in_use = 1;
         q->active = 1;
         q->client = client;
+        q->client_inflight = client_counter(dev, client);
         q->uid = uid;
         q->token = token;
         q->cfd = completion_fd;
@@ -304,7 +347,7 @@ int sde_dev_remove_qp(sde_dev *dev, int qp)
         if (q->active)
             sde_sq_set_dead(&q->v);
         q->active = 0;
-        q->inflight -= q->nstage; /* staged completions go nowhere now */
+        qp_done(q, q->nstage); /* staged completions go nowhere now */
         q->nstage = 0;
         ret = (int)q->inflight;
         if (!ret)
@@ -506,7 +549,7 @@ static void flush_stage(struct dev_qp *q)
         return;
     if (sde_cq_post(&q->v, q->stage, q->nstage))
         kick(q->cfd);
-    q->inflight -= q->nstage;
+    qp_done(q, q->nstage);
     q->nstage = 0;
 }
 
@@ -519,7 +562,7 @@ static void stage(struct dev_qp *q, const sde_cqe *c)
 
 static void drop(struct dev_qp *q)
 {
-    q->inflight--;
+    qp_done(q, 1);
     if (!q->inflight)
         q->in_use = 0;
 }
@@ -593,6 +636,22 @@ static void finish_at(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t stat
     struct dev_qp *q = &dev->qps[qp];
     uint64_t now = now_ns();
     uint64_t lat = now - t0;
+    if (dev->ndelays) { /* a latency fault: the completion comes that much later */
+        for (uint32_t i = 0; i < dev->ndelays; i++) {
+            struct delay *d = &dev->delays[i];
+            if (d->qp != qp || d->cid != cid)
+                continue;
+            if (dev->virtual_time && dtime) {
+                dtime += d->ns;
+            } else {
+                due = (due > now ? due : now) + d->ns;
+                if (dtime)
+                    dtime += d->ns;
+            }
+            *d = dev->delays[--dev->ndelays];
+            break;
+        }
+    }
     account(dev, cls, status, bytes, lat);
     if (!q->active) {
         drop(q);
@@ -1634,6 +1693,74 @@ static void kv_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
     finish(dev, qp, cls, c->cid, st, st ? 0 : result, bytes, t0);
 }
 
+/* Fault injection: whether a rule failed the command (its completion posted); a latency
+ * rule leaves a delay for finish_at.  Only commands on namespaces the client may use are
+ * looked at: a fault must not tell a client that another's namespace exists. */
+static int inject_fault(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    uint32_t dir;
+    switch (c->opcode) {
+    case SDE_CMD_READ:
+    case SDE_CMD_KV_RETRIEVE:
+    case SDE_CMD_KV_RETRIEVE_DEQUANTIZED:
+        dir = SDE_FAULT_DIR_READ;
+        break;
+    case SDE_CMD_WRITE:
+    case SDE_CMD_KV_STORE:
+    case SDE_CMD_KV_STORE_QUANTIZED:
+        dir = SDE_FAULT_DIR_WRITE;
+        break;
+    default:
+        return 0;
+    }
+    if (c->nsid && !ns_visible(dev, &dev->qps[qp], c->nsid))
+        return 0;
+    int block = c->opcode == SDE_CMD_READ || c->opcode == SDE_CMD_WRITE;
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen = block ? 0 : kv_key(c, key);
+    uint64_t extra = 0;
+    uint16_t st = sde_fault_check(&dev->faults, dir, c->nsid, block ? c->lba : 0,
+                                  block ? (c->length + dev->lba - 1) / dev->lba : 0, key, klen,
+                                  &extra);
+    if (st || extra)
+        dev->stats.faults_injected++;
+    if (extra) {
+        if (dev->ndelays < 4096) {
+            if (!dev->delays)
+                dev->delays = malloc(4096 * sizeof(*dev->delays));
+            if (dev->delays)
+                dev->delays[dev->ndelays++] = (struct delay){qp, c->cid, extra};
+        }
+    }
+    if (!st)
+        return 0;
+    finish(dev, qp, cls, c->cid, st, 0, 0, t0);
+    return 1;
+}
+
+int sde_dev_fault_add(sde_dev *dev, const sde_fault_rule *r, uint64_t seed)
+{
+    pthread_mutex_lock(&dev->lock);
+    int id = sde_fault_add(&dev->faults, r, seed);
+    pthread_mutex_unlock(&dev->lock);
+    return id;
+}
+
+int sde_dev_fault_clear(sde_dev *dev, uint32_t id)
+{
+    pthread_mutex_lock(&dev->lock);
+    int n = sde_fault_clear(&dev->faults, id);
+    pthread_mutex_unlock(&dev->lock);
+    return n;
+}
+
+void sde_dev_faults(sde_dev *dev, sde_faults *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    *out = dev->faults;
+    pthread_mutex_unlock(&dev->lock);
+}
+
 /* Start one command fetched from queue pair qp.  Returns 1 if it went to the engine. */
 static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
 {
@@ -1641,6 +1768,10 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     uint64_t t0 = now_ns();
     int cls = class_of(c->opcode);
     q->inflight++;
+    if (++*q->client_inflight > dev->stats.client_inflight_peak)
+        dev->stats.client_inflight_peak = *q->client_inflight;
+    if (dev->faults.n && inject_fault(dev, qp, c, cls, t0))
+        return 0;
     uint64_t off = 0;
     struct dev_buf *b = NULL;
     uint16_t st;
@@ -1810,8 +1941,19 @@ static int pass(sde_dev *dev)
         int space = sde_cq_space(&q->v);
         if (space < 0 || !sde_sq_pending(&q->v) || dev->nfree == 0)
             goto check_broken;
-        /* fetch no more than can complete: CQ room not yet promised, free contexts */
+        /* fetch no more than can complete: CQ room not yet promised, free contexts, and
+         * the client's quota of commands in flight (so that one client cannot hold every
+         * context and starve the others: its commands wait in its SQ, not fetched) */
         int room = space - (int)q->inflight;
+        if (dev->max_client_inflight) {
+            int quota = (int)dev->max_client_inflight - (int)*q->client_inflight;
+            if (quota <= 0) {
+                dev->stats.quota_waits++;
+                continue;
+            }
+            if (room > quota)
+                room = quota;
+        }
         if (room > FETCH_BATCH)
             room = FETCH_BATCH;
         if (room > (int)dev->nfree)
@@ -1833,7 +1975,7 @@ static int pass(sde_dev *dev)
         dev->stats.broken_queues++;
         sde_sq_set_dead(&q->v);
         q->active = 0;
-        q->inflight -= q->nstage;
+        qp_done(q, q->nstage);
         q->nstage = 0;
         kick(q->cfd);
     }

@@ -14,6 +14,7 @@
 #include "sde_model.h"
 #include "sde_store.h"
 #include "sde_budget.h"
+#include "sde_fault.h"
 
 /* CDEF-BEGIN */
 #define SDE_MAX_QPS 256
@@ -50,6 +51,9 @@ typedef struct sde_dev_stats {
     uint64_t wakeups;
     uint64_t held;           /* completions held until their modelled time (real time) */
     uint64_t host_lag;       /* commands whose media I/O ended after their modelled time */
+    uint64_t quota_waits;    /* passes that left a client's commands unfetched: its quota */
+    uint64_t client_inflight_peak; /* the most commands one client had in flight */
+    uint64_t faults_injected; /* commands failed or delayed by a fault rule */
 } sde_dev_stats;
 
 typedef struct sde_admin_cmd {
@@ -78,12 +82,22 @@ int sde_dev_qp_inflight(sde_dev *dev, int qp);
 /* Mark every queue pair dead (shutdown): clients waiting are woken with an error. */
 void sde_dev_shutdown_qps(sde_dev *dev);
 
+/* Most commands one client may have in flight over all its queue pairs (0: no quota).
+ * Past it, the data plane leaves its commands in its SQs until some complete. */
+int sde_dev_set_client_quota(sde_dev *dev, uint32_t max_inflight);
+
 /* Buffers of a client: handle >= 1, or -errno. */
 int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags);
 int sde_dev_remove_buffer(sde_dev *dev, int handle);
 int sde_dev_client_inflight(sde_dev *dev, uint32_t client);
 /* A client left: its pins go (returns how many). */
 int sde_dev_release_pins(sde_dev *dev, uint32_t client);
+
+/* Fault injection (c/sde_fault.h): a rule's id, or -errno; clear one (id) or all (0),
+ * returning how many went; a copy of the rules now in force. */
+int sde_dev_fault_add(sde_dev *dev, const sde_fault_rule *r, uint64_t seed);
+int sde_dev_fault_clear(sde_dev *dev, uint32_t id);
+void sde_dev_faults(sde_dev *dev, sde_faults *out);
 
 /* Zero a byte range of the media (a new namespace's: no client sees another's old bytes).
  * 0, or -EINVAL / -EIO. */

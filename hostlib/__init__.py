@@ -1,6 +1,6 @@
 """hostlib: the client library offload experiments import."""
 
-from hostlib.client import Device, Future, QueuePair, connect
+from hostlib.client import Device, Future, QueuePair, connect, control_request, reinsert
 from hostlib.errors import (
     CapacityError,
     ConnectError,
@@ -21,5 +21,6 @@ __all__ = [
     "CapacityError", "ConnectError", "Device", "DeviceError", "DeviceGoneError", "Future",
     "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
     "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "MediaError",
-    "NamespaceError", "OutOfRangeError", "QueuePair", "connect",
+    "NamespaceError", "OutOfRangeError", "QueuePair", "connect", "control_request",
+    "reinsert",
 ]

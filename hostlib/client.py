@@ -700,6 +700,44 @@ class Device:
     def ns_delete(self, nsid: int) -> None:
         self.submit(OPCODES["NS_DELETE"], f"namespace delete {nsid}", nsid=nsid).result()
 
+    # -- fault injection: for testing the software above the drive --
+    def inject_fault(self, kind: str, *, nsid: int | None = None,
+                     lba: tuple[int, int] | None = None, key: bytes | None = None,
+                     count: int = 0, probability: float = 1.0,
+                     latency_us: float | None = None, directions: str = "both",
+                     seed: int = 0) -> int:
+        """Make matching commands fail or complete late, from now on; returns the rule's id.
+        kind: "read-error" / "write-error" (MEDIA_ERROR: block reads or writes, KV
+        retrieves or stores) or "latency" (latency_us more; directions "read", "write" or
+        "both").  nsid None: every namespace; lba (first, count): block commands touching
+        that range of nsid; key: KV commands on that key (of nsid, 0 when None).  count:
+        the rule ends after hitting that many commands (0: at clear_faults); probability:
+        each matching command is hit with it, drawn from `seed` (the same seed, the same
+        faults).  The daemon's own user and root only."""
+        msg = {"op": "fault", "action": "add", "kind": kind, "nsid": nsid, "count": count,
+               "probability": probability, "seed": seed}
+        if lba is not None:
+            msg["lba"] = [int(lba[0]), int(lba[1])]
+        if key is not None:
+            msg["key"] = bytes(key).hex()
+        if kind == "latency":
+            msg["latency_us"] = latency_us
+            msg["directions"] = directions
+        return self._request(msg)[0]["id"]
+
+    def clear_faults(self, rule_id: int = 0) -> int:
+        """Remove one fault rule, or every one (0); how many went."""
+        return self._request({"op": "fault", "action": "clear", "id": rule_id})[0]["cleared"]
+
+    def faults(self) -> list[dict]:
+        """The fault rules in force, with how many commands each has hit."""
+        return self._request({"op": "fault", "action": "list"})[0]["rules"]
+
+    def surprise_removal(self, seconds: float = 0) -> None:
+        """Pull the drive: every client (this one too) sees the device gone at once; new
+        queue pairs are refused until `seconds` pass (0: until hostlib.reinsert)."""
+        self._request({"op": "fault", "action": "remove", "seconds": seconds})
+
     def log(self, page: int = 1) -> dict:
         return self._admin_json(OPCODES["GET_LOG"], f"log page {page}", param0=page)
 
@@ -716,6 +754,33 @@ class Device:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def control_request(socket_path: str, msg: dict, timeout: float = 5.0) -> dict:
+    """One control-plane request on a connection of its own, no queue pair (what `ssdemu
+    ctl fault` uses: it works while the device is removed)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(socket_path)
+            control.send(sock, {"op": "hello", "version": PROTOCOL_VERSION})
+            reply, _ = control.recv(sock)
+            if reply and reply.get("ok"):
+                control.send(sock, msg)
+                reply, _ = control.recv(sock)
+        except OSError as e:
+            raise ConnectError(f"cannot reach ssdemu at {socket_path}: {e}") from None
+        if not reply or not reply.get("ok"):
+            raise ConnectError((reply or {}).get("error", "the daemon closed the connection"))
+        return reply
+    finally:
+        sock.close()
+
+
+def reinsert(socket_path: str) -> bool:
+    """End an injected surprise removal; whether the device was removed."""
+    return control_request(socket_path, {"op": "fault", "action": "reinsert"})["was_removed"]
 
 
 def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5.0,

@@ -27,6 +27,28 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _lba_range(text: str) -> tuple[int, int]:
+    first, sep, count = text.partition(":")
+    try:
+        value = int(first), int(count)
+    except ValueError:
+        value = None
+    if not sep or value is None or value[0] < 0 or value[1] < 1:
+        raise argparse.ArgumentTypeError(f"an LBA range is FIRST:COUNT (COUNT >= 1), "
+                                         f"got {text!r}")
+    return value
+
+
 def _group_id(text: str) -> int:
     """A group name or gid (argparse type): the gid."""
     import grp
@@ -61,6 +83,17 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _finite_float(text: str) -> float:
+    """A finite number >= 0 (argparse type)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ssdemu", description="An emulated AI SSD.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -79,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-buffers-per-client", type=_positive_int, default=256,
                        help="registered buffers one client may hold (default 256 of the "
                        "device's 1024), so that none can lock the others out")
+    serve.add_argument("--max-queue-pairs-per-client", type=_positive_int,
+                       help="queue pairs one client may hold (default: the profile's "
+                       "queue.max_queue_pairs)")
+    serve.add_argument("--max-inflight-per-client", type=_positive_int,
+                       help="commands one client may have in flight over all its queue "
+                       "pairs; past it the rest wait in its queues (default: 3/4 of the "
+                       "profile's queue.io_depth, so others always have a share)")
     serve.add_argument("--timing", choices=("detailed", "fixed", "off"), default="detailed",
                        help="hold completions until the profile's modelled time (detailed, "
                        "the default; fixed: every command its unloaded latency), or post "
@@ -117,6 +157,36 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("nsid", type=_positive_int)
     lg = csub.add_parser("log", help="a log page (1: counters, latency, bytes copied)")
     lg.add_argument("page", type=_positive_int, nargs="?", default=1)
+    ft = csub.add_parser("fault", help="inject faults, for testing the software above the "
+                         "drive (the daemon's own user and root)")
+    fsub = ft.add_subparsers(dest="fault", required=True, parser_class=_Parser)
+    for kind, what in (("read-error", "reads fail with MEDIA_ERROR"),
+                       ("write-error", "writes fail with MEDIA_ERROR"),
+                       ("latency", "commands complete later")):
+        fp = fsub.add_parser(kind, help=what + " (block commands and KV values)")
+        fp.add_argument("--nsid", type=_nonnegative_int,
+                        help="only this namespace (default: every one; 0: KV's default)")
+        fp.add_argument("--lba", type=_lba_range,
+                        help="only block commands touching FIRST:COUNT of --nsid")
+        fp.add_argument("--key", help="only KV commands on this key (hex, 1-16 bytes)")
+        fp.add_argument("--count", type=_nonnegative_int, default=0,
+                        help="end after hitting this many commands (default 0: until clear)")
+        fp.add_argument("--probability", type=_positive_float, default=1.0,
+                        help="hit each matching command with this probability (0 < P <= 1)")
+        fp.add_argument("--seed", type=_nonnegative_int, default=0,
+                        help="the rule's random sequence: the same seed, the same faults")
+        if kind == "latency":
+            fp.add_argument("--us", type=_positive_float, required=True,
+                            help="microseconds added to each hit command's completion")
+            fp.add_argument("--directions", choices=("both", "read", "write"),
+                            default="both")
+    fc = fsub.add_parser("clear", help="remove a fault rule, or all")
+    fc.add_argument("id", type=_positive_int, nargs="?", default=0)
+    fsub.add_parser("list", help="the fault rules in force")
+    fr = fsub.add_parser("remove", help="surprise removal: every client sees the device gone")
+    fr.add_argument("--seconds", type=_finite_float, default=0,
+                    help="it comes back after this long (default: at 'fault reinsert')")
+    fsub.add_parser("reinsert", help="end a surprise removal")
 
     rp = sub.add_parser("replay", help="replay a Mooncake KV-cache trace through the serving "
                         "model and the drive, in virtual time")
@@ -240,7 +310,8 @@ def _cmd_serve(args) -> int:
     with open_media(args.media) as media:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
-                     args.max_buffers_per_client)
+                     args.max_buffers_per_client, args.max_queue_pairs_per_client,
+                     args.max_inflight_per_client)
 
 
 def _cmd_format(args) -> int:
@@ -360,6 +431,7 @@ COMMANDS = {
     ("ctl", "ns-create"): _cmd_ctl,
     ("ctl", "ns-delete"): _cmd_ctl,
     ("ctl", "log"): _cmd_ctl,
+    ("ctl", "fault"): _cmd_ctl,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
 }

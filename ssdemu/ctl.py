@@ -8,9 +8,44 @@ import hostlib
 from ssdemu.units import format_size
 
 
+def fault(args) -> tuple[dict, str]:
+    """`ctl fault ...`: on a connection of its own with no queue pair, so that it also works
+    while the device is removed."""
+    action = args.fault
+    if action in ("read-error", "write-error", "latency"):
+        msg = {"op": "fault", "action": "add", "kind": action, "nsid": args.nsid,
+               "count": args.count, "probability": args.probability, "seed": args.seed}
+        if args.lba is not None:
+            msg["lba"] = list(args.lba)
+        if args.key is not None:
+            msg["key"] = args.key
+        if action == "latency":
+            msg["latency_us"] = args.us
+            msg["directions"] = args.directions
+        data = {"id": hostlib.control_request(args.socket, msg)["id"]}
+        return data, f"fault rule {data['id']} injected"
+    if action == "clear":
+        reply = hostlib.control_request(args.socket, {"op": "fault", "action": "clear",
+                                                      "id": args.id})
+        return {"cleared": reply["cleared"]}, f"cleared {reply['cleared']} fault rules"
+    if action == "list":
+        rules = hostlib.control_request(args.socket, {"op": "fault", "action": "list"})["rules"]
+        text = "\n".join(" ".join(f"{k}={v}" for k, v in r.items()) for r in rules)
+        return {"rules": rules}, text or "no fault rules"
+    if action == "remove":
+        hostlib.control_request(args.socket, {"op": "fault", "action": "remove",
+                                              "seconds": args.seconds})
+        return {"removed": True}, "the device is removed"
+    was = hostlib.reinsert(args.socket)
+    return {"was_removed": was}, "the device is back" if was else "the device was not removed"
+
+
 def run(args) -> str:
     """One ctl action (args: the parsed command line); the text or JSON to print."""
     action, as_json = args.ctl, args.json
+    if action == "fault":
+        data, text = fault(args)
+        return json.dumps(data) if as_json else text
     with hostlib.connect(args.socket, entries=8, owner=args.owner) as dev:
         if action == "identify":
             data = dev.identify()

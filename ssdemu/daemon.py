@@ -13,6 +13,7 @@ import errno
 import fcntl
 import hashlib
 import logging
+import math
 import mmap
 import os
 import selectors
@@ -87,9 +88,15 @@ class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
                  allowed_uids: set[int] | None = None, format_media: bool = False,
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
-                 group: int | None = None, max_buffers: int = 256):
+                 group: int | None = None, max_buffers: int = 256,
+                 max_queue_pairs: int | None = None, max_inflight: int | None = None):
         self.profile = profile
-        self.max_buffers = max_buffers  # per client: no client takes every buffer slot
+        # per-client quotas, so that no client takes what the others need
+        self.max_buffers = max_buffers
+        self.max_queue_pairs = max_queue_pairs or profile.queue.max_queue_pairs
+        # commands in flight: by default three quarters of the data plane's contexts, so
+        # one client can drive a deep queue and a quarter always remains for the others
+        self.max_inflight = max_inflight or max(1, profile.queue.io_depth * 3 // 4)
         self.group = group  # the socket's group (mode 0660): its members may connect
         self.media = media
         self.socket_path = socket_path
@@ -99,6 +106,7 @@ class Daemon:
         if r < 0:
             raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
         self.dev = out[0]
+        lib.sde_dev_set_client_quota(self.dev, self.max_inflight)
         self.timing, self.clock = timing, clock
         if timing != "off":
             r = lib.sde_dev_set_model(self.dev, model_params(profile, fixed=timing == "fixed"),
@@ -125,6 +133,8 @@ class Daemon:
         self._next_client = 1
         self._stop_flag = ffi.new("int *", 0)
         self._stopping = False
+        self.removed_until: float | None = None  # a surprise removal: until then (inf: reinsert)
+        self._remove_now = False
         self.sel = selectors.DefaultSelector()
         self.listener: socket.socket | None = None
         self.data_plane: threading.Thread | None = None
@@ -180,6 +190,11 @@ class Daemon:
                     log.exception("serving %s failed", kind)
                     if client is not None and client.cid in self.clients:
                         self._drop_client(client)
+            if self._remove_now:
+                self._surprise_removal()
+            elif self.removed_until is not None and time.monotonic() >= self.removed_until:
+                self.removed_until = None
+                log.warning("the device is back after its injected removal")
             self._reap_drained()
         self.shutdown()
 
@@ -297,6 +312,9 @@ class Daemon:
                 client.token = owner_token(owner)
             return {"ok": True, "version": PROTOCOL_VERSION, "device": self.identify()}, []
         if op == "create_qp":
+            if self.removed_until is not None:
+                return {"ok": False, "error": "the device was removed (an injected surprise "
+                        "removal): " + self._removal_left()}, []
             return self._create_qp(client, msg)
         if op == "destroy_qp":
             qp = client.qps.pop(int(msg.get("qid", -1)), None)
@@ -305,11 +323,70 @@ class Daemon:
             lib.sde_dev_remove_qp(self.dev, qp.index)
             self.draining.append(Departure([qp], []))
             return {"ok": True}, []
+        if op == "fault":
+            return self._fault(client, msg), []
         if op == "register_buffer":
             return self._register_buffer(client, msg, fds)
         if op == "unregister_buffer":
             return self._unregister_buffer(client, int(msg.get("handle", -1)))
         return {"ok": False, "error": f"unknown request {op!r}"}, []
+
+    # -- fault injection (ssdemu/faults.py holds the rule format) --
+    def _fault(self, client: Client, msg: dict) -> dict:
+        from ssdemu import faults
+
+        if client.uid not in (os.getuid(), 0):
+            return {"ok": False, "error": "fault injection is for the daemon's own user and "
+                    "root"}
+        action = msg.get("action")
+        try:
+            if action == "add":
+                rule, seed = faults.rule_from_request(msg, client.token)
+                fid = lib.sde_dev_fault_add(self.dev, rule, seed)
+                if fid < 0:
+                    return {"ok": False, "error": "the device holds at most "
+                            f"{lib.SDE_FAULT_MAX} fault rules" if fid == -errno.ENOSPC
+                            else "the fault rule is not valid"}
+                log.warning("fault %d injected: %s", fid, faults.describe(msg))
+                return {"ok": True, "id": fid}
+            if action == "clear":
+                n = lib.sde_dev_fault_clear(self.dev, int(msg.get("id", 0)))
+                return {"ok": True, "cleared": n}
+            if action == "list":
+                table = ffi.new("sde_faults *")
+                lib.sde_dev_faults(self.dev, table)
+                return {"ok": True, "rules": [faults.rule_to_dict(table.rules[i])
+                                              for i in range(table.n)]}
+            if action == "remove":
+                seconds = faults.finite_number(msg.get("seconds", 0), "seconds")
+                self.removed_until = (time.monotonic() + seconds) if seconds > 0 else math.inf
+                self._remove_now = True  # after this reply is sent
+                return {"ok": True}
+            if action == "reinsert":
+                was = self.removed_until is not None
+                self.removed_until = None
+                if was:
+                    log.warning("the device is back (reinserted)")
+                return {"ok": True, "was_removed": was}
+        except faults.FaultError as e:
+            return {"ok": False, "error": str(e)}
+        return {"ok": False, "error": f"unknown fault action {action!r} (add, clear, list, "
+                "remove, reinsert)"}
+
+    def _removal_left(self) -> str:
+        if self.removed_until == math.inf:
+            return "it returns at 'ssdemu ctl fault reinsert'"
+        return f"it returns in {max(0.0, self.removed_until - time.monotonic()):.1f} s"
+
+    def _surprise_removal(self) -> None:
+        """As if the drive were pulled: every queue dies at once (clients waiting are woken
+        and see the device gone), every connection is closed; what was acknowledged stays."""
+        self._remove_now = False
+        log.warning("surprise removal injected: %d clients cut off; %s", len(self.clients),
+                    self._removal_left())
+        lib.sde_dev_shutdown_qps(self.dev)
+        for client in list(self.clients.values()):
+            self._drop_client(client)
 
     def _create_qp(self, client: Client, msg: dict):
         entries = msg.get("entries")
@@ -318,8 +395,9 @@ class Daemon:
                 or entries & (entries - 1)):
             return {"ok": False, "error": f"queue entries must be a power of two in "
                     f"2..{q.max_entries}"}, []
-        if len(client.qps) >= q.max_queue_pairs:
-            return {"ok": False, "error": f"at most {q.max_queue_pairs} queue pairs"}, []
+        if len(client.qps) >= self.max_queue_pairs:
+            return {"ok": False, "error": f"at most {self.max_queue_pairs} queue pairs per "
+                    "client (serve --max-queue-pairs-per-client)"}, []
         nbytes = lib.sde_qp_bytes(entries, entries)
         fd = os.memfd_create("ssdemu-qp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, nbytes)
@@ -471,6 +549,10 @@ class Daemon:
                 "compute_utilization": lib.sde_budget_utilization(budget,
                                                                    self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
+                "faults_injected": st.faults_injected,
+                "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,
+                           "inflight": self.max_inflight, "waits": st.quota_waits,
+                           "client_inflight_peak": st.client_inflight_peak},
                 "logical_bytes": self.store.logical_bytes,
                 "physical_bytes": self.store.physical_bytes,
                 "store": self.store.info()}
@@ -587,10 +669,11 @@ def _close_mapping(mm: mmap.mmap) -> None:
 def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
-          group: int | None = None, max_buffers: int = 256) -> int:
+          group: int | None = None, max_buffers: int = 256,
+          max_queue_pairs: int | None = None, max_inflight: int | None = None) -> int:
     check_socket_path(socket_path)  # before the media is touched
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks, group, max_buffers)
+                    journal_blocks, group, max_buffers, max_queue_pairs, max_inflight)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

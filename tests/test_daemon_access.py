@@ -175,6 +175,49 @@ def test_one_client_cannot_take_every_buffer_slot(tmp_path):
         assert d.terminate()[0] == 0
 
 
+def test_queue_pair_and_inflight_quotas(tmp_path):
+    """A client past its queue-pair quota is refused in one line; past its in-flight quota
+    its commands wait in its queues: every one completes, and no more than the quota were
+    ever in flight at once (the daemon's own peak counter), while without the quota the same
+    load goes deeper."""
+    def peak(extra):
+        d = DaemonProcess(str(tmp_path / "s.sock"), extra=extra)
+        try:
+            with hostlib.connect(d.socket_path) as dev:
+                qps = [dev.qp] + [dev.queue_pair(128) for _ in range(2)]
+                ns = dev.ns_create(4 << 20)
+                bufs = [dev.alloc(64 * 4096) for _ in qps]
+                futures = []
+                for qp, buf in zip(qps, bufs, strict=True):
+                    with dev.batch(qp):
+                        futures += [dev.read_async(ns, i, buf[i * 4096:(i + 1) * 4096], qp)
+                                    for i in range(64)]
+                for f in futures:
+                    assert f.result() == 4096
+                quotas = dev.log()["quotas"]
+                with hostlib.connect(d.socket_path) as other:
+                    other.kv_put(b"still", b"served")
+                return quotas
+        finally:
+            assert d.terminate()[0] == 0
+
+    limited = peak(["--max-inflight-per-client", "4", "--max-queue-pairs-per-client", "3"])
+    assert limited["inflight"] == 4 and limited["client_inflight_peak"] == 4
+    assert limited["waits"] > 0
+    free = peak(["--max-queue-pairs-per-client", "3"])
+    assert free["client_inflight_peak"] > 4
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--max-queue-pairs-per-client", "2"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            dev.queue_pair(8)
+            with pytest.raises(hostlib.ConnectError, match="at most 2 queue pairs per client"):
+                dev.queue_pair(8)
+            with hostlib.connect(d.socket_path) as other:  # the others still get theirs
+                other.queue_pair(8)
+    finally:
+        assert d.terminate()[0] == 0
+
+
 _PINNER = r"""
 import sys, hostlib
 dev = hostlib.connect(sys.argv[1])
