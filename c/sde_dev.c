@@ -468,6 +468,9 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
 {
     pthread_mutex_lock(&dev->lock);
     *out = dev->stats;
+    out->pins = 0;
+    for (uint32_t i = 0; i < dev->npins; i++)
+        out->pins += dev->pins[i].count;
     pthread_mutex_unlock(&dev->lock);
 }
 

@@ -54,6 +54,7 @@ typedef struct sde_dev_stats {
     uint64_t quota_waits;    /* passes that left a client's commands unfetched: its quota */
     uint64_t client_inflight_peak; /* the most commands one client had in flight */
     uint64_t faults_injected; /* commands failed or delayed by a fault rule */
+    uint64_t pins;           /* pins held now, over every client */
 } sde_dev_stats;
 
 typedef struct sde_admin_cmd {

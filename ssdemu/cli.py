@@ -188,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="it comes back after this long (default: at 'fault reinsert')")
     fsub.add_parser("reinsert", help="end a surprise removal")
 
+    tt = sub.add_parser("torture", help="soak and torture the daemon: crash loops, a ring "
+                        "fuzzer, client kills, multi-client load; counts what was lost")
+    tt.add_argument("--seconds", type=_positive_float, default=60)
+    tt.add_argument("--seed", type=_nonnegative_int, default=0)
+    tt.add_argument("--dir", help="where its media and sockets go (default: the temp dir)")
+    tt.add_argument("--json", action="store_true", help="print one JSON object")
+
     rp = sub.add_parser("replay", help="replay a Mooncake KV-cache trace through the serving "
                         "model and the drive, in virtual time")
     rp.add_argument("trace", help="a Mooncake JSONL trace")
@@ -345,6 +352,15 @@ def _cmd_bench_queue(args) -> int:
     return 0
 
 
+def _cmd_torture(args) -> int:
+    from ssdemu.torture import as_dict, summary, torture
+
+    t = torture(args.seconds, args.seed, args.dir)
+    print(json.dumps(as_dict(t)) if args.json else summary(t))
+    bad = t.lost or t.corrupt or t.crashes or t.leaked_fds or t.leaked_pins
+    return EXIT_FAILURE if bad else 0
+
+
 def _cmd_ctl(args) -> int:
     from ssdemu.ctl import run
 
@@ -432,6 +448,7 @@ COMMANDS = {
     ("ctl", "ns-delete"): _cmd_ctl,
     ("ctl", "log"): _cmd_ctl,
     ("ctl", "fault"): _cmd_ctl,
+    ("torture", None): _cmd_torture,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
 }

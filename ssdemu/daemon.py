@@ -549,7 +549,7 @@ class Daemon:
                 "compute_utilization": lib.sde_budget_utilization(budget,
                                                                    self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
-                "faults_injected": st.faults_injected,
+                "faults_injected": st.faults_injected, "pins": st.pins,
                 "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,
                            "inflight": self.max_inflight, "waits": st.quota_waits,
                            "client_inflight_peak": st.client_inflight_peak},

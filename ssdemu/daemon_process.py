@@ -4,22 +4,35 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 
 class DaemonProcess:
-    def __init__(self, socket_path: str, media: str = "mem:64M", extra=()):
+    def __init__(self, socket_path: str, media: str = "mem:64M", extra=(),
+                 log_path: str | None = None):
+        """log_path: the daemon's log goes to that file (a long run would fill a pipe no one
+        reads); otherwise to a pipe that terminate() returns."""
         self.socket_path = socket_path
+        self.log_path = log_path
+        try:  # a socket left by a daemon that was killed: the wait below must see the new one
+            if os.path.exists(socket_path) and stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+                os.unlink(socket_path)
+        except FileNotFoundError:
+            pass
+        log = open(log_path, "a") if log_path else subprocess.PIPE  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ssdemu", "serve", "--media", media, "--socket",
              socket_path, *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL if log_path else subprocess.PIPE, stderr=log, text=True)
+        if log_path:
+            log.close()  # the child has its own
         deadline = time.monotonic() + 30
         while not os.path.exists(socket_path):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited: {self.proc.stderr.read()}")
+                raise RuntimeError(f"daemon exited: {self.log_tail()}")
             if time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError("daemon did not start")
@@ -36,6 +49,13 @@ class DaemonProcess:
         with open(f"/proc/{self.pid}/maps") as f:
             return sum(name in line for line in f)
 
+    def log_tail(self, n: int = 2000) -> str:
+        """The end of the daemon's log (once it has exited, when it goes to a pipe)."""
+        if self.log_path:
+            with open(self.log_path) as f:
+                return f.read()[-n:]
+        return self.proc.stderr.read()[-n:] if self.proc.poll() is not None else ""
+
     def terminate(self, timeout: float = 20) -> tuple[int, str]:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -44,7 +64,7 @@ class DaemonProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
-        return self.proc.returncode, err
+        return self.proc.returncode, self.log_tail(1 << 20) if self.log_path else err
 
     def kill(self) -> None:
         if self.proc.poll() is None:

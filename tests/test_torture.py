@@ -1,0 +1,45 @@
+"""The torture kit: a short run finds nothing wrong with the daemon, and its checks can fail
+(a mixed-up value, a change a flush covered that is missing)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+from ssdemu.torture import Tally, crash_run, value_of, version_in
+
+
+def test_a_short_torture_run_is_clean():
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "torture", "--seconds", "8",
+                        "--seed", "3", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(p.stdout)
+    assert r["lost"] == r["corrupt"] == r["crashes"] == 0, r["problems"]
+    assert r["leaked_fds"] == r["leaked_mappings"] == r["leaked_pins"] == 0
+    assert r["kills"] >= 1 and r["runs"] >= 1 and r["client_kills"] >= 2
+    assert r["fuzzed_sqes"] > 1000 and r["acknowledged"] > 100
+    assert r["problems"] == []
+
+
+def test_the_value_check_catches_mix_ups():
+    v = value_of(b"k1", 5)
+    assert version_in(b"k1", v) == 5
+    assert version_in(b"k2", v) is None  # another key's value
+    assert version_in(b"k1", v[:-1]) is None  # torn
+    flipped = bytearray(v)
+    flipped[-3] ^= 1
+    assert version_in(b"k1", bytes(flipped)) is None
+    assert version_in(b"k1", value_of(b"k1", 6)) == 6
+
+
+def test_a_change_a_flush_covered_that_is_missing_counts_as_lost(tmp_path):
+    """Tell the checker a key was durable at a version no client ever stored: the run must
+    report it lost (and only that)."""
+    t = Tally()
+    known = {b"crash-never": 123456789}
+    crash_run(t, random.Random(1), f"file:{tmp_path / 'c.img'}:64M", str(tmp_path / "c.sock"),
+              float("inf"), known)
+    assert t.lost == 1 and t.corrupt == 0 and t.crashes == 0, t.problems
+    assert "crash-never" in t.problems[0]
