@@ -15,10 +15,12 @@ import tempfile
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-HEADERS = [HERE / "sde_engine.h", HERE / "sde_queue.h", HERE / "sde_model.h", HERE / "sde_store.h",
-           HERE / "sde_budget.h", HERE / "sde_fw.h", HERE / "sde_fault.h", HERE / "sde_dev.h"]
+HEADERS = [HERE / name for name in ("sde_engine.h", "sde_queue.h", "sde_model.h", "sde_store.h",
+                                    "sde_budget.h", "sde_fw.h", "sde_fault.h", "sde_undo.h",
+                                    "sde_dev.h")]
 SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c",
-           "sde_store.c", "sde_hash_avx2.c", "sde_budget.c", "sde_fw.c", "sde_fault.c"]
+           "sde_store.c", "sde_hash_avx2.c", "sde_budget.c", "sde_fw.c", "sde_fault.c",
+           "sde_undo.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
@@ -59,7 +61,7 @@ ffibuilder.set_source(
     "ssdemu._engine",
     '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"\n'
     '#include "sde_model.h"\n#include "sde_store.h"\n#include "sde_budget.h"\n'
-    '#include "sde_fw.h"\n#include "sde_fault.h"',
+    '#include "sde_fw.h"\n#include "sde_fault.h"\n#include "sde_undo.h"',
     # relative to the project root, where setuptools runs the build
     sources=[os.path.relpath(HERE / name) for name in SOURCES],
     include_dirs=[str(HERE)],

@@ -26,6 +26,7 @@
 #include "sde_fw.h"
 #include "sde_ring.h"
 #include "sde_store_internal.h"
+#include "sde_undo.h"
 
 #define ADMIN_CAP 4096
 #define FETCH_BATCH 64
@@ -101,6 +102,7 @@ struct dev_ctx {
     uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
     uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
     uint16_t fw_status;
+    uint64_t flush_id;   /* a FLUSH under power-cut emulation: what it covers */
 };
 
 enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
@@ -143,6 +145,10 @@ struct sde_dev {
     sde_faults faults;    /* fault injection rules */
     struct delay { int qp; uint16_t cid; uint64_t ns; } *delays; /* latency faults pending */
     uint32_t ndelays;
+    /* power-cut emulation (NULL: off): the undo log of writes not yet durable */
+    sde_undo *undo;
+    uint64_t undo_cap;    /* the write cache's bytes: past them it destages (a sync) */
+    uint64_t undo_ckpts;  /* the store's checkpoints seen: each one synced the media */
     int qp_hi;            /* one past the highest queue pair slot ever used: passes scan no
                            * further (256 slots per scan showed in perf for KV puts) */
     struct dev_buf bufs[SDE_MAX_BUFS + 1];
@@ -245,6 +251,7 @@ void sde_dev_free(sde_dev *dev)
         sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
         free(dev->pins);
         free(dev->delays);
+        sde_undo_free(dev->undo);
     }
     if (!dev)
         return;
@@ -923,6 +930,16 @@ static int complete_committed(sde_dev *dev, int failed)
     return n;
 }
 
+/* Hand an I/O to the engine; under power-cut emulation a write first saves what it will
+ * overwrite (kind: SDE_UNDO_BLOCK for a namespace's blocks, SDE_UNDO_STORE for the store's). */
+static void queue_media(sde_dev *dev, sde_io *io, int kind)
+{
+    if (dev->undo && io->op == SDE_OP_WRITE &&
+        sde_undo_save(dev->undo, io, io->offset, io->len, kind, 0) < 0)
+        dev->stats.undo_failures++;
+    sde_queue_io(dev->eng, io);
+}
+
 /* Hand the open journal group to the engine (group commit: one write per pass). */
 static int journal_kick(sde_dev *dev)
 {
@@ -941,7 +958,7 @@ static int journal_kick(sde_dev *dev)
         dev->jio.user_data = UD_JOURNAL;
         dev->jio.buf_index = -1;
         dev->jgroup = group;
-        sde_queue_io(dev->eng, &dev->jio);
+        queue_media(dev, &dev->jio, SDE_UNDO_STORE);
         return 1;
     }
     if (r == 2)
@@ -977,7 +994,7 @@ static void kv_queue(sde_dev *dev, sde_io *io, int op, void *addr, uint64_t len,
     io->len = (uint32_t)len;
     io->offset = off;
     io->buf_index = (int16_t)buf_index;
-    sde_queue_io(dev->eng, io);
+    queue_media(dev, io, SDE_UNDO_STORE);
 }
 
 static void *bounce_alloc(uint64_t n)
@@ -1796,6 +1813,9 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     case SDE_CMD_WRITE_ZEROES:
     case SDE_CMD_DEALLOCATE:
         st = check_block(dev, q, c, 0, &off, &b);
+        if (st == SDE_SC_SUCCESS && dev->undo &&
+            sde_undo_save(dev->undo, NULL, off, c->length, SDE_UNDO_BLOCK, 1) < 0)
+            dev->stats.undo_failures++;
         if (st == SDE_SC_SUCCESS)
             st = zero_range(dev, c->opcode, off, c->length);
         finish(dev, qp, cls, c->cid, st, st ? 0 : c->length, c->length, t0);
@@ -1863,9 +1883,12 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
     x->bounce = NULL;
     x->io.user_data = (uint64_t)(x - dev->ctx);
     x->io.buf_index = -1;
+    x->flush_id = 0;
     model_times(dev, c, t0, c->opcode, off, c->length, &x->due, &x->dtime);
     if (c->opcode == SDE_CMD_FLUSH) {
         x->io.op = SDE_OP_FSYNC;
+        if (dev->undo) /* it covers the writes completed by now */
+            x->flush_id = sde_undo_flush_start(dev->undo);
     } else {
         x->client_addr = b->addr + c->buf_offset;
         x->io.op = c->opcode == SDE_CMD_READ ? SDE_OP_READ : SDE_OP_WRITE;
@@ -1889,7 +1912,7 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
             x->io.buf_index = (int16_t)(c->buf - 1);
         }
     }
-    sde_queue_io(dev->eng, &x->io); /* room is guaranteed: contexts == engine depth */
+    queue_media(dev, &x->io, SDE_UNDO_BLOCK); /* room is guaranteed: contexts == depth */
     return 1;
 }
 
@@ -1899,6 +1922,8 @@ static int reap_engine(sde_dev *dev)
     int n = sde_reap(dev->eng, done, 64, 0);
     for (int i = 0; i < n; i++) {
         uint64_t ud = done[i]->user_data;
+        if (dev->undo && done[i]->op == SDE_OP_WRITE)
+            sde_undo_done(dev->undo, done[i]);
         if (ud == UD_JOURNAL || ud == UD_JOURNAL_SYNC) {
             journal_io_done(dev, done[i]);
             continue;
@@ -1924,12 +1949,49 @@ static int reap_engine(sde_dev *dev)
             x->bounce = NULL;
         }
         uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
+        if (x->flush_id && st == SDE_SC_SUCCESS)
+            sde_undo_flush_done(dev->undo, x->flush_id);
         finish_at(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0, x->due,
                   x->dtime);
         x->used = 0;
         dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
     }
     return n < 0 ? 0 : n;
+}
+
+/* Power-cut emulation: a checkpoint synced the media (what had completed is durable), and a
+ * write cache past its size destages (a sync), as a real one drains on its own. */
+static void undo_housekeeping(sde_dev *dev)
+{
+    uint64_t ck = dev->store ? st_checkpoints(dev->store) : 0;
+    if (ck != dev->undo_ckpts) {
+        dev->undo_ckpts = ck;
+        sde_undo_synced(dev->undo);
+    }
+    if (sde_undo_bytes(dev->undo) > dev->undo_cap && fdatasync(dev->media_fd) == 0) {
+        sde_undo_synced(dev->undo);
+        dev->stats.cache_destages++;
+    }
+}
+
+int sde_dev_set_power_cut(sde_dev *dev, uint64_t cache_bytes)
+{
+    pthread_mutex_lock(&dev->lock);
+    int r = 0;
+    if (!dev->undo && !(dev->undo = sde_undo_new(dev->media_fd, dev->lba)))
+        r = -ENOMEM;
+    dev->undo_cap = cache_bytes;
+    dev->undo_ckpts = dev->store ? st_checkpoints(dev->store) : 0;
+    pthread_mutex_unlock(&dev->lock);
+    return r;
+}
+
+int sde_dev_power_cut(sde_dev *dev, uint64_t seed, sde_cut_result *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    int r = dev->undo ? sde_undo_cut(dev->undo, seed, out) : -EINVAL;
+    pthread_mutex_unlock(&dev->lock);
+    return r;
 }
 
 /* One pass over every queue pair.  Returns the work done. */
@@ -1989,6 +2051,8 @@ static int pass(sde_dev *dev)
         work++;
         sde_submit_queued(dev->eng);
     }
+    if (dev->undo)
+        undo_housekeeping(dev);
     work += complete_committed(dev, 0);
     if (dev->nheld)
         work += release_due(dev, now_ns());

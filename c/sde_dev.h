@@ -15,6 +15,7 @@
 #include "sde_store.h"
 #include "sde_budget.h"
 #include "sde_fault.h"
+#include "sde_undo.h"
 
 /* CDEF-BEGIN */
 #define SDE_MAX_QPS 256
@@ -55,6 +56,8 @@ typedef struct sde_dev_stats {
     uint64_t client_inflight_peak; /* the most commands one client had in flight */
     uint64_t faults_injected; /* commands failed or delayed by a fault rule */
     uint64_t pins;           /* pins held now, over every client */
+    uint64_t cache_destages; /* power-cut emulation: the write cache filled and was synced */
+    uint64_t undo_failures;  /* power-cut emulation: a write whose old bytes could not be kept */
 } sde_dev_stats;
 
 typedef struct sde_admin_cmd {
@@ -99,6 +102,12 @@ int sde_dev_release_pins(sde_dev *dev, uint32_t client);
 int sde_dev_fault_add(sde_dev *dev, const sde_fault_rule *r, uint64_t seed);
 int sde_dev_fault_clear(sde_dev *dev, uint32_t id);
 void sde_dev_faults(sde_dev *dev, sde_faults *out);
+
+/* Power-cut emulation (c/sde_undo.h): from now on every media write keeps what it
+ * overwrites until a flush (or a checkpoint, or a cache of cache_bytes filling) makes it
+ * durable.  sde_dev_power_cut, once the data plane has stopped, undoes what a cut loses. */
+int sde_dev_set_power_cut(sde_dev *dev, uint64_t cache_bytes);
+int sde_dev_power_cut(sde_dev *dev, uint64_t seed, sde_cut_result *out);
 
 /* Zero a byte range of the media (a new namespace's: no client sees another's old bytes).
  * 0, or -EINVAL / -EIO. */

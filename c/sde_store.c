@@ -759,6 +759,8 @@ void st_journal_written(sde_store *st, uint64_t group, int ok)
 uint64_t st_committed_group(const sde_store *st) { return st->committed; }
 int st_journal_busy(const sde_store *st) { return st->j_busy; }
 int st_durable(const sde_store *st) { return st->durable; }
+
+uint64_t st_checkpoints(const sde_store *st) { return st->stats.checkpoints; }
 uint32_t st_block(const sde_store *st) { return st->block; }
 uint64_t st_max_value(const sde_store *st) { return st->sb.max_value; }
 

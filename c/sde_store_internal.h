@@ -52,4 +52,5 @@ int st_journal_busy(const sde_store *st);
 int st_durable(const sde_store *st);
 uint32_t st_block(const sde_store *st);
 uint64_t st_max_value(const sde_store *st);
+uint64_t st_checkpoints(const sde_store *st);  /* how many it wrote (each syncs the media) */
 #endif

@@ -738,6 +738,11 @@ class Device:
         queue pairs are refused until `seconds` pass (0: until hostlib.reinsert)."""
         self._request({"op": "fault", "action": "remove", "seconds": seconds})
 
+    def power_cut(self, seed: int = 0) -> None:
+        """Cut the drive's power (a daemon started with --power-cut): every client sees it
+        gone; writes no completed flush covered may be lost (seeded); it powers on again."""
+        self._request({"op": "fault", "action": "power-cut", "seed": seed})
+
     def log(self, page: int = 1) -> dict:
         return self._admin_json(OPCODES["GET_LOG"], f"log page {page}", param0=page)
 

@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-buffers-per-client", type=_positive_int, default=256,
                        help="registered buffers one client may hold (default 256 of the "
                        "device's 1024), so that none can lock the others out")
+    serve.add_argument("--power-cut", action="store_true",
+                       help="power-cut emulation: keep what each write overwrites until a "
+                       "flush makes it durable, so that 'ctl fault power-cut' can lose it "
+                       "(costs a read and a copy per write; needs the profile's write cache "
+                       "and file or block media)")
     serve.add_argument("--max-queue-pairs-per-client", type=_positive_int,
                        help="queue pairs one client may hold (default: the profile's "
                        "queue.max_queue_pairs)")
@@ -187,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     fr.add_argument("--seconds", type=_finite_float, default=0,
                     help="it comes back after this long (default: at 'fault reinsert')")
     fsub.add_parser("reinsert", help="end a surprise removal")
+    fpc = fsub.add_parser("power-cut", help="lose power: writes no flush covered may be lost, "
+                          "the drive powers on again (serve --power-cut)")
+    fpc.add_argument("--seed", type=_nonnegative_int, default=0,
+                     help="which writes are lost: the same seed, the same outcome")
 
     tt = sub.add_parser("torture", help="soak and torture the daemon: crash loops, a ring "
                         "fuzzer, client kills, multi-client load; counts what was lost")
@@ -318,7 +327,7 @@ def _cmd_serve(args) -> int:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      args.max_buffers_per_client, args.max_queue_pairs_per_client,
-                     args.max_inflight_per_client)
+                     args.max_inflight_per_client, args.power_cut)
 
 
 def _cmd_format(args) -> int:

@@ -36,6 +36,10 @@ def fault(args) -> tuple[dict, str]:
         hostlib.control_request(args.socket, {"op": "fault", "action": "remove",
                                               "seconds": args.seconds})
         return {"removed": True}, "the device is removed"
+    if action == "power-cut":
+        hostlib.control_request(args.socket, {"op": "fault", "action": "power-cut",
+                                              "seed": args.seed})
+        return {"power_cut": True}, "power cut: the drive powers on again"
     was = hostlib.reinsert(args.socket)
     return {"was_removed": was}, "the device is back" if was else "the device was not removed"
 

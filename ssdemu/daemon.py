@@ -21,6 +21,7 @@ import signal
 import socket
 import stat
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -89,7 +90,8 @@ class Daemon:
                  allowed_uids: set[int] | None = None, format_media: bool = False,
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
                  group: int | None = None, max_buffers: int = 256,
-                 max_queue_pairs: int | None = None, max_inflight: int | None = None):
+                 max_queue_pairs: int | None = None, max_inflight: int | None = None,
+                 power_cut: bool = False):
         self.profile = profile
         # per-client quotas, so that no client takes what the others need
         self.max_buffers = max_buffers
@@ -119,6 +121,12 @@ class Daemon:
             lib.sde_dev_set_ns(self.dev, nsid, ns)
         # from here on KV commands run in the data plane against the store (c/sde_store.c)
         self.store.attach(self.dev)
+        self.power_cut = power_cut
+        if power_cut:
+            check_power_cut(profile, media)
+            r = lib.sde_dev_set_power_cut(self.dev, profile.write_cache.bytes)
+            if r < 0:
+                raise OSError(-r, "cannot start power-cut emulation")
         # the firmware: as many threads as the drive has compute units, at most one per core
         # of this host (more would only take turns)
         c = profile.compute
@@ -135,6 +143,7 @@ class Daemon:
         self._stopping = False
         self.removed_until: float | None = None  # a surprise removal: until then (inf: reinsert)
         self._remove_now = False
+        self._cut_seed: int | None = None  # a power cut asked for: done after its reply
         self.sel = selectors.DefaultSelector()
         self.listener: socket.socket | None = None
         self.data_plane: threading.Thread | None = None
@@ -190,6 +199,8 @@ class Daemon:
                     log.exception("serving %s failed", kind)
                     if client is not None and client.cid in self.clients:
                         self._drop_client(client)
+            if self._cut_seed is not None:
+                self._power_cut(self._cut_seed)
             if self._remove_now:
                 self._surprise_removal()
             elif self.removed_until is not None and time.monotonic() >= self.removed_until:
@@ -362,6 +373,15 @@ class Daemon:
                 self.removed_until = (time.monotonic() + seconds) if seconds > 0 else math.inf
                 self._remove_now = True  # after this reply is sent
                 return {"ok": True}
+            if action == "power-cut":
+                if not self.power_cut:
+                    return {"ok": False, "error": "power cuts need the daemon started with "
+                            "--power-cut"}
+                seed = msg.get("seed", 0)
+                if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+                    return {"ok": False, "error": "seed must be an integer in 0..2^64-1"}
+                self._cut_seed = seed  # after this reply is sent
+                return {"ok": True}
             if action == "reinsert":
                 was = self.removed_until is not None
                 self.removed_until = None
@@ -377,6 +397,31 @@ class Daemon:
         if self.removed_until == math.inf:
             return "it returns at 'ssdemu ctl fault reinsert'"
         return f"it returns in {max(0.0, self.removed_until - time.monotonic()):.1f} s"
+
+    def _power_cut(self, seed: int) -> None:
+        """As if power were lost: the queues die, the data plane stops where it is, the
+        writes the volatile cache had not made durable are undone as a real cut could lose
+        them (c/sde_undo.h, seeded), and the daemon starts again on the same media and socket
+        as the drive would at power-on (same process: exec)."""
+        log.warning("power cut injected (seed %d): %d clients cut off", seed, len(self.clients))
+        lib.sde_dev_shutdown_qps(self.dev)
+        self._stop_flag[0] = 1
+        os.eventfd_write(lib.sde_dev_doorbell_fd(self.dev), 1)
+        if self.data_plane:
+            self.data_plane.join(timeout=10)
+        res = ffi.new("sde_cut_result *")
+        r = lib.sde_dev_power_cut(self.dev, seed, res)
+        if r < 0:
+            log.error("the power cut could not undo the lost writes: %s", os.strerror(-r))
+        log.warning("power cut: block writes kept %d lost %d, store writes kept %d lost %d, "
+                    "%d bytes put back; powering on again", res.block_writes_kept,
+                    res.block_writes_lost, res.store_writes_kept, res.store_writes_lost,
+                    res.bytes_restored)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        argv = [a for a in sys.argv[1:] if a != "--format"]  # power-on keeps the contents
+        os.closerange(3, 65536)  # the old process's rings, memfds and sockets go with it
+        os.execv(sys.executable, [sys.executable, "-m", "ssdemu", *argv])
 
     def _surprise_removal(self) -> None:
         """As if the drive were pulled: every queue dies at once (clients waiting are woken
@@ -513,6 +558,7 @@ class Daemon:
             "index_keys": self.store.index_keys,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
             "timing": self.timing, "clock": self.clock,
+            "power_cut_emulation": self.power_cut,
             "protocol_version": PROTOCOL_VERSION,
             "commands": sorted(OPCODES),
         }
@@ -550,6 +596,8 @@ class Daemon:
                                                                    self.device_now_ns()),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
                 "faults_injected": st.faults_injected, "pins": st.pins,
+                "power_cut": {"enabled": self.power_cut, "cache_destages": st.cache_destages,
+                              "undo_failures": st.undo_failures},
                 "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,
                            "inflight": self.max_inflight, "waits": st.quota_waits,
                            "client_inflight_peak": st.client_inflight_peak},
@@ -629,6 +677,17 @@ def owner_token(name: str) -> int:
     return token or 1  # 0 means no name
 
 
+def check_power_cut(profile: Profile, media: Media) -> None:
+    """Power cuts need something to lose (a volatile write cache) and media that outlives
+    the daemon (not mem:)."""
+    if not profile.write_cache.enabled:
+        raise StoreError(f"--power-cut needs a volatile write cache: profile {profile.name} "
+                         "has write_cache.enabled false (every write is durable already)")
+    if media.spec.kind == "mem":
+        raise StoreError("--power-cut needs file or block-device media: mem: media does not "
+                         "outlive the daemon")
+
+
 def check_socket_path(path: str) -> bool:
     """Whether a socket exists at path (maybe stale); anything else there is refused, never
     removed."""
@@ -670,10 +729,14 @@ def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
           group: int | None = None, max_buffers: int = 256,
-          max_queue_pairs: int | None = None, max_inflight: int | None = None) -> int:
+          max_queue_pairs: int | None = None, max_inflight: int | None = None,
+          power_cut: bool = False) -> int:
     check_socket_path(socket_path)  # before the media is touched
+    if power_cut:
+        check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks, group, max_buffers, max_queue_pairs, max_inflight)
+                    journal_blocks, group, max_buffers, max_queue_pairs, max_inflight,
+                    power_cut)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

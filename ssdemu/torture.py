@@ -2,8 +2,9 @@
 
 Rounds until the time is up, each of four parts (all real processes, media under a temp dir):
 
-- **crash loop**: a daemon on a file, a client storing and deleting versioned values with a
-  flush every few changes, kill -9 at a random moment, a restart, and a check of every key:
+- **crash loop**: a daemon on a file (with power-cut emulation), a client storing and
+  deleting versioned values with a flush every few changes, kill -9 or a power cut (seeded)
+  at a random moment, a restart, and a check of every key:
   what a completed flush covered must be there (else `lost`), whatever is there must be a
   version that was written, byte for byte (else `corrupt`; a read error counts as corrupt);
 - **fuzzer**: random and mutated SQEs written straight into a ring, while a thread scribbles
@@ -54,7 +55,7 @@ class Tally:
     corrupt: int = 0
     crashes: int = 0          # daemon deaths the kit did not cause
     kills: int = 0            # daemons it killed -9
-    power_cuts: int = 0       # not emulated yet: always 0
+    power_cuts: int = 0       # power cuts it injected (serve --power-cut)
     client_kills: int = 0
     fuzzed_sqes: int = 0
     leaked_fds: int = 0
@@ -89,16 +90,39 @@ def version_in(key: bytes, data: bytes) -> int | None:
 
 # -- crash loop ------------------------------------------------------------------------------
 
+def _wait_back(sock: str, d: DaemonProcess, timeout: float = 60) -> None:
+    """Until a daemon that cut its own power serves again (it starts over in place)."""
+    end = time.monotonic() + timeout
+    while d.proc.poll() is None and time.monotonic() < end:
+        try:
+            hostlib.control_request(sock, {"op": "fault", "action": "list"})
+            return
+        except hostlib.ConnectError:
+            time.sleep(0.05)
+
+
 def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: float,
-              known: dict[bytes, int | None]) -> None:
-    """Churn until a kill -9 lands at a random moment, restart, check every key.  known:
-    each key's state as last verified (carried from run to run)."""
+              known: dict[bytes, int | None], cut: bool = False) -> None:
+    """Churn until a kill -9 (or, cut: a power cut) lands at a random moment, restart,
+    check every key.  known: each key's state as last verified (carried from run to run)."""
     log = os.path.join(os.path.dirname(sock), "crash.log")
-    d = DaemonProcess(sock, media=media, extra=["--timing", "off"], log_path=log)
+    extra = ["--timing", "off", "--power-cut"]
+    d = DaemonProcess(sock, media=media, extra=extra, log_path=log)
     durable = dict(known)                       # as of the last completed flush
     written: dict[bytes, set[int | None]] = {}  # states a key was sent to since then
+    seed = rng.randrange(1 << 32)
+
+    def strike():
+        if not cut:
+            d.proc.kill()
+            return
+        try:
+            hostlib.control_request(sock, {"op": "fault", "action": "power-cut", "seed": seed})
+        except hostlib.ConnectError as e:
+            t.problems.append(f"the power cut was refused: {e}")
+
     killer = threading.Timer(min(rng.uniform(0.2, 1.5), max(0.0, deadline - time.monotonic())),
-                             d.proc.kill)
+                             strike)
     killer.start()
     try:
         with hostlib.connect(sock) as dev:
@@ -128,12 +152,18 @@ def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: flo
         pass  # the kill: expected
     finally:
         killer.join()
-        if d.proc.returncode not in (None, -signal.SIGKILL):
+        d.proc.poll()
+        if d.proc.returncode not in ((None,) if cut else (None, -signal.SIGKILL)):
             t.crashes += 1
             t.problems.append(f"the daemon died by itself in a crash run: {d.log_tail(300)}")
-        d.kill()
-        t.kills += 1
-    d = DaemonProcess(sock, media=media, extra=["--timing", "off"], log_path=log)
+        if cut:
+            t.power_cuts += 1
+            _wait_back(sock, d)
+        else:
+            d.kill()
+            t.kills += 1
+    if not cut:
+        d = DaemonProcess(sock, media=media, extra=extra, log_path=log)
     try:
         with hostlib.connect(sock) as dev:
             for key in set(durable) | set(written):
@@ -331,7 +361,8 @@ def torture(seconds: float, seed: int = 0, workdir: str | None = None,
     known: dict[bytes, int | None] = {}
     try:
         while time.monotonic() < deadline:
-            crash_run(t, rng, crash_media, os.path.join(where, "crash.sock"), deadline, known)
+            crash_run(t, rng, crash_media, os.path.join(where, "crash.sock"), deadline, known,
+                      cut=rng.random() < 0.5)
             if long_d.proc.poll() is not None:
                 t.crashes += 1
                 t.problems.append(f"the long-lived daemon died: {long_d.log_tail(300)}")
@@ -371,7 +402,8 @@ def torture(seconds: float, seed: int = 0, workdir: str | None = None,
 
 
 def summary(t: Tally) -> str:
-    return (f"torture {t.seconds:.0f} s seed {t.seed}: {t.runs} crash runs ({t.kills} kills), "
+    return (f"torture {t.seconds:.0f} s seed {t.seed}: {t.runs} crash runs ({t.kills} kills, "
+            f"{t.power_cuts} power cuts), "
             f"{t.operations} operations, {t.acknowledged} acknowledged, {t.lost} lost, "
             f"{t.corrupt} corrupt, {t.crashes} crashes, {t.fuzzed_sqes} fuzzed SQEs, "
             f"{t.client_kills} client kills; leaked fds {t.leaked_fds}, mappings "
