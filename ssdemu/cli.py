@@ -27,6 +27,16 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _metrics_address(text: str) -> str:
+    from ssdemu.metrics import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _nonnegative_int(text: str) -> int:
     try:
         value = int(text)
@@ -112,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-buffers-per-client", type=_positive_int, default=256,
                        help="registered buffers one client may hold (default 256 of the "
                        "device's 1024), so that none can lock the others out")
+    serve.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
+                       help="serve Prometheus metrics (the log page's counters) at "
+                       "http://HOST:PORT/metrics")
     serve.add_argument("--power-cut", action="store_true",
                        help="power-cut emulation: keep what each write overwrites until a "
                        "flush makes it durable, so that 'ctl fault power-cut' can lose it "
@@ -196,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "the drive powers on again (serve --power-cut)")
     fpc.add_argument("--seed", type=_nonnegative_int, default=0,
                      help="which writes are lost: the same seed, the same outcome")
+
+    sp = sub.add_parser("stat", help="a live per-interval table of a running drive (IOPS, "
+                        "MB/s, latency, queue depth, compute), as iostat")
+    sp.add_argument("--socket", required=True)
+    sp.add_argument("interval", type=_positive_float, nargs="?", default=1.0,
+                    help="seconds between rows (default 1)")
+    sp.add_argument("--count", type=_positive_int, help="stop after this many rows")
 
     tt = sub.add_parser("torture", help="soak and torture the daemon: crash loops, a ring "
                         "fuzzer, client kills, multi-client load; counts what was lost")
@@ -327,7 +347,7 @@ def _cmd_serve(args) -> int:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      args.max_buffers_per_client, args.max_queue_pairs_per_client,
-                     args.max_inflight_per_client, args.power_cut)
+                     args.max_inflight_per_client, args.power_cut, args.metrics)
 
 
 def _cmd_format(args) -> int:
@@ -359,6 +379,12 @@ def _cmd_bench_queue(args) -> int:
     report = bench_queue(args.socket, args.media, args.seconds, args.ns_size)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
+
+
+def _cmd_stat(args) -> int:
+    from ssdemu.stat import run
+
+    return run(args.socket, args.interval, args.count)
 
 
 def _cmd_torture(args) -> int:
@@ -458,6 +484,7 @@ COMMANDS = {
     ("ctl", "log"): _cmd_ctl,
     ("ctl", "fault"): _cmd_ctl,
     ("torture", None): _cmd_torture,
+    ("stat", None): _cmd_stat,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
 }

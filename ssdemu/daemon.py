@@ -91,8 +91,10 @@ class Daemon:
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
                  group: int | None = None, max_buffers: int = 256,
                  max_queue_pairs: int | None = None, max_inflight: int | None = None,
-                 power_cut: bool = False):
+                 power_cut: bool = False, metrics: str | None = None):
         self.profile = profile
+        self.metrics_address = metrics
+        self.metrics_server = None
         # per-client quotas, so that no client takes what the others need
         self.max_buffers = max_buffers
         self.max_queue_pairs = max_queue_pairs or profile.queue.max_queue_pairs
@@ -178,6 +180,13 @@ class Daemon:
             target=lib.sde_dev_run, args=(self.dev, self._stop_flag, spin_ns),
             name="ssdemu-data-plane", daemon=True)
         self.data_plane.start()
+        if self.metrics_address:
+            from ssdemu.metrics import serve_metrics
+
+            # scraped from the server's own thread: the log page takes the core's locks
+            self.metrics_server = serve_metrics(self.metrics_address,
+                                                lambda: self.log_page(LOG_PAGE_COUNTERS))
+            log.info("metrics at http://%s/metrics", self.metrics_address)
         log.info("serving %s on %s: %s, %d bytes, %d-byte blocks", self.profile.name,
                  self.socket_path, self.media.spec, self.media.size, self.media.lba_size)
 
@@ -211,6 +220,11 @@ class Daemon:
 
     def shutdown(self) -> None:
         log.info("shutting down: %d clients", len(self.clients))
+        if self.metrics_server is not None:
+            server = self.metrics_server[0] if isinstance(self.metrics_server, tuple) \
+                else self.metrics_server
+            server.shutdown()
+            server.server_close()
         lib.sde_dev_shutdown_qps(self.dev)  # clients waiting are woken and told
         self._stop_flag[0] = 1
         os.eventfd_write(lib.sde_dev_doorbell_fd(self.dev), 1)
@@ -559,6 +573,7 @@ class Daemon:
             "media": str(self.media.spec), "media_path": self.media.fio_path,
             "timing": self.timing, "clock": self.clock,
             "power_cut_emulation": self.power_cut,
+            "compute_units": self.profile.compute.units, "tops": self.profile.compute.tops,
             "protocol_version": PROTOCOL_VERSION,
             "commands": sorted(OPCODES),
         }
@@ -575,6 +590,7 @@ class Daemon:
                 "commands": c.commands, "errors": c.errors, "bytes": c.bytes,
                 "bytes_copied": c.bytes_copied,
                 "mean_latency_ns": c.lat_ns_total / c.commands if c.commands else 0.0,
+                "latency_ns_total": c.lat_ns_total,
                 # bucket b holds latencies in [2^b, 2^(b+1)) ns
                 "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
                                               if c.lat_hist[b]},
@@ -730,13 +746,13 @@ def serve(profile: Profile, media: Media, socket_path: str,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
           group: int | None = None, max_buffers: int = 256,
           max_queue_pairs: int | None = None, max_inflight: int | None = None,
-          power_cut: bool = False) -> int:
+          power_cut: bool = False, metrics: str | None = None) -> int:
     check_socket_path(socket_path)  # before the media is touched
     if power_cut:
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
                     journal_blocks, group, max_buffers, max_queue_pairs, max_inflight,
-                    power_cut)
+                    power_cut, metrics)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

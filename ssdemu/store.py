@@ -159,7 +159,8 @@ class Store:
 
     def info(self) -> dict:
         i = ffi.new("sde_store_info *")
-        lib.sde_store_get_info(self._st, i)
+        with self._locked():  # the data plane changes the store meanwhile
+            lib.sde_store_get_info(self._st, i)
         return {name: getattr(i, name) for name, _ in ffi.typeof("sde_store_info").fields}
 
     # -- the KV commands --
