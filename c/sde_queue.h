@@ -153,6 +153,10 @@ int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
  * Returns completions ready, 0 on timeout, -errno. */
 int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                 uint64_t timeout_ns);
+/* Client, event-loop style (hostlib.aio): waiting 1 asks the daemon to signal completion_fd
+ * for every completion it posts from now on, 0 stops it.  Returns the completions ready
+ * (look at them before sleeping: one may have been posted just before the flag was seen). */
+int sde_cq_arm(void *mem, int waiting);
 /* A closed-loop job through a queue pair, in C (the client side of `ssdemu bench queue` and
  * `bench kv`): keeps qd commands of `opcode` in flight, each `bs` bytes at a random
  * block-aligned lba below `nblocks` of namespace nsid (a KV opcode: on a random one of

@@ -207,6 +207,14 @@ int sde_cq_space(sde_qp_view *q)
     return (int)(q->cq_entries - used);
 }
 
+int sde_cq_arm(void *mem, int waiting)
+{
+    sde_ring_hdr *h = mem;
+    STORE_REL(&h->cq_flags, waiting ? SDE_CQF_WAITING : 0);
+    FENCE(); /* pairs with the daemon's fence after posting */
+    return (int)(LOAD_ACQ(&h->cq_tail) - h->cq_head);
+}
+
 int sde_cq_post(sde_qp_view *q, const sde_cqe *cqes, uint32_t n)
 {
     sde_ring_hdr *h = q->mem;

@@ -1,0 +1,232 @@
+"""hostlib for asyncio: the same calls as the synchronous API, as coroutines.
+
+    dev = await hostlib.aio.connect("/run/ssdemu.sock")
+    await dev.kv_put(b"key", b"value")
+    value = await dev.kv_get(b"key")
+
+Commands go into the queue pair as the synchronous API puts them there; completions arrive
+through the queue pair's completion eventfd, watched by the event loop (`loop.add_reader`):
+the daemon is asked to signal it for every completion while commands are outstanding, no
+thread per command, no polling.  One AsyncDevice belongs to one event loop and its thread.
+A command that needs room the queue pair does not have (every entry in flight, or its bounce
+buffer full) waits for completions in place, briefly holding the loop: give a device that
+many tasks share a deep queue (`entries`) and values in `alloc` buffers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import numpy as np
+
+from hostlib.client import Device, Future
+from hostlib.client import connect as _connect
+from hostlib.errors import DeviceGoneError, InvalidValueSizeError
+from ssdemu import _engine
+from ssdemu.queue_layout import RING_HDR_DTYPE
+
+lib = _engine.lib
+
+
+class AsyncDevice:
+    def __init__(self, dev: Device, loop: asyncio.AbstractEventLoop):
+        self.dev = dev
+        self.loop = loop
+        self.qp = dev.qp
+        self._waiting: set[tuple[Future, asyncio.Future]] = set()
+        self._armed = False
+        self._closed = False
+        loop.add_reader(self.qp.completion_fd, self._on_completions)
+        # the daemon gone: the control socket hangs up
+        loop.add_reader(dev.sock.fileno(), self._on_control)
+
+    # -- completions --
+    def _arm(self, on: bool) -> None:
+        if on != self._armed:
+            self._armed = on
+            if lib.sde_cq_arm(self.qp.mem, int(on)) > 0 and on:
+                self.loop.call_soon(self._on_completions)
+
+    def _on_completions(self) -> None:
+        try:
+            os.eventfd_read(self.qp.completion_fd)
+        except BlockingIOError:
+            pass
+        try:
+            self.qp.poll()  # completes futures: each one's release settles its awaiter
+        except DeviceGoneError as e:
+            self._fail_all(e)
+            return
+        if self._dead():
+            self._fail_all(DeviceGoneError("the device shut down or dropped this queue"))
+
+    def _dead(self) -> bool:
+        hdr = np.frombuffer(self.qp.mm, RING_HDR_DTYPE, 1)[0]
+        return bool(hdr["sq_flags"] & lib.SDE_SQF_DEAD)
+
+    def _on_control(self) -> None:
+        # a reply to a control request is read by that request; here only a hang-up counts
+        try:
+            data = self.dev.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(self.dev.sock.fileno())
+            self._fail_all(DeviceGoneError("the daemon closed the connection"))
+
+    def _settle(self, f: Future, af: asyncio.Future) -> None:
+        """f completed (whoever reaped it: this loop's reader, or a wait for room inside
+        a submission): its awaiter gets the result or the command's own error."""
+        self._waiting.discard((f, af))
+        if not af.done():
+            try:
+                af.set_result(f.result())
+            except Exception as e:
+                af.set_exception(e)
+        if not self._waiting:
+            self._arm(False)
+
+    def _fail_all(self, err: Exception) -> None:
+        for f, af in list(self._waiting):
+            if not af.done():
+                af.set_exception(DeviceGoneError(f"{f.what}: {err}"))
+        self._waiting.clear()
+
+    def _await(self, f: Future) -> asyncio.Future:
+        af = self.loop.create_future()
+        self._waiting.add((f, af))
+        if f.finished:  # completed while it was being submitted (the queue was full)
+            self._settle(f, af)
+            return af
+        prev = f.release
+
+        def done():
+            if prev is not None:
+                prev()
+            self._settle(f, af)
+
+        f.release = done  # called by Future._complete, whoever polls the queue
+        self._arm(True)
+        return af
+
+    # -- the calls --
+    async def nop(self) -> None:
+        from ssdemu.queue_layout import OPCODES
+
+        await self._await(self.dev.submit(OPCODES["NOP"], "nop", qp=self.qp))
+
+    async def read(self, nsid: int, lba: int, out: np.ndarray) -> int:
+        return await self._await(self.dev.read_async(nsid, lba, out, self.qp))
+
+    async def write(self, nsid: int, lba: int, data: np.ndarray) -> int:
+        return await self._await(self.dev.write_async(nsid, lba, data, self.qp))
+
+    async def flush(self, nsid: int = 0) -> None:
+        from ssdemu.queue_layout import OPCODES
+
+        await self._await(self.dev.submit(OPCODES["FLUSH"], f"flush ns {nsid}", qp=self.qp,
+                                          nsid=nsid))
+
+    async def kv_put(self, key: bytes, value, only_if_exists: bool = False,
+                     only_if_not_exists: bool = False, *, nsid: int = 0) -> bool:
+        """True if the key existed.  A value larger than the bounce buffer and not in an
+        alloc buffer goes through a temporary registered buffer."""
+        n = value.nbytes if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))
+        if n > self.qp.bounce.nbytes and self.dev._locate(value)[0] is None:
+            tmp = self.dev.alloc(n)
+            try:
+                tmp[:] = np.frombuffer(memoryview(value).cast("B"), np.uint8) \
+                    if not isinstance(value, np.ndarray) else value.reshape(-1).view(np.uint8)
+                return await self._await(self.dev.kv_put_async(
+                    key, tmp, only_if_exists, only_if_not_exists, self.qp, nsid=nsid))
+            finally:
+                self.dev.free(tmp)
+        return await self._await(self.dev.kv_put_async(key, value, only_if_exists,
+                                                       only_if_not_exists, self.qp, nsid=nsid))
+
+    async def kv_get(self, key: bytes, out: np.ndarray | None = None, *,
+                     nsid: int = 0) -> bytes | int:
+        """The value (bytes), or with `out`, its length."""
+        try:
+            return await self._await(self.dev.kv_get_async(key, out, self.qp, nsid=nsid))
+        except InvalidValueSizeError as e:
+            if out is not None or not e.value_length:
+                raise
+            tmp = self.dev.alloc(e.value_length)
+            try:
+                n = await self._await(self.dev.kv_get_async(key, tmp, self.qp, nsid=nsid))
+                return bytes(tmp[:n])
+            finally:
+                self.dev.free(tmp)
+
+    async def kv_delete(self, key: bytes, *, nsid: int = 0) -> None:
+        await self._await(self.dev.kv_delete_async(key, self.qp, nsid=nsid))
+
+    async def kv_exists(self, key: bytes, *, nsid: int = 0) -> bool:
+        from hostlib.errors import KeyNotFoundError
+
+        try:
+            await self._await(self.dev.kv_exists_async(key, self.qp, nsid=nsid))
+            return True
+        except KeyNotFoundError:
+            return False
+
+    async def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
+                               *, nsid: int = 0) -> int:
+        return await self._await(self.dev.kv_put_quantized_async(key, block, dtype, scheme,
+                                                                 self.qp, nsid=nsid))
+
+    async def kv_get_dequantized(self, key: bytes, out: np.ndarray, *,
+                                 nsid: int = 0) -> np.ndarray:
+        await self._await(self.dev.kv_get_dequantized_async(key, out, self.qp, nsid=nsid))
+        return out
+
+    async def prefix_match(self, keys, *, nsid: int = 0) -> int:
+        return await self._await(self.dev.prefix_match_async(keys, self.qp, nsid=nsid))
+
+    async def pin(self, key: bytes, *, nsid: int = 0) -> int:
+        return await self._await(self.dev.pin_async(key, self.qp, nsid=nsid))
+
+    async def unpin(self, key: bytes, *, nsid: int = 0) -> int:
+        return await self._await(self.dev.unpin_async(key, self.qp, nsid=nsid))
+
+    # -- buffers and admin (short control-plane requests, run in place) --
+    def alloc(self, nbytes: int) -> np.ndarray:
+        return self.dev.alloc(nbytes)
+
+    def free(self, arr: np.ndarray) -> None:
+        self.dev.free(arr)
+
+    async def identify(self) -> dict:
+        return self.dev.identify()
+
+    async def ns_create(self, nbytes: int = 0, shared: bool = False) -> int:
+        return self.dev.ns_create(nbytes, shared)
+
+    async def log(self, page: int = 1) -> dict:
+        return self.dev.log(page)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_all(DeviceGoneError("the device was closed"))
+        self.loop.remove_reader(self.qp.completion_fd)
+        self.loop.remove_reader(self.dev.sock.fileno())
+        self.dev.close()
+
+    async def __aenter__(self) -> AsyncDevice:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+async def connect(socket_path: str, entries: int = 1024, timeout: float = 5.0,
+                  owner: str | None = None) -> AsyncDevice:
+    """Connect on the running event loop (the handshake itself is a few short requests)."""
+    dev = _connect(socket_path, entries, timeout, owner)
+    return AsyncDevice(dev, asyncio.get_running_loop())

@@ -1,0 +1,69 @@
+"""hostlib.aio: many concurrent tasks on one event loop, completions through the eventfd."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import hostlib
+import hostlib.aio
+from ssdemu.daemon_process import DaemonProcess
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--timing", "off"])
+    yield d
+    assert d.terminate()[0] == 0
+
+
+def test_many_tasks_on_one_loop(daemon):
+    async def main():
+        async with await hostlib.aio.connect(daemon.socket_path, entries=256) as dev:
+            ns = await dev.ns_create(4 << 20)
+            pool = dev.alloc(300 * 8192)  # one registered buffer, a slice per task
+
+            async def task(i: int):
+                value = np.full(100 + i, i % 251, np.uint8).tobytes()
+                assert await dev.kv_put(b"t%d" % i, value) is False
+                assert await dev.kv_get(b"t%d" % i) == value
+                buf = pool[i * 8192:i * 8192 + 4096]
+                buf[:] = i % 256
+                await dev.write(ns, i * 8, buf)
+                out = pool[i * 8192 + 4096:(i + 1) * 8192]
+                await dev.read(ns, i * 8, out)
+                assert (out == i % 256).all()
+                return i
+
+            done = await asyncio.wait_for(asyncio.gather(*(task(i) for i in range(300))), 60)
+            assert done == list(range(300))
+            with pytest.raises(hostlib.KeyNotFoundError):
+                await dev.kv_get(b"missing")
+            assert not await dev.kv_exists(b"missing")
+            big = np.arange(3 << 20, dtype=np.uint16)  # larger than the bounce buffer
+            await dev.kv_put(b"big", big)
+            assert await dev.kv_get(b"big") == big.tobytes()
+            await dev.flush()
+            assert (await dev.log())["classes"]["kv"]["commands"] >= 600
+            return dev.qp.kicks
+
+    asyncio.run(main())
+
+
+def test_a_daemon_that_goes_fails_the_awaiters(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--timing", "off"])
+
+    async def main():
+        dev = await hostlib.aio.connect(d.socket_path)
+        await dev.kv_put(b"k", b"v")
+        d.kill()
+        with pytest.raises(hostlib.DeviceGoneError):
+            await asyncio.wait_for(dev.kv_get(b"k"), 20)
+        await dev.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.kill()
