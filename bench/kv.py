@@ -27,7 +27,7 @@ import numpy as np
 import hostlib
 from ssdemu import _engine
 from ssdemu.daemon_process import DaemonProcess
-from ssdemu.queue_layout import OPCODES, QUANT_REQUEST, pack_quant_request
+from ssdemu_wire.layout import OPCODES, QUANT_REQUEST, pack_quant_request
 
 ffi, lib = _engine.ffi, _engine.lib
 QD = 32

@@ -19,7 +19,7 @@ from bench.fio import fio_available, run_fio
 from ssdemu import _engine
 from ssdemu.daemon_process import DaemonProcess
 from ssdemu.latency import new_histogram, percentiles_us
-from ssdemu.queue_layout import OPCODES
+from ssdemu_wire.layout import OPCODES
 
 ffi, lib = _engine.ffi, _engine.lib
 NOP_ROUNDS = 3000

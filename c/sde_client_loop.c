@@ -8,6 +8,7 @@
 
 #include "sde_engine.h"
 #include "sde_queue.h"
+#include "sde_client_loop.h"
 
 static uint64_t now_ns(void)
 {

@@ -81,6 +81,11 @@
 #define SDE_SC_KV_KEY_NOT_EXIST 0x87
 #define SDE_SC_KV_KEY_EXISTS 0x89
 
+/* namespace flags: NS_CREATE's param1 takes SDE_NS_SHARED (every client may use it;
+ * otherwise only its owner); SDE_NS_USED marks a taken id in the store's table */
+#define SDE_NS_USED 1
+#define SDE_NS_SHARED 2
+
 /* ring flags */
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */
 #define SDE_SQF_DEAD 2        /* daemon: shut down, nothing more will complete */
@@ -157,17 +162,6 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
  * for every completion it posts from now on, 0 stops it.  Returns the completions ready
  * (look at them before sleeping: one may have been posted just before the flag was seen). */
 int sde_cq_arm(void *mem, int waiting);
-/* A closed-loop job through a queue pair, in C (the client side of `ssdemu bench queue` and
- * `bench kv`): keeps qd commands of `opcode` in flight, each `bs` bytes at a random
- * block-aligned lba below `nblocks` of namespace nsid (a KV opcode: on a random one of
- * `nblocks` 16-byte keys, key index in bytes 0-7, "skv00000" in bytes 8-15), into buffer
- * handle buf (slot i at offset i*bs), for duration_ns.  stamp (or NULL): that buffer's
- * address, to write a serial number in each slot's first 8 bytes before it is sent.  Latencies (submit to reap, ns) go into hist[SDE_HIST_BUCKETS] (the engine's
- * log-linear buckets).  out[0] = commands completed, out[1] = errors, out[2] = elapsed ns. */
-int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcode,
-                    uint32_t nsid, uint32_t buf, uint32_t bs, uint32_t qd, uint64_t nblocks,
-                    uint64_t duration_ns, uint64_t seed, void *stamp, uint64_t *hist,
-                    uint64_t *out);
 /* CDEF-END */
 
 #endif

@@ -17,6 +17,7 @@
 #ifndef SDE_STORE_H
 #define SDE_STORE_H
 #include <stdint.h>
+#include "sde_queue.h"
 
 /* CDEF-BEGIN */
 #define SDE_STORE_VERSION 2
@@ -79,8 +80,7 @@ typedef struct sde_kv_put_result {
 
 /* A namespace: a byte range of the data region for block I/O (bytes 0: keys only), and
  * its owner.  Keys live in a namespace too (namespace 0: the shared default). */
-#define SDE_NS_USED 1     /* the id is taken */
-#define SDE_NS_SHARED 2   /* every client may use it; otherwise only its owner */
+/* flags: SDE_NS_USED, SDE_NS_SHARED (c/sde_queue.h: NS_CREATE's param1 is wire format) */
 typedef struct sde_ns_info {
     uint64_t offset;
     uint64_t bytes;

@@ -8,7 +8,7 @@ threads through the C entry points in firmware/entry.py.  firmware/quant.py is t
 API over the same functions (its error messages are made from the codes returned here).
 
 A scheme and a block shape travel as an int64 array (`P_*` indices below).  The wire form of
-a quantized-store request (64 bytes, `SQRQ`; ssdemu/queue_layout.py) is parsed here too.
+a quantized-store request (64 bytes, `SQRQ`; ssdemu_wire/layout.py) is parsed here too.
 Failures are negative return codes (`E_*`), never exceptions: nothing raised inside a C
 callback can reach a caller (hence numpy's error model: no ZeroDivisionError path).
 """

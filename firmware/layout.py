@@ -12,20 +12,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# dtype codes as stored in compressed block headers
-DTYPE_FP16 = 0
-DTYPE_BF16 = 1
-DTYPE_FP32 = 2
-DTYPE_NAMES = {DTYPE_FP16: "fp16", DTYPE_BF16: "bf16", DTYPE_FP32: "fp32"}
-DTYPE_CODES = {v: k for k, v in DTYPE_NAMES.items()}
+# dtype codes as stored in compressed block headers: part of the wire format
+from ssdemu_wire.codes import (  # noqa: F401  (re-exported for the firmware)
+    DTYPE_BF16,
+    DTYPE_CODES,
+    DTYPE_FP16,
+    DTYPE_FP32,
+    DTYPE_NAMES,
+    dtype_code,
+)
+
 ELEMENT_BYTES = {DTYPE_FP16: 2, DTYPE_BF16: 2, DTYPE_FP32: 4}
-
-
-def dtype_code(name: str) -> int:
-    try:
-        return DTYPE_CODES[name]
-    except KeyError:
-        raise ValueError(f"unknown KV dtype {name!r}: expected fp16, bf16 or fp32") from None
 
 
 def storage_dtype(code: int) -> np.dtype:

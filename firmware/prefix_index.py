@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ssdemu_wire.codes import keys_array  # noqa: F401  (the wire format's)
+
 # insert results
 INSERTED = 0
 EXISTED = 1  # the key was there: touched, location unchanged
@@ -272,25 +274,6 @@ class IndexFullError(Exception):
 
 class PinnedError(Exception):
     """The entry is pinned by an in-flight command."""
-
-
-def keys_array(keys) -> np.ndarray:
-    """16-byte keys (bytes, a list of them, or uint8[n, 16]) -> uint64[n, 2] (lo, hi)."""
-    if isinstance(keys, (bytes, bytearray)):
-        keys = [bytes(keys)]
-    if isinstance(keys, np.ndarray):
-        if keys.dtype == np.uint64 and keys.ndim == 2 and keys.shape[1] == 2:
-            return np.ascontiguousarray(keys)
-        if keys.dtype != np.uint8 or keys.ndim != 2 or keys.shape[1] != 16:
-            raise ValueError(f"key array must be uint8[n, 16] or uint64[n, 2], got "
-                             f"{keys.dtype}{list(keys.shape)}")
-        return np.ascontiguousarray(keys).view("<u8")
-    for k in keys:
-        if len(k) != 16:
-            raise ValueError(f"prefix keys are 16 bytes, got {len(k)}")
-    if not keys:
-        return np.zeros((0, 2), np.uint64)
-    return np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2).copy()
 
 
 def key_bytes(lo: int, hi: int) -> bytes:

@@ -23,10 +23,10 @@ import numpy as np
 from hostlib.client import Device, Future
 from hostlib.client import connect as _connect
 from hostlib.errors import DeviceGoneError, InvalidValueSizeError
-from ssdemu import _engine
-from ssdemu.queue_layout import RING_HDR_DTYPE
+from ssdemu_wire import _ring
+from ssdemu_wire.layout import RING_HDR_DTYPE
 
-lib = _engine.lib
+lib = _ring.lib
 
 
 class AsyncDevice:
@@ -114,7 +114,7 @@ class AsyncDevice:
 
     # -- the calls --
     async def nop(self) -> None:
-        from ssdemu.queue_layout import OPCODES
+        from ssdemu_wire.layout import OPCODES
 
         await self._await(self.dev.submit(OPCODES["NOP"], "nop", qp=self.qp))
 
@@ -125,7 +125,7 @@ class AsyncDevice:
         return await self._await(self.dev.write_async(nsid, lba, data, self.qp))
 
     async def flush(self, nsid: int = 0) -> None:
-        from ssdemu.queue_layout import OPCODES
+        from ssdemu_wire.layout import OPCODES
 
         await self._await(self.dev.submit(OPCODES["FLUSH"], f"flush ns {nsid}", qp=self.qp,
                                           nsid=nsid))

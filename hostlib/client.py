@@ -34,10 +34,10 @@ from hostlib.errors import (
     KeyNotFoundError,
     raise_for_status,
 )
-from ssdemu import _engine, control
-from ssdemu.queue_layout import NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
+from ssdemu_wire import _ring, control
+from ssdemu_wire.layout import NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
 
-ffi, lib = _engine.ffi, _engine.lib
+ffi, lib = _ring.ffi, _ring.lib
 
 F_ADD_SEALS = 1033
 F_SEAL_SHRINK = 0x0002
@@ -581,8 +581,8 @@ class Device:
         compressed block, kv_get_dequantized the block.  A block inside a Device.alloc
         buffer is read by the drive where it lies (no copy, any size up to the drive's
         largest value); the 64-byte request then travels in the queue pair's bounce."""
-        from firmware.layout import dtype_code
-        from ssdemu.queue_layout import QUANT_REQUEST, pack_quant_request
+        from ssdemu_wire.codes import dtype_code
+        from ssdemu_wire.layout import QUANT_REQUEST, pack_quant_request
 
         qp = qp or self.qp
         kf = _key_fields(key)
@@ -637,7 +637,7 @@ class Device:
         return out
 
     def prefix_match_async(self, keys, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
-        from firmware.prefix_index import keys_array
+        from ssdemu_wire.codes import keys_array
 
         qp = qp or self.qp
         arr = keys_array(keys).view(np.uint8).reshape(-1)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ssdemu.queue_layout import STATUS, STATUS_NAMES
+from ssdemu_wire.layout import STATUS, STATUS_NAMES
 
 
 class DeviceError(Exception):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ssdemu.queue_layout import NS_SHARED, OPCODES, STATUS
 from ssdemu.store import KeyNotFound, StoreFull
+from ssdemu_wire.layout import NS_SHARED, OPCODES, STATUS
 
 
 @dataclass

@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 
 from firmware import entry
 from firmware.cost import kernel_stats
-from ssdemu import _engine, control
+from ssdemu import _engine
 from ssdemu.admin import Admin, Outcome
 from ssdemu.media import Media
 from ssdemu.profile import Profile
-from ssdemu.queue_layout import OPCODES, PROTOCOL_VERSION, STATUS
 from ssdemu.store import DEFAULT_MAX_VALUE, Store, StoreError, probe
 from ssdemu.timing import model_params
+from ssdemu_wire import control
+from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, STATUS
 
 ffi, lib = _engine.ffi, _engine.lib
 log = logging.getLogger("ssdemu.serve")

@@ -14,6 +14,7 @@ from ssdemu import _engine
 from ssdemu.buffers import address_of
 from ssdemu.errors import EngineError, raise_for_errno
 from ssdemu.media import Media
+from ssdemu_wire.layout import dtype_of_struct as _dtype_of_struct
 
 ffi, lib = _engine.ffi, _engine.lib
 
@@ -25,32 +26,9 @@ OP_FSYNC = lib.SDE_OP_FSYNC
 IOF_SHORT = lib.SDE_IOF_SHORT
 IOF_UNREGISTERED = lib.SDE_IOF_UNREGISTERED
 
-_NUMPY_OF_C = {
-    "uint64_t": np.uint64,
-    "int64_t": np.int64,
-    "uint32_t": np.uint32,
-    "int32_t": np.int32,
-    "uint16_t": np.uint16,
-    "int16_t": np.int16,
-    "uint8_t": np.uint8,
-    "int8_t": np.int8,
-}
-
-
 def dtype_of_struct(ctype: str) -> np.dtype:
     """A numpy dtype with the exact field offsets and size of a compiled C struct."""
-    t = ffi.typeof(ctype)
-    names, formats, offsets = [], [], []
-    for name, field in t.fields:
-        names.append(name)
-        if field.type.kind == "array":
-            formats.append((_NUMPY_OF_C[field.type.item.cname], field.type.length))
-        else:
-            formats.append(_NUMPY_OF_C[field.type.cname])
-        offsets.append(field.offset)
-    return np.dtype(
-        {"names": names, "formats": formats, "offsets": offsets, "itemsize": ffi.sizeof(ctype)}
-    )
+    return _dtype_of_struct(ctype, ffi)
 
 
 IO_DTYPE = dtype_of_struct("sde_io")

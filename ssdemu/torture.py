@@ -38,7 +38,7 @@ import numpy as np
 import hostlib
 from ssdemu import _engine
 from ssdemu.daemon_process import DaemonProcess
-from ssdemu.queue_layout import OPCODES
+from ssdemu_wire.layout import OPCODES
 
 ffi, lib = _engine.ffi, _engine.lib
 

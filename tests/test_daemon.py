@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostlib
-from ssdemu import control
 from ssdemu.daemon_process import DaemonProcess
-from ssdemu.queue_layout import CQE_DTYPE, OPCODES, SQE_DTYPE, STATUS, ffi
+from ssdemu_wire import control
+from ssdemu_wire.layout import CQE_DTYPE, OPCODES, SQE_DTYPE, STATUS, ffi
 
 NS_BYTES = 16 << 20
 
@@ -53,8 +53,9 @@ def test_layout_matches_c():
 
 
 def test_every_opcode_has_a_handler():
+    from ssdemu._engine import lib
+
     from ssdemu.admin import HANDLERS
-    from ssdemu.queue_layout import lib
 
     assert len(OPCODES) == lib.SDE_CMD_COUNT  # the C table's count check counts these
     for name, op in OPCODES.items():

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import hostlib
-from ssdemu import control
 from ssdemu.daemon_process import DaemonProcess
-from ssdemu.queue_layout import PROTOCOL_VERSION
+from ssdemu_wire import control
+from ssdemu_wire.layout import PROTOCOL_VERSION
 
 ROOT = os.getuid() == 0
 

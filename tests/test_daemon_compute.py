@@ -106,7 +106,7 @@ def test_pins(dev):
 
 
 def test_bad_compute_commands(dev):
-    from ssdemu.queue_layout import OPCODES
+    from ssdemu_wire.layout import OPCODES
 
     x = block()
     with pytest.raises(hostlib.InvalidCommandError):
@@ -174,7 +174,7 @@ def test_a_block_larger_than_the_bounce_from_a_registered_buffer(dev):
 
 
 def test_raw_compute_commands_are_validated(dev):
-    from ssdemu.queue_layout import OPCODES, STATUS, pack_quant_request
+    from ssdemu_wire.layout import OPCODES, STATUS, pack_quant_request
 
     x = block((32, 2, 2, 2, 64), seed=4)
     req = np.frombuffer(pack_quant_request(0, "int8_g64", 32, 2, 2, 64), np.uint8)

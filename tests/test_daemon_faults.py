@@ -12,7 +12,7 @@ import pytest
 
 import hostlib
 from ssdemu.daemon_process import DaemonProcess
-from ssdemu.queue_layout import OPCODES
+from ssdemu_wire.layout import OPCODES
 
 
 def _status(call) -> str:

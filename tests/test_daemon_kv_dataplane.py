@@ -19,7 +19,7 @@ import pytest
 import hostlib
 from ssdemu import _engine
 from ssdemu.daemon_process import DaemonProcess
-from ssdemu.queue_layout import OPCODES, STATUS
+from ssdemu_wire.layout import OPCODES, STATUS
 
 ffi, lib = _engine.ffi, _engine.lib
 

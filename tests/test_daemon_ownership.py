@@ -15,8 +15,8 @@ import pytest
 import hostlib
 from ssdemu.daemon_process import DaemonProcess
 from ssdemu.media import open_media
-from ssdemu.queue_layout import OPCODES
 from ssdemu.store import KeyNotFound, Store
+from ssdemu_wire.layout import OPCODES
 
 ROOT = os.getuid() == 0
 MISSING = 63  # a namespace id no test creates

@@ -11,8 +11,8 @@ import pytest
 import hostlib
 from ssdemu.daemon_process import DaemonProcess
 from ssdemu.profile import load
-from ssdemu.queue_layout import OPCODES
 from ssdemu.timing import DeviceModel
+from ssdemu_wire.layout import OPCODES
 
 
 def _daemon(tmp_path, *extra, media="mem:128M"):

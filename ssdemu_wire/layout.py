@@ -7,10 +7,30 @@ import struct
 
 import numpy as np
 
-from ssdemu import _engine
-from ssdemu.engine import dtype_of_struct
+from ssdemu_wire import _ring
 
-ffi, lib = _engine.ffi, _engine.lib
+ffi, lib = _ring.ffi, _ring.lib
+
+_NUMPY_OF_C = {"uint64_t": np.uint64, "int64_t": np.int64, "uint32_t": np.uint32,
+               "int32_t": np.int32, "uint16_t": np.uint16, "int16_t": np.int16,
+               "uint8_t": np.uint8, "int8_t": np.int8}
+
+
+def dtype_of_struct(ctype: str, of_ffi=None) -> np.dtype:
+    """A numpy dtype with the exact field offsets and size of a compiled C struct (of this
+    module's ffi, or of another cffi module's)."""
+    f = of_ffi or ffi
+    t = f.typeof(ctype)
+    names, formats, offsets = [], [], []
+    for name, field in t.fields:
+        names.append(name)
+        if field.type.kind == "array":
+            formats.append((_NUMPY_OF_C[field.type.item.cname], field.type.length))
+        else:
+            formats.append(_NUMPY_OF_C[field.type.cname])
+        offsets.append(field.offset)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": f.sizeof(ctype)})
 
 SQE_DTYPE = dtype_of_struct("sde_sqe")
 CQE_DTYPE = dtype_of_struct("sde_cqe")
