@@ -45,8 +45,9 @@ SCHEME_INT = 1
 SCHEME_KIVI = 2
 SCHEME_FP8 = 3
 SCHEME_NAMES = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8"}
-FLAG_SYMMETRIC = 1
-FLAG_PER_HEAD = 2
+FLAG_SYMMETRIC = B.FLAG_SYMMETRIC
+FLAG_PER_HEAD = B.FLAG_PER_HEAD
+FLAG_LAYOUT_2LT = B.FLAG_LAYOUT_2LT
 INT_GROUPS = (32, 64, 128)
 
 _HEADER = struct.Struct("<4sHHBBBBI4IQQI12x")
@@ -112,7 +113,8 @@ def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
     e = B.open_header(buf, p)
     if e:
         raise CorruptBlockError(_problem(e, buf, p))
-    flags = (FLAG_SYMMETRIC if p[B.P_SYM] else 0) | (FLAG_PER_HEAD if p[B.P_PER_HEAD] else 0)
+    flags = ((FLAG_SYMMETRIC if p[B.P_SYM] else 0) | (FLAG_PER_HEAD if p[B.P_PER_HEAD] else 0)
+             | (FLAG_LAYOUT_2LT if p[B.P_LAYOUT] else 0))
     shape = KVShape(*(int(p[i]) for i in (B.P_TOKENS, B.P_LAYERS, B.P_HEADS, B.P_HDIM)))
     header = BlockHeader(int(p[B.P_KIND]), int(p[B.P_BITS]), flags, int(p[B.P_DTYPE]),
                          int(p[B.P_GROUP]), shape, int(p[B.P_BODY]), int(p[B.P_RESIDUAL]))

@@ -30,6 +30,11 @@ SCHEME_KIVI = 2
 SCHEME_FP8 = 3
 FLAG_SYMMETRIC = 1
 FLAG_PER_HEAD = 2
+# the block is (2, layers, tokens, heads, head_dim), LMCache's KV_2LTD, not the drive's
+# (tokens, 2, layers, heads, head_dim): integer schemes only, whose groups run along
+# head_dim in either order, so the kernels honour it by keeping the order they are given
+FLAG_LAYOUT_2LT = 4
+LAYOUT_T2L, LAYOUT_2LT = 0, 1
 CHECKSUM_WORD = 5  # the checksum's 8 bytes at offset 40
 MAX_DIM = 1 << 31  # a shape field past this is refused (products then fit an int64)
 MAX_ELEMENTS = 1 << 40
@@ -37,7 +42,8 @@ MAX_ELEMENTS = 1 << 40
 # the scheme and shape of a block, as an int64 array
 P_DTYPE, P_KIND, P_BITS, P_GROUP, P_SYM, P_RESIDUAL, P_PER_HEAD = 0, 1, 2, 3, 4, 5, 6
 P_TOKENS, P_LAYERS, P_HEADS, P_HDIM, P_BODY, P_CHECKSUM = 7, 8, 9, 10, 11, 12
-NPARAM = 13
+P_LAYOUT = 13
+NPARAM = 14
 
 # failures (negative returns); 1..9 describe a corrupt compressed block
 E_SHORT, E_MAGIC, E_VERSION, E_LENGTH, E_CHECKSUM = -1, -2, -3, -4, -5
@@ -346,6 +352,8 @@ def _write_header(p, out, total, residual):
         flags = FLAG_PER_HEAD if p[P_PER_HEAD] else 0
     elif p[P_KIND] == SCHEME_INT and p[P_SYM]:
         flags = FLAG_SYMMETRIC
+    if p[P_LAYOUT] == LAYOUT_2LT:
+        flags |= FLAG_LAYOUT_2LT
     out[10] = flags
     out[11] = p[P_DTYPE]
     _put(out, 12, 4, p[P_GROUP] if p[P_KIND] != SCHEME_FP8 else 0)
@@ -393,6 +401,9 @@ def parse_request(req, p):
     e = parse_scheme_name(req[8:40], p)
     if e:
         return e
+    p[P_LAYOUT] = req[5]
+    if p[P_LAYOUT] > LAYOUT_2LT or (p[P_LAYOUT] == LAYOUT_2LT and p[P_KIND] != SCHEME_INT):
+        return E_REQUEST  # an unknown layout, or one this scheme's kernels cannot take
     p[P_TOKENS] = _get(req, 40, 4)
     p[P_LAYERS] = _get(req, 44, 4)
     p[P_HEADS] = _get(req, 48, 4)
@@ -427,13 +438,16 @@ def open_header(blob, p):
     p[P_RESIDUAL] = _get(blob, 48, 4)
     p[P_SYM] = 1 if flags & FLAG_SYMMETRIC else 0
     p[P_PER_HEAD] = 1 if flags & FLAG_PER_HEAD else 0
+    p[P_LAYOUT] = LAYOUT_2LT if flags & FLAG_LAYOUT_2LT else LAYOUT_T2L
     if p[P_BODY] < 0 or blob.shape[0] != HEADER_BYTES + p[P_BODY]:
         return E_LENGTH
     if np.int64(sum64(blob, CHECKSUM_WORD)) != p[P_CHECKSUM]:
         return E_CHECKSUM
     # fields are checked after the checksum too: a block can be well-sealed and still wrong
     group, residual = p[P_GROUP], p[P_RESIDUAL]
-    if not (1 <= kind <= 3) or dtype > 2 or flags & ~3:
+    if not (1 <= kind <= 3) or dtype > 2 or flags & ~7:
+        return E_FIELDS
+    if flags & FLAG_LAYOUT_2LT and kind != SCHEME_INT:
         return E_FIELDS
     if kind == SCHEME_FP8:
         if bits != 8 or group != 0 or residual or flags & FLAG_SYMMETRIC:

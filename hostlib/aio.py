@@ -175,9 +175,10 @@ class AsyncDevice:
             return False
 
     async def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
-                               *, nsid: int = 0) -> int:
+                               *, nsid: int = 0, layout: str = "t2l") -> int:
         return await self._await(self.dev.kv_put_quantized_async(key, block, dtype, scheme,
-                                                                 self.qp, nsid=nsid))
+                                                                 self.qp, nsid=nsid,
+                                                                 layout=layout))
 
     async def kv_get_dequantized(self, key: bytes, out: np.ndarray, *,
                                  nsid: int = 0) -> np.ndarray:

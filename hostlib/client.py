@@ -575,21 +575,31 @@ class Device:
 
     # -- compute: the drive's firmware --
     def kv_put_quantized_async(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
-                               qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
+                               qp: QueuePair | None = None, *, nsid: int = 0,
+                               layout: str = "t2l") -> Future:
         """Store a KV block (tokens, 2, layers, kv_heads, head_dim; fp16/bf16 as uint16 bits)
         quantized in the drive; the result is the compressed size.  kv_get returns the
         compressed block, kv_get_dequantized the block.  A block inside a Device.alloc
         buffer is read by the drive where it lies (no copy, any size up to the drive's
-        largest value); the 64-byte request then travels in the queue pair's bounce."""
+        largest value); the 64-byte request then travels in the queue pair's bounce.
+        layout "2lt": the block is (2, layers, tokens, kv_heads, head_dim), LMCache's
+        KV_2LTD, taken as it is by the integer schemes (int8_g64, int4_g64, ...) and given
+        back in that order by kv_get_dequantized; other schemes refuse it."""
         from ssdemu_wire.codes import dtype_code
         from ssdemu_wire.layout import QUANT_REQUEST, pack_quant_request
 
         qp = qp or self.qp
         kf = _key_fields(key)
         what = f"kv store quantized {key!r}"
-        t, _two, layers, heads, dim = block.shape
+        if layout == "2lt":  # LMCache's KV_2LTD: integer schemes take it as it is
+            _two, layers, t, heads, dim = block.shape
+        elif layout == "t2l":
+            t, _two, layers, heads, dim = block.shape
+        else:
+            raise ValueError(f"layout is 't2l' (tokens, 2, layers, heads, head_dim) or '2lt' "
+                             f"(2, layers, tokens, heads, head_dim), got {layout!r}")
         request = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
-                                                   dim), np.uint8)
+                                                   dim, layout), np.uint8)
         handle, off = self._locate(block)
         if handle is None and QUANT_REQUEST.size + block.nbytes <= qp.bounce.nbytes:
             # small and not registered: request and block together in one bounce share
@@ -617,8 +627,10 @@ class Device:
         return f
 
     def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
-                         qp: QueuePair | None = None, *, nsid: int = 0) -> int:
-        return self.kv_put_quantized_async(key, block, dtype, scheme, qp, nsid=nsid).result()
+                         qp: QueuePair | None = None, *, nsid: int = 0,
+                         layout: str = "t2l") -> int:
+        return self.kv_put_quantized_async(key, block, dtype, scheme, qp, nsid=nsid,
+                                           layout=layout).result()
 
     def kv_get_dequantized_async(self, key: bytes, out: np.ndarray,
                                  qp: QueuePair | None = None, *, nsid: int = 0) -> Future:

@@ -56,27 +56,17 @@ def new_sqes(n: int) -> np.ndarray:
 
 
 # KV_STORE_QUANTIZED's request header, at the start of the command's buffer (the raw KV
-# block follows it): magic, element dtype code (firmware.layout), scheme name, block shape.
-QUANT_REQUEST = struct.Struct("<4sB3x32s4I8x")
+# block follows it) or apart: magic, element dtype code (ssdemu_wire.codes), the block's
+# layout, scheme name, block shape.
+QUANT_REQUEST = struct.Struct("<4sBB2x32s4I8x")
 QUANT_REQUEST_MAGIC = b"SQRQ"
 assert QUANT_REQUEST.size == 64
+# the block's layout: the drive's (tokens, 2, layers, heads, head_dim), or LMCache's
+# KV_2LTD (2, layers, tokens, heads, head_dim), which integer schemes take as it is
+LAYOUTS = {"t2l": 0, "2lt": 1}
 
 
 def pack_quant_request(dtype_code: int, scheme: str, tokens: int, layers: int, heads: int,
-                       head_dim: int) -> bytes:
-    return QUANT_REQUEST.pack(QUANT_REQUEST_MAGIC, dtype_code, scheme.encode("ascii"), tokens,
-                              layers, heads, head_dim)
-
-
-def unpack_quant_request(raw: bytes):
-    """(dtype code, scheme name, (tokens, layers, heads, head_dim)), or None if malformed."""
-    if len(raw) < QUANT_REQUEST.size:
-        return None
-    magic, dtype, scheme, t, layer, h, d = QUANT_REQUEST.unpack(raw[:QUANT_REQUEST.size])
-    if magic != QUANT_REQUEST_MAGIC:
-        return None
-    try:
-        name = scheme.rstrip(b"\0").decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    return dtype, name, (t, layer, h, d)
+                       head_dim: int, layout: str = "t2l") -> bytes:
+    return QUANT_REQUEST.pack(QUANT_REQUEST_MAGIC, dtype_code, LAYOUTS[layout],
+                              scheme.encode("ascii"), tokens, layers, heads, head_dim)
