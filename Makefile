@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.ssdemu-installed
 DEMO    := demo-out
 APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux
 
-.PHONY: demo test lint system venv clean
+.PHONY: demo test lint system venv lmcache-venv clean
 
 # The main job: the emulated AI SSD (star2000d) on a file-backed device, the bundled Mooncake
 # trace's first $(DEMO_REQUESTS) requests replayed through it in data mode (real KV bytes:
@@ -28,7 +28,7 @@ demo: venv
 	$(PY) -m ssdemu replay traces/mooncake_synthetic_trace.jsonl --model llama-3-8b \
 	  --plot $(DEMO)/plots-llama-3-8b
 
-test: venv
+test: venv lmcache-venv
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
@@ -57,5 +57,26 @@ $(STAMP): pyproject.toml setup.py $(wildcard c/*.c c/*.h c/*.py firmware/*.py)
 	$(PY) -m firmware.warm
 	@touch $@
 
+# LMCache, for the plug-in's tests and `bench lmcache`: a venv of its own (lmcache 0.5.6 pins
+# numpy<=2.2.6 and pulls in torch; this machine's CPU build of torch 2.13.0 lies on disk), with
+# the client (clients/python, editable) beside it.  When pip cannot install it, the reason
+# goes to $(LMVENV)/UNAVAILABLE and those tests skip saying so.
+LMVENV  := .venv-lmcache
+LMSTAMP := $(LMVENV)/.ssdemu-installed
+lmcache-venv: $(LMSTAMP)
+
+$(LMSTAMP): clients/python/pyproject.toml
+	@rm -rf $(LMVENV)
+	python3 -m venv $(LMVENV)
+	@if $(LMVENV)/bin/pip install -q torch==2.13.0 lmcache==0.5.6 >$(LMVENV)/install.log 2>&1 \
+	  && $(LMVENV)/bin/pip install -q -e ./clients/python >>$(LMVENV)/install.log 2>&1; then \
+	  echo "LMCache 0.5.6 installed in $(LMVENV)"; \
+	else \
+	  echo "pip could not install lmcache 0.5.6 (see $(LMVENV)/install.log)" >$(LMVENV)/UNAVAILABLE; \
+	  cat $(LMVENV)/UNAVAILABLE; \
+	fi
+	@touch $@
+
 clean:
-	rm -rf $(VENV) $(DEMO) build *.egg-info ssdemu/_engine*.so ssdemu/_engine.c
+	rm -rf $(VENV) $(LMVENV) $(DEMO) build *.egg-info ssdemu/_engine*.so ssdemu/_engine.c \
+	  ssdemu_wire/_ring*.so ssdemu_wire/_ring.c

@@ -286,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--seconds", type=_positive_float, default=2.0, help="per figure")
     kb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    lb = bsub.add_parser("lmcache", help="LMCache storing and retrieving Llama-style chunks "
+                         "through the ssdemu plug-in and through its own local-disk backend")
+    lb.add_argument("--chunks", type=_positive_int, default=16, help="32 MiB chunks (16)")
+    lb.add_argument("--dir", help="the filesystem both use (default /var/tmp)")
+    lb.add_argument("--quant", default="none", help="the plug-in's quant setting")
+    lb.add_argument("--json", action="store_true", help="print one JSON object")
+
     dv = bsub.add_parser("device", help="the timing model in virtual time against the "
                          "profile's analytical figures")
     dv.add_argument("--profile", default="star2000d")
@@ -362,6 +369,14 @@ def _cmd_format(args) -> int:
         print(f"formatted {media.spec}: {store.d_len} bytes of data region, index of "
               f"{store.index_keys} keys, journal {store.j_len} bytes")
         store.close()
+    return 0
+
+
+def _cmd_bench_lmcache(args) -> int:
+    from bench.lmcache import bench_lmcache, format_table
+
+    report = bench_lmcache(args.chunks, args.dir, args.quant)
+    print(json.dumps(report) if args.json else format_table(report))
     return 0
 
 
@@ -475,6 +490,7 @@ COMMANDS = {
     ("bench", "replay"): _cmd_bench_replay,
     ("bench", "queue"): _cmd_bench_queue,
     ("bench", "kv"): _cmd_bench_kv,
+    ("bench", "lmcache"): _cmd_bench_lmcache,
     ("serve", None): _cmd_serve,
     ("format", None): _cmd_format,
     ("ctl", "identify"): _cmd_ctl,

@@ -1,0 +1,324 @@
+# ruff: noqa: UP006, UP035  (LMCache's interface has a method named list: typing.List keeps annotations clear)
+"""An LMCache storage plug-in: LMCache keeps its KV chunks on an ssdemu drive, enabled by
+LMCache's own configuration, with no code from the user:
+
+    chunk_size: 256
+    local_cpu: true
+    max_local_cpu_size: 5
+    remote_storage_plugins: ["ssdemu"]
+    extra_config:
+      remote_storage_plugin.ssdemu.module_path: hostlib.lmcache
+      remote_storage_plugin.ssdemu.class_name: SsdemuConnectorAdapter
+      remote_storage_plugin.ssdemu.socket: /run/ssdemu.sock
+      remote_storage_plugin.ssdemu.quant: none     # or int8_g64, int4_g64, kivi4_g32_r128, ...
+      remote_storage_plugin.ssdemu.queue_pairs: 4
+      remote_storage_plugin.ssdemu.owner: lmcache  # the drive-side owner name (default)
+
+How it maps LMCache onto the drive:
+- Each chunk is one value (up to the drive's max_value_bytes: 64 MiB on the shipped
+  profiles; a 256-token chunk of Llama-3-8B is 32 MiB), under a 16-byte key: the BLAKE2b-128
+  of LMCache's key string.  The full key string and the chunk's RemoteMetadata (shapes,
+  dtypes, format, length) go in a second, small record in a names namespace, so that `list`
+  returns LMCache's keys and partial chunks come back with their shapes.
+- Both namespaces are keys-only namespaces of the owner (`owner`, default "lmcache"), found
+  again after a restart (the two lowest keys-only namespaces it owns) or made on first use.
+- Batched lookups are one PREFIX_MATCH command (the drive's index), not one exists each.
+- The coroutines run on LMCache's event loop through hostlib.aio, spread over `queue_pairs`
+  connections; LMCache's synchronous calls use a connection of their own under a lock.
+- Bytes: LMCache's memory objects are not memory the daemon can map, so a chunk is copied
+  once into a registered staging buffer (and out of one on a retrieve); from there the
+  drive moves it with no copy.  With `quant` set to an integer scheme (int8_g64, int4_g64,
+  int4_g32, ...), the drive's quantizer takes the chunk in LMCache's own layout
+  ([2, layers, tokens, heads * head_dim]: the request's layout field, "2lt") and gives it
+  back dequantized in that layout; for schemes whose kernels need the drive's (tokens, 2,
+  layers, heads, head_dim) order (fp8_head, kivi...), that one copy permutes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import struct
+import threading
+from typing import List
+
+import numpy as np
+import torch
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.protocol import RemoteMetadata
+from lmcache.v1.storage_backend.connector import (
+    ConnectorAdapter,
+    ConnectorContext,
+    extract_plugin_type,
+)
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+import hostlib
+import hostlib.aio
+
+logger = init_logger(__name__)
+
+PLUGIN_TYPE = "ssdemu"
+NAME_HEADER = struct.Struct("<I")  # metadata length, then metadata, then the key string
+QUANT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def drive_key(key_string: str) -> bytes:
+    return hashlib.blake2b(key_string.encode(), digest_size=16).digest()
+
+
+def _setting(config, plugin_name: str, name: str, default=None):
+    extra = (config.extra_config if config is not None else None) or {}
+    return extra.get(f"remote_storage_plugin.{plugin_name}.{name}", default)
+
+
+class SsdemuConnector(RemoteConnector):
+    def __init__(self, loop: asyncio.AbstractEventLoop, local_cpu_backend, config,
+                 plugin_name: str = PLUGIN_TYPE):
+        super().__init__(local_cpu_backend.config, local_cpu_backend.metadata)
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.socket = _setting(config, plugin_name, "socket")
+        if not self.socket:
+            raise ValueError(f"remote_storage_plugin.{plugin_name}.socket is not set: the "
+                             "ssdemu daemon's socket path")
+        self.quant = str(_setting(config, plugin_name, "quant", "none"))
+        self.queue_pairs = max(1, int(_setting(config, plugin_name, "queue_pairs", 4)))
+        self.owner = str(_setting(config, plugin_name, "owner", "lmcache"))
+        # synchronous calls (exists_sync, remove_sync, batched_contains) come from other
+        # threads: one connection, one at a time
+        self._sync = hostlib.connect(self.socket, owner=self.owner)
+        self._sync_lock = threading.Lock()
+        self.data_ns, self.names_ns = self._namespaces(self._sync)
+        self.max_value = self._sync.identify()["max_value_bytes"]
+        self._aio: list[hostlib.aio.AsyncDevice] = []
+        self._aio_lock: asyncio.Lock | None = None
+        self._turn = itertools.count()
+        self._staging: dict[int, list[np.ndarray]] = {}
+        if self.quant != "none":
+            if self.meta_fmt != MemoryFormat.KV_2LTD or len(self.meta_shapes) != 1:
+                raise ValueError("quant needs LMCache's KV_2LTD format with one layer group")
+            self.quant_dtype = QUANT_DTYPES.get(self.meta_dtypes[0])
+            if self.quant_dtype is None:
+                raise ValueError(f"quant cannot take {self.meta_dtypes[0]}")
+            # (layers, 2, chunk, kv_heads, head_dim): LMCache's kv_shape
+            self.head_dim = int(local_cpu_backend.metadata.kv_shape[4])
+            # integer schemes take LMCache's layout as it is; the others the drive's
+            self.layout = "2lt" if self.quant.startswith("int") else "t2l"
+        logger.info("ssdemu connector on %s: namespaces %d (data) and %d (names), quant %s, "
+                    "%d queue pairs", self.socket, self.data_ns, self.names_ns, self.quant,
+                    self.queue_pairs)
+
+    # -- set-up --
+    @staticmethod
+    def _namespaces(dev) -> tuple[int, int]:
+        mine = sorted(n["nsid"] for n in dev.namespaces() if n["bytes"] == 0
+                      and not n["shared"])
+        while len(mine) < 2:
+            mine.append(dev.ns_create(0))
+        return mine[0], mine[1]
+
+    async def _dev(self) -> hostlib.aio.AsyncDevice:
+        """A connection on LMCache's loop, round robin (made on first use, on this loop)."""
+        if len(self._aio) < self.queue_pairs:
+            if self._aio_lock is None:
+                self._aio_lock = asyncio.Lock()
+            async with self._aio_lock:
+                while len(self._aio) < self.queue_pairs:
+                    self._aio.append(await hostlib.aio.connect(self.socket, owner=self.owner))
+        return self._aio[next(self._turn) % len(self._aio)]
+
+    def _take(self, dev: hostlib.aio.AsyncDevice, nbytes: int) -> np.ndarray:
+        """A registered staging buffer of that connection, from its pool: buffers are kept
+        (the daemon refuses to unregister one while the connection has commands in flight,
+        and registering is a control request), one per command in flight at most."""
+        pool = self._staging.setdefault(id(dev), [])
+        for i, buf in enumerate(pool):
+            if buf.nbytes >= nbytes:
+                return pool.pop(i)
+        return dev.alloc(-(-nbytes // (1 << 20)) << 20)  # whole MiBs: sizes repeat
+
+    def _give(self, dev: hostlib.aio.AsyncDevice, buf: np.ndarray) -> None:
+        self._staging.setdefault(id(dev), []).append(buf)
+
+    # -- records --
+    def _name_record(self, key: CacheEngineKey, meta: bytes) -> bytes:
+        return NAME_HEADER.pack(len(meta)) + meta + key.to_string().encode()
+
+    @staticmethod
+    def _parse_name(record: bytes) -> tuple[bytes, str]:
+        (n,) = NAME_HEADER.unpack_from(record)
+        return record[4:4 + n], record[4 + n:].decode()
+
+    # -- LMCache's RemoteConnector --
+    async def exists(self, key: CacheEngineKey) -> bool:
+        dev = await self._dev()
+        return await dev.kv_exists(drive_key(key.to_string()), nsid=self.data_ns)
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        with self._sync_lock:
+            return self._sync.kv_exists(drive_key(key.to_string()), nsid=self.data_ns)
+
+    async def put(self, key: CacheEngineKey, memory_obj) -> None:
+        dev = await self._dev()
+        k = key.to_string()
+        src = memory_obj.byte_array
+        meta = RemoteMetadata(len(src), memory_obj.get_shapes(), memory_obj.get_dtypes(),
+                              memory_obj.get_memory_format()).serialize()
+        stage = self._take(dev, max(len(src), 1))
+        try:
+            if self.quant == "none":
+                stage[:len(src)] = np.frombuffer(src, np.uint8)
+                await dev.kv_put(drive_key(k), stage[:len(src)], nsid=self.data_ns)
+            else:
+                block = self._to_block(memory_obj, stage)
+                await dev.kv_put_quantized(drive_key(k), block, self.quant_dtype, self.quant,
+                                           nsid=self.data_ns, layout=self.layout)
+            # the name record last: a key is listed only once its value is stored
+            await dev.kv_put(drive_key("name:" + k), self._name_record(key, meta),
+                             nsid=self.names_ns)
+        finally:
+            self._give(dev, stage)
+
+    async def get(self, key: CacheEngineKey):
+        dev = await self._dev()
+        k = key.to_string()
+        try:
+            record = await dev.kv_get(drive_key("name:" + k), nsid=self.names_ns)
+        except hostlib.KeyNotFoundError:
+            return None
+        meta = RemoteMetadata.deserialize(self._parse_name(record)[0])
+        memory_obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+        if memory_obj is None:
+            logger.debug("no memory for a retrieve")
+            return None
+        stage = self._take(dev, max(meta.length, 1))
+        try:
+            dst = memory_obj.byte_array
+            if self.quant == "none":
+                n = await dev.kv_get(drive_key(k), stage, nsid=self.data_ns)
+                if n != meta.length:
+                    raise ValueError(f"{k}: {n} bytes stored, {meta.length} expected")
+                np.frombuffer(dst, np.uint8, meta.length)[:] = stage[:n]
+            else:
+                block = self._block_view(meta, stage)
+                await dev.kv_get_dequantized(drive_key(k), block, nsid=self.data_ns)
+                self._from_block(block, memory_obj)
+            return memory_obj
+        except hostlib.KeyNotFoundError:
+            memory_obj.ref_count_down()
+            return None
+        except Exception:
+            memory_obj.ref_count_down()
+            raise
+        finally:
+            self._give(dev, stage)
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey],
+                                     pin: bool = False) -> int:
+        """The leading run of keys the drive holds: one PREFIX_MATCH command."""
+        if not keys:
+            return 0
+        dev = await self._dev()
+        return await dev.prefix_match([drive_key(k.to_string()) for k in keys],
+                                      nsid=self.data_ns)
+
+    def batched_contains(self, keys: List[CacheEngineKey]) -> int:
+        if not keys:
+            return 0
+        with self._sync_lock:
+            return self._sync.prefix_match([drive_key(k.to_string()) for k in keys],
+                                           nsid=self.data_ns)
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        k = key.to_string()
+        with self._sync_lock:
+            try:
+                self._sync.kv_delete(drive_key("name:" + k), nsid=self.names_ns)
+                self._sync.kv_delete(drive_key(k), nsid=self.data_ns)
+                return True
+            except hostlib.DeviceError:
+                return False
+
+    async def list(self) -> List[str]:
+        dev = await self._dev()
+        out = []
+        start = b""
+        while True:
+            with self._sync_lock:
+                keys = self._sync.kv_list(start, 4096, nsid=self.names_ns)
+            page = [k for k in keys if k != start]
+            if not page:
+                return out
+            for k in page:
+                out.append(self._parse_name(await dev.kv_get(k, nsid=self.names_ns))[1])
+            start = page[-1]
+
+    async def close(self) -> None:
+        for dev in self._aio:
+            await dev.close()
+        self._aio = []
+        with self._sync_lock:
+            self._sync.close()
+
+    # -- the drive's quantizer works on (tokens, 2, layers, heads, head_dim) blocks --
+    def _block_view(self, meta: RemoteMetadata, stage: np.ndarray) -> np.ndarray:
+        """The staging buffer as the block the drive quantizes: LMCache's (2, layers,
+        tokens, heads, head_dim) for layout 2lt, the drive's (tokens, 2, ...) for t2l."""
+        two, layers, tokens, hidden = meta.shapes[0]
+        carrier = np.float32 if self.quant_dtype == "fp32" else np.uint16
+        heads = hidden // self.head_dim
+        n = tokens * 2 * layers * hidden * np.dtype(carrier).itemsize
+        shape = (two, layers, tokens, heads, self.head_dim) if self.layout == "2lt" \
+            else (tokens, two, layers, heads, self.head_dim)
+        return stage[:n].view(carrier).reshape(shape)
+
+    def _lmcache_view(self, memory_obj) -> np.ndarray:
+        """LMCache's chunk, (2, layers, tokens, heads, head_dim), as the carrier's bits."""
+        t = memory_obj.tensor
+        bits = t.view(torch.int16) if t.element_size() == 2 else t
+        two, layers, tokens, hidden = t.shape
+        return bits.numpy().reshape(two, layers, tokens, hidden // self.head_dim,
+                                    self.head_dim)
+
+    def _to_block(self, memory_obj, stage: np.ndarray) -> np.ndarray:
+        t = memory_obj.tensor
+        block = self._block_view(RemoteMetadata(0, [t.shape], [t.dtype], MemoryFormat.KV_2LTD),
+                                 stage)
+        src = self._lmcache_view(memory_obj)
+        # the one copy (into memory the drive can read); a permutation only for t2l
+        block[:] = (src if self.layout == "2lt" else src.transpose(2, 0, 1, 3, 4)) \
+            .view(block.dtype)
+        return block
+
+    def _from_block(self, block: np.ndarray, memory_obj) -> None:
+        dst = self._lmcache_view(memory_obj)
+        dst[:] = (block if self.layout == "2lt" else block.transpose(1, 2, 0, 3, 4)) \
+            .view(dst.dtype)
+
+
+class SsdemuConnectorAdapter(ConnectorAdapter):
+    """What LMCache's remote_storage_plugins loads (module_path hostlib.lmcache)."""
+
+    def __init__(self) -> None:
+        super().__init__("ssdemu://")
+
+    def can_parse(self, url: str) -> bool:
+        if url.startswith(self.schema):
+            return True
+        return url.startswith("plugin://") and \
+            extract_plugin_type(url[len("plugin://"):]) == PLUGIN_TYPE
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        return SsdemuConnector(context.loop, context.local_cpu_backend, context.config,
+                               plugin_name=context.plugin_name or PLUGIN_TYPE)
+

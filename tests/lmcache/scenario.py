@@ -1,0 +1,112 @@
+"""Run by tests/test_lmcache.py in the LMCache venv (make builds .venv-lmcache): LMCache's own
+engine, on CPU torch, with hostlib.lmcache as its storage plug-in, against a running daemon.
+Prints one JSON object of what it saw."""
+
+import json
+import sys
+import time
+
+import torch
+from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.gpu_connector import GPUConnectorInterface
+from lmcache.v1.metadata import LMCacheMetadata
+
+SOCK, QUANT = sys.argv[1], sys.argv[2]
+LAYERS, HEADS, DIM, CHUNK = 4, 2, 64, 16
+
+
+class CPUConnector(GPUConnectorInterface):
+    """The serving engine's side, on the CPU: its KV is [2, layers, tokens, heads * dim]
+    (LMCache's KV_2LTD), copied into and out of LMCache's memory objects."""
+
+    def from_gpu(self, memory_obj, start, end, **kw):
+        memory_obj.tensor.copy_(kw["kvcaches"][:, :, start:end, :])
+
+    def to_gpu(self, memory_obj, start, end, **kw):
+        kw["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor)
+
+    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
+        for m, s, e in zip(memory_objs, starts, ends, strict=True):
+            self.from_gpu(m, s, e, **kw)
+
+    def batched_to_gpu(self, memory_objs, starts, ends, **kw):
+        for m, s, e in zip(memory_objs, starts, ends, strict=True):
+            self.to_gpu(m, s, e, **kw)
+
+    def get_shape(self, num_tokens):
+        return torch.Size([2, LAYERS, num_tokens, HEADS * DIM])
+
+
+def engine(name: str):
+    cfg = LMCacheEngineConfig.from_dict({
+        "chunk_size": CHUNK, "local_cpu": True, "max_local_cpu_size": 0.1,
+        "remote_storage_plugins": ["ssdemu"],
+        "extra_config": {
+            "remote_storage_plugin.ssdemu.module_path": "hostlib.lmcache",
+            "remote_storage_plugin.ssdemu.class_name": "SsdemuConnectorAdapter",
+            "remote_storage_plugin.ssdemu.socket": SOCK,
+            "remote_storage_plugin.ssdemu.quant": QUANT,
+            "remote_storage_plugin.ssdemu.queue_pairs": 2,
+        }})
+    md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
+                         local_worker_id=0, kv_dtype=torch.float16,
+                         kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
+    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(), None, None)
+    e.post_init()
+    return e
+
+
+def remote(e):
+    return next(b for n, b in e.storage_manager.get_active_storage_backends()
+                if n.startswith("RemoteBackend"))
+
+
+torch.manual_seed(0)
+shared = torch.arange(48)
+seq_a = torch.cat([shared, torch.arange(100, 116)])  # 4 chunks
+seq_b = torch.cat([shared, torch.arange(200, 232)])  # 3 shared chunks, then 2 of its own
+kv_a = torch.randn(2, LAYERS, 64, HEADS * DIM).half()
+kv_b = torch.cat([kv_a[:, :, :48], torch.randn(2, LAYERS, 32, HEADS * DIM).half()], dim=2)
+
+writer = engine("writer")
+writer.store(seq_a, kvcaches=kv_a)
+writer.store(seq_b, kvcaches=kv_b)
+backend = remote(writer)
+deadline = time.monotonic() + 60
+while backend.put_tasks and time.monotonic() < deadline:  # the drive's puts, in flight
+    time.sleep(0.05)
+LMCacheEngineBuilder.destroy("writer")
+
+reader = engine("reader")  # a cold local CPU cache: everything comes from the drive
+out = {"lookup_a": reader.lookup(seq_a), "lookup_b": reader.lookup(seq_b),
+       "lookup_other": reader.lookup(torch.cat([shared[:32], torch.arange(900, 932)])),
+       "lookup_none": reader.lookup(torch.arange(5000, 5064))}
+got_a = torch.zeros_like(kv_a)
+got_b = torch.zeros_like(kv_b)
+out["retrieved_a"] = int(reader.retrieve(seq_a, kvcaches=got_a).sum())
+out["retrieved_b"] = int(reader.retrieve(seq_b, kvcaches=got_b).sum())
+out["exact_a"] = torch.equal(got_a, kv_a)
+out["exact_b"] = torch.equal(got_b, kv_b)
+out["max_err"] = max(float((got_a.float() - kv_a.float()).abs().max()),
+                     float((got_b.float() - kv_b.float()).abs().max()))
+
+
+def over_bound(got, want, levels):
+    """The largest error over its group's bound: half a quantization step of the group
+    (head_dim elements of one token, K or V, layer, head), plus an fp16 rounding."""
+    w = want.float().view(2, LAYERS, -1, HEADS, DIM)
+    err = (got.float().view_as(w) - w).abs()
+    step = (w.amax(-1, keepdim=True) - w.amin(-1, keepdim=True)) / levels
+    return float((err / (step / 2 + w.abs() * 2**-10 + 1e-6)).max())
+
+
+levels = {"int8_g64": 255, "int4_g64": 15}.get(QUANT)
+if levels:
+    out["max_err_over_bound"] = max(over_bound(got_a, kv_a, levels),
+                                    over_bound(got_b, kv_b, levels))
+out["listed"] = len(reader.storage_manager.loop and __import__("asyncio")
+                    .run_coroutine_threadsafe(remote(reader).connection.list(),
+                                              reader.storage_manager.loop).result(30))
+LMCacheEngineBuilder.destroy("reader")
+print(json.dumps(out))

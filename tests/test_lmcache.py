@@ -1,0 +1,57 @@
+"""hostlib.lmcache with the real LMCache (0.5.6, CPU torch), through LMCache's own engine API
+and its remote_storage_plugins configuration: sequences sharing a prefix are stored by one
+engine and found, prefix-matched and retrieved by another whose CPU cache is cold (so every
+byte comes from the drive): bit-exact, or within the quantization bound with quant set."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+import hostlib
+from ssdemu.daemon_process import DaemonProcess
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LMVENV = ROOT / ".venv-lmcache"
+PY = LMVENV / "bin" / "python"
+
+
+def _lmcache_or_skip() -> None:
+    reason = LMVENV / "UNAVAILABLE"
+    if reason.exists():
+        pytest.skip(reason.read_text().strip())
+    if not PY.exists():
+        pytest.skip("no LMCache venv: `make test` builds .venv-lmcache")
+
+
+@pytest.mark.parametrize("quant", ["none", "int8_g64"])
+def test_lmcache_engine_stores_finds_and_retrieves_through_the_drive(tmp_path, quant):
+    _lmcache_or_skip()
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:256M", extra=["--timing", "off"])
+    try:
+        p = subprocess.run([str(PY), str(ROOT / "tests" / "lmcache" / "scenario.py"),
+                            d.socket_path, quant], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        # 4 chunks of 16 tokens for a; b shares its first 3 chunks and adds 2
+        assert (r["lookup_a"], r["lookup_b"]) == (64, 80)
+        assert r["lookup_other"] == 32 and r["lookup_none"] == 0  # prefix hits only
+        assert (r["retrieved_a"], r["retrieved_b"]) == (64, 80)
+        assert r["listed"] == 6  # LMCache's own keys, the shared chunks once
+        if quant == "none":
+            assert r["exact_a"] and r["exact_b"] and r["max_err"] == 0
+        else:
+            assert not r["exact_a"] and r["max_err_over_bound"] <= 1.0
+        with hostlib.connect(d.socket_path, owner="lmcache") as dev:
+            log = dev.log()
+            assert log["classes"]["compute"]["commands"] > 0  # prefix matches in the drive
+            spaces = [n for n in dev.namespaces() if not n["shared"]]
+            assert len(spaces) == 2  # the plug-in's data and names, the owner's own
+        with hostlib.connect(d.socket_path) as other:  # another owner sees none of it
+            assert [n for n in other.namespaces() if not n["shared"]] == []
+    finally:
+        assert d.terminate()[0] == 0
