@@ -31,8 +31,11 @@ SCHEME_FP8 = 3
 FLAG_SYMMETRIC = 1
 FLAG_PER_HEAD = 2
 # the block is (2, layers, tokens, heads, head_dim), LMCache's KV_2LTD, not the drive's
-# (tokens, 2, layers, heads, head_dim): integer schemes only, whose groups run along
-# head_dim in either order, so the kernels honour it by keeping the order they are given
+# (tokens, 2, layers, heads, head_dim).  Integer schemes honour it as it is (their groups
+# run along head_dim in either order, and the body keeps the order it was given); fp8's
+# per-head scales and KIVI's per-channel keys need token order, so their kernels take the
+# block's rows in that order first (inside the drive: the host sends and gets its own
+# layout either way)
 FLAG_LAYOUT_2LT = 4
 LAYOUT_T2L, LAYOUT_2LT = 0, 1
 CHECKSUM_WORD = 5  # the checksum's 8 bytes at offset 40
@@ -367,6 +370,23 @@ def _write_header(p, out, total, residual):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _reorder_rows(p, src, dst, to_tokens_first):
+    """Move the (heads * head_dim)-element rows of a block between LMCache's (2, layers,
+    tokens) order and the drive's (tokens, 2, layers) order."""
+    tokens, layers = p[P_TOKENS], p[P_LAYERS]
+    row = p[P_HEADS] * p[P_HDIM] * _element_bytes(p[P_DTYPE])
+    for kv in range(2):
+        for layer in range(layers):
+            for t in range(tokens):
+                a = ((kv * layers + layer) * tokens + t) * row
+                b = ((t * 2 + kv) * layers + layer) * row
+                if to_tokens_first:
+                    dst[b:b + row] = src[a:a + row]
+                else:
+                    dst[a:a + row] = src[b:b + row]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_block(p, src, out):
     """Quantize a KV block (src: its bytes, fp16/bf16/fp32 as p[P_DTYPE] says, shape as p
     says) into out (8-byte aligned).  Returns the compressed size, or E_VALUE_SIZE,
@@ -381,6 +401,10 @@ def quantize_block(p, src, out):
     if out.shape[0] < total:
         return E_OUT_SMALL
     body = out[HEADER_BYTES:total]
+    if p[P_LAYOUT] == LAYOUT_2LT and p[P_KIND] != SCHEME_INT:
+        ordered = np.empty(src.shape[0], np.uint8)  # token order, for fp8 and KIVI
+        _reorder_rows(p, src, ordered, True)
+        src = ordered
     if dtype == 2:
         bad, residual = _quantize_typed(p, src.view(np.float32), src, body)
     else:
@@ -402,8 +426,8 @@ def parse_request(req, p):
     if e:
         return e
     p[P_LAYOUT] = req[5]
-    if p[P_LAYOUT] > LAYOUT_2LT or (p[P_LAYOUT] == LAYOUT_2LT and p[P_KIND] != SCHEME_INT):
-        return E_REQUEST  # an unknown layout, or one this scheme's kernels cannot take
+    if p[P_LAYOUT] > LAYOUT_2LT:
+        return E_REQUEST  # an unknown layout
     p[P_TOKENS] = _get(req, 40, 4)
     p[P_LAYERS] = _get(req, 44, 4)
     p[P_HEADS] = _get(req, 48, 4)
@@ -446,8 +470,6 @@ def open_header(blob, p):
     # fields are checked after the checksum too: a block can be well-sealed and still wrong
     group, residual = p[P_GROUP], p[P_RESIDUAL]
     if not (1 <= kind <= 3) or dtype > 2 or flags & ~7:
-        return E_FIELDS
-    if flags & FLAG_LAYOUT_2LT and kind != SCHEME_INT:
         return E_FIELDS
     if kind == SCHEME_FP8:
         if bits != 8 or group != 0 or residual or flags & FLAG_SYMMETRIC:
@@ -519,10 +541,14 @@ def dequantize_block(blob, out, p):
         return E_OUT_SMALL
     dst = out[:need]
     body = blob[HEADER_BYTES:]
+    reorder = p[P_LAYOUT] == LAYOUT_2LT and p[P_KIND] != SCHEME_INT
+    into = np.empty(need, np.uint8) if reorder else dst
     if dtype == 2:
-        _dequantize_typed(p, body, dst.view(np.float32), dst)
+        _dequantize_typed(p, body, into.view(np.float32), into)
     else:
-        _dequantize_typed(p, body, dst.view(np.uint16), dst)
+        _dequantize_typed(p, body, into.view(np.uint16), into)
+    if reorder:
+        _reorder_rows(p, into, dst, False)
     return need
 
 

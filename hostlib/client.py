@@ -583,8 +583,8 @@ class Device:
         buffer is read by the drive where it lies (no copy, any size up to the drive's
         largest value); the 64-byte request then travels in the queue pair's bounce.
         layout "2lt": the block is (2, layers, tokens, kv_heads, head_dim), LMCache's
-        KV_2LTD, taken as it is by the integer schemes (int8_g64, int4_g64, ...) and given
-        back in that order by kv_get_dequantized; other schemes refuse it."""
+        KV_2LTD, which the drive takes as it is and kv_get_dequantized gives back in that
+        order (every scheme)."""
         from ssdemu_wire.codes import dtype_code
         from ssdemu_wire.layout import QUANT_REQUEST, pack_quant_request
 

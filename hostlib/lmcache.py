@@ -27,11 +27,9 @@ How it maps LMCache onto the drive:
   connections; LMCache's synchronous calls use a connection of their own under a lock.
 - Bytes: LMCache's memory objects are not memory the daemon can map, so a chunk is copied
   once into a registered staging buffer (and out of one on a retrieve); from there the
-  drive moves it with no copy.  With `quant` set to an integer scheme (int8_g64, int4_g64,
-  int4_g32, ...), the drive's quantizer takes the chunk in LMCache's own layout
-  ([2, layers, tokens, heads * head_dim]: the request's layout field, "2lt") and gives it
-  back dequantized in that layout; for schemes whose kernels need the drive's (tokens, 2,
-  layers, heads, head_dim) order (fp8_head, kivi...), that one copy permutes it.
+  drive moves it with no copy.  With `quant` set, the drive's quantizer takes the chunk in
+  LMCache's own layout ([2, layers, tokens, heads * head_dim]: the request's layout field,
+  "2lt") and gives it back dequantized in that layout: no permuted copy on the host.
 """
 
 from __future__ import annotations
@@ -106,8 +104,6 @@ class SsdemuConnector(RemoteConnector):
                 raise ValueError(f"quant cannot take {self.meta_dtypes[0]}")
             # (layers, 2, chunk, kv_heads, head_dim): LMCache's kv_shape
             self.head_dim = int(local_cpu_backend.metadata.kv_shape[4])
-            # integer schemes take LMCache's layout as it is; the others the drive's
-            self.layout = "2lt" if self.quant.startswith("int") else "t2l"
         logger.info("ssdemu connector on %s: namespaces %d (data) and %d (names), quant %s, "
                     "%d queue pairs", self.socket, self.data_ns, self.names_ns, self.quant,
                     self.queue_pairs)
@@ -176,7 +172,7 @@ class SsdemuConnector(RemoteConnector):
             else:
                 block = self._to_block(memory_obj, stage)
                 await dev.kv_put_quantized(drive_key(k), block, self.quant_dtype, self.quant,
-                                           nsid=self.data_ns, layout=self.layout)
+                                           nsid=self.data_ns, layout="2lt")
             # the name record last: a key is listed only once its value is stored
             await dev.kv_put(drive_key("name:" + k), self._name_record(key, meta),
                              nsid=self.names_ns)
@@ -272,15 +268,13 @@ class SsdemuConnector(RemoteConnector):
 
     # -- the drive's quantizer works on (tokens, 2, layers, heads, head_dim) blocks --
     def _block_view(self, meta: RemoteMetadata, stage: np.ndarray) -> np.ndarray:
-        """The staging buffer as the block the drive quantizes: LMCache's (2, layers,
-        tokens, heads, head_dim) for layout 2lt, the drive's (tokens, 2, ...) for t2l."""
+        """The staging buffer as the block the drive quantizes: LMCache's own (2, layers,
+        tokens, heads, head_dim), the request's layout 2lt."""
         two, layers, tokens, hidden = meta.shapes[0]
         carrier = np.float32 if self.quant_dtype == "fp32" else np.uint16
-        heads = hidden // self.head_dim
         n = tokens * 2 * layers * hidden * np.dtype(carrier).itemsize
-        shape = (two, layers, tokens, heads, self.head_dim) if self.layout == "2lt" \
-            else (tokens, two, layers, heads, self.head_dim)
-        return stage[:n].view(carrier).reshape(shape)
+        return stage[:n].view(carrier).reshape(two, layers, tokens, hidden // self.head_dim,
+                                               self.head_dim)
 
     def _lmcache_view(self, memory_obj) -> np.ndarray:
         """LMCache's chunk, (2, layers, tokens, heads, head_dim), as the carrier's bits."""
@@ -294,16 +288,12 @@ class SsdemuConnector(RemoteConnector):
         t = memory_obj.tensor
         block = self._block_view(RemoteMetadata(0, [t.shape], [t.dtype], MemoryFormat.KV_2LTD),
                                  stage)
-        src = self._lmcache_view(memory_obj)
-        # the one copy (into memory the drive can read); a permutation only for t2l
-        block[:] = (src if self.layout == "2lt" else src.transpose(2, 0, 1, 3, 4)) \
-            .view(block.dtype)
+        block[:] = self._lmcache_view(memory_obj).view(block.dtype)  # the one copy
         return block
 
     def _from_block(self, block: np.ndarray, memory_obj) -> None:
         dst = self._lmcache_view(memory_obj)
-        dst[:] = (block if self.layout == "2lt" else block.transpose(1, 2, 0, 3, 4)) \
-            .view(dst.dtype)
+        dst[:] = block.view(dst.dtype)
 
 
 class SsdemuConnectorAdapter(ConnectorAdapter):
