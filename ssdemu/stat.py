@@ -10,8 +10,12 @@ import time
 
 import hostlib
 
+# compute utilization per kernel class: the drive's compute units busy with it (the TOPS
+# budget's modelled device time over the interval and the units)
+KERNELS = {"q%": "quantize", "dq%": "dequantize", "ph%": "prefix_hash", "pm%": "prefix_match"}
 COLUMNS = [("r/s", 8), ("w/s", 8), ("rMB/s", 8), ("wMB/s", 8), ("kv/s", 8), ("kvMB/s", 8),
-           ("cmp/s", 7), ("p50us", 8), ("p99us", 8), ("qd", 6), ("cmp%", 6), ("err", 5)]
+           ("cmp/s", 7), ("p50us", 8), ("p99us", 8), ("qd", 6), ("cmp%", 6),
+           *((name, 5) for name in KERNELS), ("err", 5)]
 DATA_CLASSES = ("read", "write", "flush", "zero", "kv", "compute")
 
 
@@ -43,9 +47,14 @@ def interval_row(prev: dict, cur: dict, seconds: float, compute_units: int) -> d
             if delta:
                 hist[int(b)] = hist.get(int(b), 0) + delta
         lat_total += d(cls, "latency_ns_total")
-    busy = sum(k["device_ns"] - prev["compute"].get(name, {}).get("device_ns", 0)
-               for name, k in cur["compute"].items())
-    return {
+    def busy_of(name):
+        return (cur["compute"].get(name, {}).get("device_ns", 0)
+                - prev["compute"].get(name, {}).get("device_ns", 0))
+
+    capacity = seconds * 1e9 * max(1, compute_units)
+    busy = sum(busy_of(name) for name in cur["compute"])
+    per_kernel = {col: 100.0 * busy_of(name) / capacity for col, name in KERNELS.items()}
+    return {**per_kernel,
         "r/s": d("read", "commands") / seconds, "w/s": d("write", "commands") / seconds,
         "rMB/s": d("read", "bytes") / seconds / 1e6, "wMB/s": d("write", "bytes") / seconds / 1e6,
         "kv/s": d("kv", "commands") / seconds, "kvMB/s": d("kv", "bytes") / seconds / 1e6,
@@ -53,7 +62,7 @@ def interval_row(prev: dict, cur: dict, seconds: float, compute_units: int) -> d
         "p50us": _quantile(hist, 0.50) / 1e3, "p99us": _quantile(hist, 0.99) / 1e3,
         # Little's law: the mean number of commands in flight
         "qd": lat_total / (seconds * 1e9),
-        "cmp%": 100.0 * busy / (seconds * 1e9 * max(1, compute_units)),
+        "cmp%": 100.0 * busy / capacity,
         "err": sum(d(cls, "errors") for cls in cur["classes"]),
     }
 

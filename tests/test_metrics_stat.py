@@ -81,7 +81,8 @@ def _page(commands: int, lat_total: int, hist: dict[int, int], device_ns: int = 
     classes["read"] = {"commands": commands, "bytes": commands * 4096, "errors": 0,
                        "latency_ns_total": lat_total,
                        "latency_histogram_log2_ns": {str(b): n for b, n in hist.items()}}
-    return {"classes": classes, "compute": {"quantize": {"device_ns": device_ns}}}
+    return {"classes": classes, "compute": {"quantize": {"device_ns": device_ns},
+                                            "prefix_match": {"device_ns": device_ns // 4}}}
 
 
 def test_interval_figures():
@@ -92,7 +93,8 @@ def test_interval_figures():
     assert row["qd"] == 1.0  # 2 s of latency summed over 2 s: one in flight on average
     assert row["p50us"] == 2 ** 12.5 / 1e3 and row["p99us"] == 2 ** 20.5 / 1e3
     c = _page(1100, 2_010_000_000, {10: 100, 12: 980, 20: 20}, device_ns=500_000_000)
-    assert interval_row(b, c, 1.0, compute_units=2)["cmp%"] == 25.0
+    row = interval_row(b, c, 1.0, compute_units=2)
+    assert (row["cmp%"], row["q%"], row["pm%"], row["dq%"]) == (31.25, 25.0, 6.25, 0.0)
 
 
 def test_stat_prints_rows_under_a_terminal_and_into_a_pipe(tmp_path):
@@ -116,7 +118,7 @@ def test_stat_prints_rows_under_a_terminal_and_into_a_pipe(tmp_path):
         os.waitpid(pid, 0)
         lines = out.decode().splitlines()
         assert lines[1].split()[:3] == ["time", "r/s", "w/s"]
-        assert len(lines) == 5 and all(len(row.split()) == 13 for row in lines[2:])
+        assert len(lines) == 5 and all(len(row.split()) == 17 for row in lines[2:])
         # into a pipe: each row arrives as it is printed, not at exit
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
@@ -126,7 +128,7 @@ def test_stat_prints_rows_under_a_terminal_and_into_a_pipe(tmp_path):
                 for _ in range(50):
                     dev.kv_put(b"k", b"v")
                 row = p.stdout.readline()
-                assert len(row.split()) == 13
+                assert len(row.split()) == 17
         finally:
             p.kill()
             p.wait()
