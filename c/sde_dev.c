@@ -103,6 +103,19 @@ struct dev_ctx {
     uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
     uint16_t fw_status;
     uint64_t flush_id;   /* a FLUSH under power-cut emulation: what it covers */
+    /* a value's I/O, piece by piece (a value no free run could hold whole is in several):
+     * the memory it moves from or to, its registered buffer (-1: none), whether that
+     * memory is a block-padded staging buffer (whole blocks), the direction, the extent,
+     * the piece under way and where it starts in the value, and (a retrieve) how much of
+     * the client's range there is (its last block may then land directly) */
+    uint8_t *vaddr;
+    int16_t vbuf;
+    uint8_t vstaged;
+    uint8_t vwrite;
+    uint32_t vext;
+    uint32_t piece, npieces;
+    uint64_t vpos;
+    uint64_t cover;
 };
 
 enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
@@ -1048,6 +1061,70 @@ static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wr
     model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
 }
 
+/* Queue the I/O of the value's piece x->piece: whole blocks straight between the media and
+ * x->vaddr (a registered buffer, or a staging buffer), a partial last block through a bounce
+ * (a put: zero-padded, so nothing past the value reaches the media; a retrieve: copied out
+ * when it completes).  Sets no_memory (nothing queued for that part) when a bounce cannot be
+ * had. */
+static void value_io(sde_dev *dev, struct dev_ctx *x)
+{
+    uint32_t blk = st_block(dev->store);
+    uint64_t off, nb;
+    st_ext_piece(dev->store, x->vext, x->piece, &off, &nb);
+    uint64_t at = x->vpos;
+    uint64_t vbytes = x->vlen - at < nb ? x->vlen - at : nb; /* value bytes in this piece */
+    uint8_t *mem = x->vaddr + at;
+    int op = x->vwrite ? SDE_OP_WRITE : SDE_OP_READ;
+    x->vpos += nb;
+    if (x->vstaged) {
+        kv_queue(dev, &x->io, op, mem, nb, off, -1);
+        x->nio++;
+        return;
+    }
+    int direct = x->vbuf >= 0 && (uintptr_t)mem % blk == 0;
+    uint64_t full = !direct ? 0
+                    : x->vwrite || x->cover < at + nb ? vbytes / blk * blk : nb;
+    if (full) {
+        kv_queue(dev, &x->io, op, mem, full, off, x->vbuf);
+        x->nio++;
+    }
+    if (full < nb) {
+        uint64_t n = nb - full;
+        free(x->bounce);
+        x->bounce = bounce_alloc(n);
+        if (!x->bounce) {
+            x->no_memory = 1;
+            return;
+        }
+        if (x->vwrite) {
+            memcpy(x->bounce, mem + full, vbytes - full);
+            memset(x->bounce + (vbytes - full), 0, n - (vbytes - full));
+            x->copied += vbytes - full;
+        } else {
+            x->copy_to = mem + full;
+            x->copy_len = vbytes - full;
+        }
+        kv_queue(dev, &x->io2, op, x->bounce, n, off + full, -1);
+        x->nio++;
+    }
+}
+
+/* Start moving a value: its first piece's I/O (the rest follow as each completes). */
+static void value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *mem,
+                        int buf_index, int staged, int write, uint64_t cover)
+{
+    x->vext = ext;
+    x->vaddr = mem;
+    x->vbuf = (int16_t)buf_index;
+    x->vstaged = (uint8_t)staged;
+    x->vwrite = (uint8_t)write;
+    x->cover = cover;
+    x->piece = 0;
+    x->npieces = st_ext_pieces(dev->store, ext);
+    x->vpos = 0;
+    value_io(dev, x);
+}
+
 /* Store len bytes at src under the context's key: plan (dedup, an extent), write, then commit
  * in the next journal group.  buf_index >= 0: src lies in that registered buffer (whole
  * blocks go direct, a partial last block through a bounce); staged: src is the context's own
@@ -1076,38 +1153,13 @@ static void kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint
         wait_commit(dev, x, group);
         return;
     }
-    uint64_t off, nbytes;
-    st_ext_place(dev->store, x->plan.ext, &off, &nbytes);
+    uint64_t off, nb0;
+    st_ext_piece(dev->store, x->plan.ext, 0, &off, &nb0);
     put_timing(dev, x, c, 1, off, len);
-    uint32_t blk = st_block(dev->store);
-    if (staged) {
-        kv_queue(dev, &x->io, SDE_OP_WRITE, src, nbytes, off, -1);
-        x->nio++;
-        return;
-    }
-    int direct = buf_index >= 0 && (uintptr_t)src % blk == 0;
-    uint64_t full = direct ? len / blk * blk : 0;
-    if (full) {
-        kv_queue(dev, &x->io, SDE_OP_WRITE, src, full, off, buf_index);
-        x->nio++;
-    }
-    if (full < nbytes) {
-        /* the last partial block (or all of a value that cannot go direct), zero-padded:
-         * nothing past the value reaches the media */
-        uint64_t n = nbytes - full;
-        x->bounce = bounce_alloc(n);
-        if (!x->bounce) {
-            st_put_abort(dev->store, &x->plan);
-            x->no_memory = 1;
-            if (!x->nio)
-                kv_finish(dev, x, SDE_SC_INTERNAL, 0);
-            return;
-        }
-        memcpy(x->bounce, src + full, len - full);
-        memset(x->bounce + (len - full), 0, n - (len - full));
-        x->copied += len - full;
-        kv_queue(dev, &x->io2, SDE_OP_WRITE, x->bounce, n, off + full, -1);
-        x->nio++;
+    value_start(dev, x, x->plan.ext, src, buf_index, staged, 1, 0);
+    if (x->no_memory && !x->nio) {
+        st_put_abort(dev->store, &x->plan);
+        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
     }
 }
 
@@ -1150,33 +1202,15 @@ static void kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     }
     x->result = x->vlen;
     model_times(dev, c, t0, SDE_CMD_READ, off, x->vlen, &x->due, &x->dtime);
-    uint32_t blk = st_block(dev->store);
-    uint64_t nbytes = (x->vlen + blk - 1) / blk * blk;
     uint8_t *dst = b->addr + c->buf_offset;
     x->client_addr = dst;
-    int direct = !(b->flags & SDE_BUF_BOUNCE) && (uintptr_t)dst % blk == 0;
     /* the whole last block lands in the client's buffer when its range covers it (the
      * bytes past the value are the zeros the put wrote); else that block is bounced */
-    uint64_t full = !direct ? 0 : c->length >= nbytes ? nbytes : x->vlen / blk * blk;
-    if (full) {
-        kv_queue(dev, &x->io, SDE_OP_READ, dst, full, off, (int)c->buf - 1);
-        x->nio++;
-    }
-    if (full < nbytes) {
-        uint64_t n = nbytes - full;
-        x->bounce = bounce_alloc(n);
-        if (!x->bounce) {
-            x->no_memory = 1;
-            if (!x->nio) {
-                st_get_end(dev->store, x->ext);
-                kv_finish(dev, x, SDE_SC_INTERNAL, 0);
-            }
-            return;
-        }
-        x->copy_to = dst + full;
-        x->copy_len = x->vlen - full;
-        kv_queue(dev, &x->io2, SDE_OP_READ, x->bounce, n, off + full, -1);
-        x->nio++;
+    value_start(dev, x, x->ext, dst, (b->flags & SDE_BUF_BOUNCE) ? -1 : (int)c->buf - 1, 0,
+                0, c->length);
+    if (x->no_memory && !x->nio) {
+        st_get_end(dev->store, x->ext);
+        kv_finish(dev, x, SDE_SC_INTERNAL, 0);
     }
 }
 
@@ -1359,8 +1393,7 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     x->copy_len = c->length;
     if (dev->model)
         x->ready = sde_model_sense(dev->model, x->msubmit, off, x->vlen);
-    kv_queue(dev, &x->io, SDE_OP_READ, x->bounce, nbytes, off, -1);
-    x->nio++;
+    value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
 }
 
 static void dq_read_done(sde_dev *dev, struct dev_ctx *x)
@@ -1527,6 +1560,18 @@ static int reap_firmware(sde_dev *dev)
 static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
 {
     int active = dev->qps[x->qp].active;
+    if (x->piece + 1 < x->npieces && !x->io_failed && !x->no_memory) {
+        /* a value in pieces: the next one (a retrieve's bounced tail of this one first) */
+        if (x->kind == CTX_KV_GET && x->copy_len) {
+            memcpy(x->copy_to, x->bounce, x->copy_len);
+            x->copied += x->copy_len;
+            x->copy_len = 0;
+        }
+        x->piece++;
+        value_io(dev, x);
+        if (x->nio)
+            return;
+    }
     if (x->kind == CTX_DQ_GET) {
         dq_read_done(dev, x);
         return;

@@ -54,7 +54,11 @@ static const char SB_MAGIC[8] = {'S', 'S', 'D', 'E', 'M', 'U', 0, 1};
 #define CKPT_MAGIC 0x324b4353u /* "SCK2" */
 #define JBLK_MAGIC 0x32424a53u /* "SJB2" */
 
-enum { OP_PUT = 1, OP_DELETE = 2, OP_NS_CREATE = 3, OP_NS_DELETE = 4 };
+/* OP_PIECE: one piece of a value stored in several (off, len: the piece's blocks; hash: its
+ * index), written just before the value's OP_PUT (whose reserved2[0] is the piece count, and
+ * off the first piece's): a put whose OP_PUT never reached the media leaves pieces that
+ * replay drops, so a value spanning extents appears whole or not at all. */
+enum { OP_PUT = 1, OP_DELETE = 2, OP_NS_CREATE = 3, OP_NS_DELETE = 4, OP_PIECE = 5 };
 
 struct sb {
     char magic[8];
@@ -121,11 +125,17 @@ struct jhdr {
 };
 _Static_assert(sizeof(struct jhdr) == JHDR_BYTES, "64-byte block header");
 
+struct piece {
+    uint64_t off, nbytes;
+};
+
 struct ext {
-    uint64_t off;
+    uint64_t off;      /* the first piece's place */
     uint64_t len;      /* value bytes */
     uint64_t hash;
-    uint64_t nbytes;   /* allocated */
+    uint64_t nbytes;   /* allocated, over every piece */
+    struct piece *pieces; /* npieces > 1: a value no free run could hold whole */
+    uint32_t npieces;     /* 0 or 1: one piece, (off, nbytes) */
     uint64_t release;  /* committed group after which it may be freed */
     uint32_t krefs;    /* index entries naming it */
     uint32_t rrefs;    /* retrieves reading it */
@@ -170,6 +180,9 @@ struct sde_store {
     uint64_t cursor;
     uint64_t free_blocks;
     uint64_t logical, physical;
+    uint64_t entries;     /* checkpoint entries the index needs: a key, and its pieces */
+    struct rec *ld_pieces; /* at open: the pieces read before their OP_PUT */
+    uint32_t ld_n, ld_cap;
     sde_ns_info ns[SDE_STORE_MAX_NS + 1];
     uint32_t ns_gen[SDE_STORE_MAX_NS + 1]; /* bumped at every create: a put that began in a
                                             * namespace never lands in its successor */
@@ -409,21 +422,89 @@ static uint32_t ext_new(sde_store *st)
     return i;
 }
 
-/* An extent for len value bytes, or NIL when the data region has no room. */
+#define MAX_PIECES 256 /* a value in more pieces than this is refused (CAPACITY_EXCEEDED) */
+
+static uint32_t ext_npieces(const struct ext *e) { return e->npieces > 1 ? e->npieces : 1; }
+
+static struct piece ext_piece(const struct ext *e, uint32_t i)
+{
+    return e->npieces > 1 ? e->pieces[i] : (struct piece){e->off, e->nbytes};
+}
+
+/* Checkpoint entries a key naming this extent takes: its own, and one per piece. */
+static uint64_t ext_entries(const struct ext *e) { return e->npieces > 1 ? 1 + e->npieces : 1; }
+
+static void free_pieces(sde_store *st, const struct piece *p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        free_blocks_at(st, (p[i].off - st->sb.d_off) / st->block, p[i].nbytes / st->block);
+}
+
+/* nb blocks in free runs from the lowest free block, when no run holds them whole: 0 and
+ * the pieces (at most MAX_PIECES), or -1 with nothing taken. */
+static int alloc_pieces(sde_store *st, uint64_t nb, struct piece *out, uint32_t *n)
+{
+    uint64_t b = st->cursor, got = 0;
+    *n = 0;
+    while (got < nb && b < st->nbits && *n < MAX_PIECES) {
+        if (!(b & 63) && b + 64 <= st->nbits && st->bitmap[b >> 6] == UINT64_MAX) {
+            b += 64;
+            continue;
+        }
+        if (bit(st, b)) {
+            b++;
+            continue;
+        }
+        uint64_t start = b, run = 0;
+        while (b < st->nbits && !bit(st, b) && got + run < nb) {
+            b++;
+            run++;
+        }
+        set_bits(st, start, run, 1);
+        out[(*n)++] = (struct piece){st->sb.d_off + start * st->block, run * st->block};
+        got += run;
+    }
+    if (got < nb) {
+        free_pieces(st, out, *n);
+        *n = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* An extent for len value bytes: one free run, or, when none holds it, several pieces (a
+ * long-lived store fragments; a large value must not fail while the space is there).  NIL
+ * when the data region has no room. */
 static uint32_t ext_alloc(sde_store *st, uint64_t len, uint64_t hash)
 {
     uint64_t nb = roundup(len, st->block) / st->block;
     uint64_t b = alloc_blocks(st, nb);
-    if (b == UINT64_MAX)
-        return NIL;
+    struct piece *pcs = NULL;
+    uint32_t np = 0;
+    if (b == UINT64_MAX) {
+        if (nb > st->free_blocks || !(pcs = malloc(MAX_PIECES * sizeof(*pcs))))
+            return NIL;
+        if (alloc_pieces(st, nb, pcs, &np)) {
+            free(pcs);
+            return NIL;
+        }
+        struct piece *fit = realloc(pcs, np * sizeof(*pcs));
+        pcs = fit ? fit : pcs;
+    }
     uint32_t x = ext_new(st);
     if (x == NIL) {
-        free_blocks_at(st, b, nb);
+        if (pcs)
+            free_pieces(st, pcs, np);
+        else
+            free_blocks_at(st, b, nb);
+        free(pcs);
         return NIL;
     }
     struct ext *e = &st->exts[x];
-    e->off = st->sb.d_off + b * st->block;
+    e->off = pcs ? pcs[0].off : st->sb.d_off + b * st->block;
     e->nbytes = nb * st->block;
+    e->pieces = pcs;
+    e->npieces = np;
     e->len = len;
     e->hash = hash;
     st->physical += e->nbytes;
@@ -452,11 +533,22 @@ static void dd_remove(sde_store *st, uint32_t x)
     e->in_dedup = 0;
 }
 
+static void drop_pieces(struct ext *e)
+{
+    free(e->pieces);
+    e->pieces = NULL;
+    e->npieces = 0;
+}
+
 static void ext_free_now(sde_store *st, uint32_t x)
 {
     struct ext *e = &st->exts[x];
     dd_remove(st, x);
-    free_blocks_at(st, (e->off - st->sb.d_off) / st->block, e->nbytes / st->block);
+    for (uint32_t i = 0; i < ext_npieces(e); i++) {
+        struct piece pc = ext_piece(e, i);
+        free_blocks_at(st, (pc.off - st->sb.d_off) / st->block, pc.nbytes / st->block);
+    }
+    drop_pieces(e);
     st->physical -= e->nbytes;
     e->live = 0;
     e->hnext = st->ext_free;
@@ -536,10 +628,12 @@ static int apply_put_ext(sde_store *st, uint32_t nsid, const uint8_t *key, uint3
     } else {
         struct ext *old = &st->exts[st->ents[i].ext];
         st->logical -= old->len;
+        st->entries -= ext_entries(old);
         ext_unref(st, st->ents[i].ext);
     }
     st->ents[i].ext = x;
     struct ext *e = &st->exts[x];
+    st->entries += ext_entries(e);
     if (e->krefs++ == 0) {
         e->zombie = 0;
         dd_add(st, x);
@@ -554,6 +648,7 @@ static int apply_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
     if (i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;
     st->logical -= st->exts[st->ents[i].ext].len;
+    st->entries -= ext_entries(&st->exts[st->ents[i].ext]);
     ext_unref(st, st->ents[i].ext);
     ent_remove(st, i);
     return SDE_SC_SUCCESS;
@@ -581,20 +676,38 @@ struct offmap {
     uint64_t mask;
 };
 
+/* (Re)describe an extent read at load: its value and, for a value in pieces, the pieces
+ * (np > 1; copied).  -ENOMEM, or 0. */
+static int set_extent(sde_store *st, struct ext *e, uint64_t len, uint64_t hash,
+                      const struct rec *pcs, uint32_t np)
+{
+    drop_pieces(e);
+    e->len = len;
+    e->hash = hash;
+    e->nbytes = roundup(len, st->block);
+    if (np > 1) {
+        if (!(e->pieces = malloc(np * sizeof(*e->pieces))))
+            return -ENOMEM;
+        for (uint32_t i = 0; i < np; i++)
+            e->pieces[i] = (struct piece){pcs[i].off, pcs[i].len};
+        e->npieces = np;
+    }
+    return 0;
+}
+
+/* The extent a record names, found by its (first) place among those loaded so far. */
 static uint32_t load_extent(sde_store *st, struct offmap *m, uint64_t off, uint64_t len,
-                            uint64_t hash)
+                            uint64_t hash, const struct rec *pcs, uint32_t np)
 {
     uint64_t h = (off / st->block * 0x9E3779B97F4A7C15ull) & m->mask;
     while (m->slot[h] != NIL) {
         struct ext *e = &st->exts[m->slot[h]];
         if (e->off == off) {
-            if (e->krefs && (e->hash != hash || e->len != len))
+            if (e->krefs && (e->hash != hash || e->len != len ||
+                             ext_npieces(e) != (np > 1 ? np : 1)))
                 return NIL - 1; /* two live values at one place: not a journal we wrote */
-            if (!e->krefs) { /* its bytes were freed and the place reused: a new value */
-                e->len = len;
-                e->hash = hash;
-                e->nbytes = roundup(len, st->block);
-            }
+            if (!e->krefs && set_extent(st, e, len, hash, pcs, np))
+                return NIL; /* its bytes were freed and the place reused: a new value */
             return m->slot[h];
         }
         h = (h + 1) & m->mask;
@@ -604,27 +717,66 @@ static uint32_t load_extent(sde_store *st, struct offmap *m, uint64_t off, uint6
         return NIL;
     struct ext *e = &st->exts[x];
     e->off = off;
-    e->len = len;
-    e->hash = hash;
-    e->nbytes = roundup(len, st->block);
+    if (set_extent(st, e, len, hash, pcs, np))
+        return NIL;
     m->slot[h] = x;
     return x;
 }
 
+static int valid_place(const sde_store *st, uint64_t off, uint64_t nbytes)
+{
+    return nbytes && off >= st->sb.d_off && off % st->block == 0 && nbytes % st->block == 0 &&
+           off - st->sb.d_off <= st->sb.d_len && nbytes <= st->sb.d_off + st->sb.d_len - off;
+}
+
 static int valid_extent(const sde_store *st, uint64_t off, uint64_t len)
 {
-    return len && len <= st->sb.max_value && off >= st->sb.d_off && off % st->block == 0 &&
-           off - st->sb.d_off <= st->sb.d_len && roundup(len, st->block) <= st->sb.d_off +
-           st->sb.d_len - off;
+    return len && len <= st->sb.max_value && valid_place(st, off, roundup(len, st->block));
+}
+
+/* A value's pieces as read (np of them, in order, of this record's key), or not. */
+static int valid_pieces(const sde_store *st, const struct rec *r, uint32_t np)
+{
+    if (np > MAX_PIECES || st->ld_n != np || !r->len || r->len > st->sb.max_value)
+        return 0;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        const struct rec *q = &st->ld_pieces[i];
+        if (q->hash != i || q->nsid != r->nsid || q->klen != r->klen ||
+            memcmp(q->key, r->key, r->klen) || !valid_place(st, q->off, q->len))
+            return 0;
+        total += q->len;
+    }
+    return st->ld_pieces[0].off == r->off && total == roundup(r->len, st->block);
 }
 
 /* One record at load time.  0 applied, <0: the record is not one this format writes. */
 static int load_record(sde_store *st, struct offmap *m, const struct rec *r)
 {
-    if (r->op == OP_PUT) {
-        if (!r->klen || r->klen > SDE_KEY_MAX || !valid_extent(st, r->off, r->len))
+    if (r->op == OP_PIECE) { /* held until its value's OP_PUT */
+        if (!r->klen || r->klen > SDE_KEY_MAX)
             return -1;
-        uint32_t x = load_extent(st, m, r->off, r->len, r->hash);
+        if (st->ld_n == st->ld_cap) {
+            uint32_t cap = st->ld_cap ? 2 * st->ld_cap : 16;
+            struct rec *n = realloc(st->ld_pieces, cap * sizeof(*n));
+            if (!n)
+                return -ENOMEM;
+            st->ld_pieces = n;
+            st->ld_cap = cap;
+        }
+        st->ld_pieces[st->ld_n++] = *r;
+        return 0;
+    }
+    uint32_t held = st->ld_n;
+    st->ld_n = 0; /* pieces not followed by their OP_PUT: a put that never completed */
+    if (r->op == OP_PUT) {
+        uint32_t np = (uint32_t)r->reserved2[0];
+        st->ld_n = held;
+        int ok = np > 1 ? valid_pieces(st, r, np) : valid_extent(st, r->off, r->len);
+        st->ld_n = 0;
+        if (!r->klen || r->klen > SDE_KEY_MAX || !ok)
+            return -1;
+        uint32_t x = load_extent(st, m, r->off, r->len, r->hash, st->ld_pieces, np);
         if (x == NIL)
             return -ENOMEM;
         if (x == NIL - 1)
@@ -802,7 +954,7 @@ static uint64_t slot_off(const sde_store *st, uint64_t gen)
 static int write_checkpoint(sde_store *st)
 {
     uint64_t gen = st->ckpt_gen + 1;
-    uint64_t bytes = roundup(st->nkeys * ENTRY_BYTES, st->block);
+    uint64_t bytes = roundup(st->entries * ENTRY_BYTES, st->block);
     uint8_t *buf = aligned(bytes);
     if (!buf)
         return -ENOMEM;
@@ -813,6 +965,16 @@ static int write_checkpoint(sde_store *st)
         for (uint32_t i = st->ent_heads[b]; i != NIL; i = st->ents[i].hnext) {
             const struct ent *e = &st->ents[i];
             const struct ext *x = &st->exts[e->ext];
+            for (uint32_t k = 0; x->npieces > 1 && k < x->npieces; k++) {
+                struct rec *q = &out[n++]; /* a value in pieces: the pieces first */
+                q->op = OP_PIECE;
+                q->klen = e->klen;
+                q->nsid = e->nsid;
+                memcpy(q->key, e->key, e->klen);
+                q->off = x->pieces[k].off;
+                q->len = x->pieces[k].nbytes;
+                q->hash = k;
+            }
             struct rec *r = &out[n++];
             r->op = OP_PUT;
             r->klen = e->klen;
@@ -821,6 +983,7 @@ static int write_checkpoint(sde_store *st)
             r->off = x->off;
             r->len = x->len;
             r->hash = x->hash;
+            r->reserved2[0] = x->npieces > 1 ? x->npieces : 0;
         }
     }
     int ret = 0;
@@ -924,7 +1087,11 @@ void sde_store_free(sde_store *st)
     free(st->ents);
     free(st->ent_heads);
     free(st->dd_heads);
+    for (uint32_t x = 0; st->exts && x < st->next_cap; x++)
+        if (st->exts[x].live)
+            free(st->exts[x].pieces);
     free(st->exts);
+    free(st->ld_pieces);
     free(st->zombies);
     free(st->bitmap);
     free(st->pending);
@@ -1173,6 +1340,7 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
         st->j_next = st->j_start + i + 1;
     }
     free(blk);
+    st->ld_n = 0; /* pieces after the last OP_PUT: a put the crash cut short */
     free(m.slot);
     if (!r) {
         /* mark what live extents and namespaces occupy; the rest (orphans too) is free */
@@ -1181,21 +1349,26 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
             if (!e->live)
                 continue;
             if (!e->krefs) { /* named only by records that a later one replaced */
+                drop_pieces(e);
                 e->live = 0;
                 e->hnext = st->ext_free;
                 st->ext_free = x;
                 continue;
             }
-            uint64_t b0 = (e->off - st->sb.d_off) / st->block, nb = e->nbytes / st->block;
-            for (uint64_t k = b0; k < b0 + nb; k++)
-                if (bit(st, k)) {
-                    r = fail(-EINVAL, "two live extents overlap at %llu",
-                             (unsigned long long)e->off);
-                    break;
-                }
+            for (uint32_t i = 0; !r && i < ext_npieces(e); i++) {
+                struct piece pc = ext_piece(e, i);
+                uint64_t b0 = (pc.off - st->sb.d_off) / st->block, nb = pc.nbytes / st->block;
+                for (uint64_t k = b0; k < b0 + nb; k++)
+                    if (bit(st, k)) {
+                        r = fail(-EINVAL, "two live extents overlap at %llu",
+                                 (unsigned long long)pc.off);
+                        break;
+                    }
+                if (!r)
+                    set_bits(st, b0, nb, 1);
+            }
             if (r)
                 break;
-            set_bits(st, b0, nb, 1);
             st->physical += e->nbytes;
         }
         st->nzombies = 0;
@@ -1239,15 +1412,29 @@ void sde_store_get_info(const sde_store *st, sde_store_info *o)
     o->free_bytes = st->free_blocks * st->block;
     o->journal_used_blocks = st->j_next - st->j_start;
     o->checkpoint_gen = st->ckpt_gen;
-    uint64_t n = 0;
-    for (uint32_t x = 0; x < st->next_cap; x++)
+    uint64_t n = 0, pieced = 0;
+    for (uint32_t x = 0; x < st->next_cap; x++) {
         n += st->exts[x].live && st->exts[x].krefs;
+        pieced += st->exts[x].live && st->exts[x].krefs && st->exts[x].npieces > 1;
+    }
     o->extents = n;
+    o->pieced_values = pieced;
+    o->index_entries = st->entries;
 }
 
 /* ---- KV operations ----------------------------------------------------------------- */
 
 static int key_ok(uint32_t klen) { return klen >= 1 && klen <= SDE_KEY_MAX; }
+
+/* Whether the index (its checkpoint slot: index_keys entries) can take key i (NIL: a new
+ * key) naming extent x: a value in pieces takes an entry per piece too. */
+static int entries_fit(const sde_store *st, uint32_t i, uint32_t x)
+{
+    uint64_t need = st->entries + ext_entries(&st->exts[x]);
+    if (i != NIL)
+        need -= ext_entries(&st->exts[st->ents[i].ext]);
+    return need <= st->sb.index_keys;
+}
 
 /* Compare len bytes of the extent with value (a hash matched). */
 static int same_bytes(sde_store *st, const struct ext *e, const void *value, uint64_t len)
@@ -1256,12 +1443,18 @@ static int same_bytes(sde_store *st, const struct ext *e, const void *value, uin
     uint8_t *buf = scratch(st, chunk);
     if (!buf)
         return 0;
-    for (uint64_t done = 0; done < len; done += chunk) {
-        uint64_t n = len - done < chunk ? len - done : chunk;
-        if (pio(st->fd, 0, buf, roundup(n, st->block), e->off + done))
-            return 0;
-        if (memcmp(buf, (const uint8_t *)value + done, n))
-            return 0;
+    uint64_t at = 0; /* the value's offset of this piece */
+    for (uint32_t k = 0; k < ext_npieces(e) && at < len; k++) {
+        struct piece pc = ext_piece(e, k);
+        uint64_t in_piece = len - at < pc.nbytes ? len - at : pc.nbytes;
+        for (uint64_t done = 0; done < in_piece; done += chunk) {
+            uint64_t n = in_piece - done < chunk ? in_piece - done : chunk;
+            if (pio(st->fd, 0, buf, roundup(n, st->block), pc.off + done))
+                return 0;
+            if (memcmp(buf, (const uint8_t *)value + at + done, n))
+                return 0;
+        }
+        at += pc.nbytes;
     }
     return 1;
 }
@@ -1308,6 +1501,8 @@ int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
         if (e->hash != p->hash || e->len != len)
             continue;
         if (same_bytes(st, e, value, len)) {
+            if (!entries_fit(st, i, x))
+                return SDE_SC_CAPACITY_EXCEEDED;
             p->ext = x;
             st->stats.dedup_hits++;
             return SDE_SC_SUCCESS;
@@ -1317,14 +1512,38 @@ int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
     p->ext = ext_alloc(st, len, p->hash);
     if (p->ext == NIL)
         return SDE_SC_CAPACITY_EXCEEDED;
+    if (!entries_fit(st, i, p->ext)) {
+        ext_free_now(st, p->ext);
+        return SDE_SC_CAPACITY_EXCEEDED;
+    }
     p->wrote = 1;
     return SDE_SC_SUCCESS;
 }
 
-void st_ext_place(const sde_store *st, uint32_t ext, uint64_t *offset, uint64_t *bytes)
+uint32_t st_ext_pieces(const sde_store *st, uint32_t ext)
 {
-    *offset = st->exts[ext].off;
-    *bytes = st->exts[ext].nbytes;
+    return ext_npieces(&st->exts[ext]);
+}
+
+void st_ext_piece(const sde_store *st, uint32_t ext, uint32_t i, uint64_t *offset,
+                  uint64_t *bytes)
+{
+    struct piece pc = ext_piece(&st->exts[ext], i);
+    *offset = pc.off;
+    *bytes = pc.nbytes;
+}
+
+/* The synchronous value I/O: buf (e->nbytes, block-padded) to or from every piece. */
+static int ext_pio(sde_store *st, const struct ext *e, int write, uint8_t *buf)
+{
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < ext_npieces(e); k++) {
+        struct piece pc = ext_piece(e, k);
+        if (pio(st->fd, write, buf + at, pc.nbytes, pc.off))
+            return -EIO;
+        at += pc.nbytes;
+    }
+    return 0;
 }
 
 void st_put_abort(sde_store *st, st_put_plan *p)
@@ -1354,15 +1573,32 @@ int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
         st_code = SDE_SC_CAPACITY_EXCEEDED;
     else if (!p->wrote && (!st->exts[p->ext].live || !st->exts[p->ext].krefs))
         st_code = SDE_SC_ABORTED; /* the shared extent went away meanwhile: rare; retry */
+    else if (!entries_fit(st, i, p->ext))
+        st_code = SDE_SC_CAPACITY_EXCEEDED;
     if (st_code) {
         st_put_abort(st, p);
         return st_code;
     }
     struct ext *e = &st->exts[p->ext];
+    uint32_t had = st->npending;
+    for (uint32_t k = 0; e->npieces > 1 && k < e->npieces; k++) {
+        struct rec q = {.op = OP_PIECE, .klen = (uint8_t)p->klen, .nsid = p->nsid,
+                        .off = e->pieces[k].off, .len = e->pieces[k].nbytes, .hash = k};
+        memcpy(q.key, p->key, p->klen);
+        if (append(st, &q) < 0) {
+            st->stats.journal_records -= st->npending - had;
+            st->npending = had;
+            st_put_abort(st, p);
+            return SDE_SC_INTERNAL;
+        }
+    }
     struct rec r = {.op = OP_PUT, .klen = (uint8_t)p->klen, .nsid = p->nsid, .off = e->off,
-                    .len = e->len, .hash = e->hash};
+                    .len = e->len, .hash = e->hash,
+                    .reserved2 = {e->npieces > 1 ? e->npieces : 0, 0}};
     memcpy(r.key, p->key, p->klen);
     if (append(st, &r) < 0) {
+        st->stats.journal_records -= st->npending - had;
+        st->npending = had;
         st_put_abort(st, p);
         return SDE_SC_INTERNAL;
     }
@@ -1441,7 +1677,7 @@ int sde_store_put(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
         }
         memcpy(buf, value, len);
         memset(buf + len, 0, e->nbytes - len); /* nothing of older values past the end */
-        if (pio(st->fd, 1, buf, e->nbytes, e->off)) {
+        if (ext_pio(st, e, 1, buf)) {
             st_put_abort(st, &p);
             return SDE_SC_MEDIA_ERROR;
         }
@@ -1480,7 +1716,7 @@ int sde_store_get(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
     }
     uint8_t *buf = scratch(st, st->exts[x].nbytes);
     s = !buf ? SDE_SC_INTERNAL
-        : pio(st->fd, 0, buf, st->exts[x].nbytes, off) ? SDE_SC_MEDIA_ERROR
+        : ext_pio(st, &st->exts[x], 0, buf) ? SDE_SC_MEDIA_ERROR
         : st_value_hash(buf, *len) != hash ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
     if (!s)
         memcpy(out, buf, *len);

@@ -69,6 +69,8 @@ typedef struct sde_store_info {
     uint64_t replayed_records;    /* at open: journal records applied after it */
     uint64_t dedup_hits;          /* puts that shared an extent with identical bytes */
     uint64_t hash_collisions;     /* content hash equal, bytes not */
+    uint64_t pieced_values;       /* values in several pieces (no free run held them) */
+    uint64_t index_entries;       /* checkpoint entries in use (a key, and its pieces) */
 } sde_store_info;
 
 typedef struct sde_kv_put_result {

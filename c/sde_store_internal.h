@@ -26,8 +26,11 @@ typedef struct st_put_plan {
 /* value: the bytes (read for the content hash and, on a hash match, compared). */
 int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  const void *value, uint64_t len, int mode, st_put_plan *p);
-/* The extent's place and allocated bytes (whole blocks). */
-void st_ext_place(const sde_store *st, uint32_t ext, uint64_t *offset, uint64_t *bytes);
+/* The extent's pieces (1 for a value in one run; a value no free run could hold whole is
+ * in several, in value order) and each one's place and allocated bytes (whole blocks). */
+uint32_t st_ext_pieces(const sde_store *st, uint32_t ext);
+void st_ext_piece(const sde_store *st, uint32_t ext, uint32_t i, uint64_t *offset,
+                  uint64_t *bytes);
 /* Append the record and change the index; *group: the journal group to wait for.  On a
  * status other than success the plan's new extent is released. */
 int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group);
