@@ -37,16 +37,6 @@ def _metrics_address(text: str) -> str:
     return text
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _lba_range(text: str) -> tuple[int, int]:
     first, sep, count = text.partition(":")
     try:
@@ -73,35 +63,42 @@ def _group_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"no such group: {text!r}") from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return v
+def _whole_number(zero_ok: bool):
+    """An argparse type: a whole number > 0 (or >= 0)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if v < 0 or (v == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>= 0' if zero_ok else 'positive'}: {text!r}")
+        return v
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(v) or v <= 0:  # float() takes 'nan' and 'inf'
-        raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
-    return v
+_positive_int = _whole_number(zero_ok=False)
+_nonnegative_int = _whole_number(zero_ok=True)
 
 
-def _finite_float(text: str) -> float:
-    """A finite number >= 0 (argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return v
+def _finite_number(zero_ok: bool):
+    """An argparse type: a finite number > 0 (or >= 0); float() alone takes 'nan' and
+    'inf'."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(
+                f"must be a {'finite number >= 0' if zero_ok else 'positive finite number'}: "
+                f"{text!r}")
+        return v
+    return parse
+
+
+_positive_float = _finite_number(zero_ok=False)
+_finite_float = _finite_number(zero_ok=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
