@@ -500,6 +500,14 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
     out->nand_bytes_read = m->nand_read;
     out->nand_bytes_written = m->nand_written;
     out->link_bytes = m->link_bytes;
+    double until = m->link.next_free;
+    for (uint32_t i = 0; i < m->p.channels; i++)
+        until = m->channels[i].next_free > until ? m->channels[i].next_free : until;
+    for (uint32_t i = 0; i < m->nplanes; i++)
+        until = m->planes[i].next_free > until ? m->planes[i].next_free : until;
+    for (uint32_t i = 0; i < m->p.cores; i++)
+        until = m->cores[i].next_free > until ? m->cores[i].next_free : until;
+    out->busy_until_ns = until;
 }
 
 uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max)

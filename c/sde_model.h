@@ -41,6 +41,7 @@ typedef struct sde_model_stats {
     uint64_t nand_bytes_written;
     uint64_t link_bytes;
     uint64_t gaps;            /* idle gaps kept over all resources (the model's own cost) */
+    double busy_until_ns;     /* the latest time any resource is booked until */
 } sde_model_stats;
 
 typedef struct sde_model sde_model;

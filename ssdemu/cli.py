@@ -446,6 +446,8 @@ def _cmd_replay(args) -> int:
         print(json.dumps(report))
     else:
         _print_replay(report)
+    for warning in report.get("warnings", []):
+        print(f"ssdemu: warning: {warning}", file=sys.stderr)
     if report.get("data", {}).get("data_errors"):
         print(f"ssdemu: error: {report['data']['data_errors']} blocks read back wrong",
               file=sys.stderr)

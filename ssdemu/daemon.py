@@ -611,6 +611,7 @@ class Daemon:
                 "compute": compute,
                 "compute_utilization": lib.sde_budget_utilization(budget,
                                                                    self.device_now_ns()),
+                "compute_busy_until_ns": max(budget.busy_until_ns[0:max(1, budget.units)]),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
                 "faults_injected": st.faults_injected, "pins": st.pins,
                 "power_cut": {"enabled": self.power_cut, "cache_destages": st.cache_destages,

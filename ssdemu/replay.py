@@ -122,6 +122,7 @@ class ModelDrive:
                 "compute_busy_ns": float(sum(self.budget.busy_ns)),
                 "host_link_bytes": st["link_bytes"],
                 "nand_bytes": st["nand_bytes_read"] + st["nand_bytes_written"],
+                "busy_until_ns": max(st["busy_until_ns"], *self.budget.busy_until_ns),
                 "host_lag": 0}  # virtual time in this process: the host never lags
 
 
@@ -212,13 +213,27 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
     if drive is not None:
         c = drive.counters()
         util.append((t_ns / 1e9, _utilization(profile, c, prev, t_ns - (next_sample - window))))
+        # over the span in which the work ran: stores booked near the end of the trace run
+        # past its last arrival (divided by the trace's span alone, utilization read > 1)
+        work_ns = max(span_ns, c["busy_until_ns"] - t0_ns)
         out["drive"] = {"host_link_bytes": c["host_link_bytes"], "nand_bytes": c["nand_bytes"],
                         "host_lag": c["host_lag"],
-                        "utilization": _utilization(profile, c, {}, span_ns),
+                        "utilization": _utilization(profile, c, {}, work_ns),
+                        "utilization_span_s": work_ns / 1e9,
                         "utilization_over_time": util}
     if progress is not None:
         progress(len(requests))
     return out
+
+
+def offered_gpu_load(requests, model: ModelConfig) -> float:
+    """The prefill work the trace offers a GPU with no cache at all, over the trace's span:
+    above 1 the no-drive baseline's queue grows without bound."""
+    if len(requests) < 2:
+        return 0.0
+    span_s = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0
+    work_s = sum(r.input_length for r in requests) / model.prefill_tokens_per_s
+    return work_s / span_s if span_s > 0 else float("inf")
 
 
 def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str | None,
@@ -226,7 +241,15 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
     """The JSON report of a replay (both modes)."""
     drive = with_drive.get("drive", {
         "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "utilization_over_time": [],
-        "utilization": {"link": 0.0, "nand_channels": 0.0, "compute": 0.0}})
+        "utilization": {"link": 0.0, "nand_channels": 0.0, "compute": 0.0},
+        "utilization_span_s": 0.0})
+    offered = offered_gpu_load(requests, model)
+    warnings = []
+    if offered > 1:
+        warnings.append(f"the no-drive baseline's GPU is offered {offered:.2f} of its prefill "
+                        "capacity: its queue grows without bound, so TTFT without the drive is "
+                        "that of an overloaded GPU (a higher --prefill-rate compares against "
+                        "a GPU that keeps up)")
     return {
         "mode": mode, "profile": profile.name, "model": model.name, "quant": quant,
         "requests": len(requests), "blocks": with_drive["blocks"],
@@ -241,6 +264,9 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
                    "without_drive": _pcts(without["ttft"])},
         "drive_load_ms": {k: v / 1e6 for k, v in _pcts(with_drive["drive_load_ns"]).items()},
         "drive_utilization": drive["utilization"],
+        "drive_utilization_span_s": drive["utilization_span_s"],
+        "baseline_gpu_offered_load": offered,
+        "warnings": warnings,
         "host_lag": drive["host_lag"],
         "wall_seconds": wall, "requests_per_s": len(requests) / wall if wall else 0.0,
         # the series behind --plot

@@ -220,7 +220,8 @@ class DataDrive:
                 "nand_bytes": m["nand_bytes_read"] + m["nand_bytes_written"],
                 "host_lag": page["host_lag"] + sum(k["host_lag_calls"]
                                                    for k in page["compute"].values()),
-                "logical_bytes": page["logical_bytes"], "physical_bytes": page["physical_bytes"]}
+                "logical_bytes": page["logical_bytes"], "physical_bytes": page["physical_bytes"],
+                "busy_until_ns": max(m["busy_until_ns"], page["compute_busy_until_ns"])}
 
     def counters(self) -> dict:
         """The daemon's counters since this replay began (it may have served others)."""
@@ -228,6 +229,7 @@ class DataDrive:
         now = self._counters_now()
         out = {k: now[k] - self._base[k] for k in now}
         out["logical_bytes"], out["physical_bytes"] = now["logical_bytes"], now["physical_bytes"]
+        out["busy_until_ns"] = now["busy_until_ns"]  # a time on the clock, not a count
         return out
 
 

@@ -58,9 +58,13 @@ def test_bulk_timing_agrees_with_page_timing_on_a_replay():
     for q in ("p50", "p99", "mean"):
         a, b = bulk["ttft_s"]["with_drive"][q], paged["ttft_s"]["with_drive"][q]
         assert abs(a - b) <= 0.02 * b, (q, a, b)
+    # the same busy time booked on each resource (utilization times the span of the work),
+    # and that span within the same 2% as the completion times
+    sb, sp = bulk["drive_utilization_span_s"], paged["drive_utilization_span_s"]
+    assert abs(sb - sp) <= 0.02 * sp
     for k in ("link", "nand_channels"):
-        assert bulk["drive_utilization"][k] == pytest.approx(paged["drive_utilization"][k],
-                                                             rel=1e-6)
+        assert bulk["drive_utilization"][k] * sb == pytest.approx(
+            paged["drive_utilization"][k] * sp, rel=1e-6)
 
 
 def test_hand_made_traces_exact():
@@ -197,3 +201,44 @@ def test_cli_replay(tmp_path):
     p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--model", "tiny",
                         "--skip-bad"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "skipped 1 bad lines" in p.stdout
+
+
+UNBOUNDED = parse_capacities("drive=unbounded", {"hbm": 1, "dram": 1, "drive": 1})
+
+
+@settings(deadline=None, max_examples=15)
+@given(st.integers(0, 10_000), st.sampled_from(["star2000d", "pcie4-tlc"]),
+       st.sampled_from([None, "int8_g64", "int4_g64"]), st.integers(1, 40))
+def test_utilization_never_exceeds_one(seed, profile, quant, gap_ms):
+    """Work booked near a trace's end runs past its last arrival: utilization is over the
+    span in which the work ran, so no resource is ever more than fully busy, however dense
+    the trace (down to 1 ms between requests of up to 8 blocks)."""
+    import random
+
+    r = random.Random(seed)
+    reqs, t = [], 0
+    for _ in range(60):
+        t += r.randint(0, gap_ms)
+        n = r.randint(1, 8)
+        start = r.randint(0, 30)
+        reqs.append(Request(t, n * 512, 16, tuple(range(start, start + n))))
+    rep = replay_model(reqs, load(profile), model_config("llama-3-8b"), quant,
+                       UNBOUNDED)
+    assert rep["drive_utilization_span_s"] * 1000 >= t - reqs[0].timestamp_ms
+    for name, u in rep["drive_utilization"].items():
+        assert 0 <= u <= 1.0 + 1e-9, (name, u)
+
+
+def test_an_overloaded_baseline_is_named():
+    """The bundled trace at the default prefill rate offers the no-drive GPU more than it can
+    do (the comparison is then against a queue that grows without bound): the report says
+    so, in numbers and in a warning."""
+    reqs = list(TraceReader(SAMPLE))
+    rep = replay_model(reqs, load("star2000d"), model_config("llama-3-8b"), None,
+                       UNBOUNDED)
+    assert rep["baseline_gpu_offered_load"] > 1
+    assert any("overloaded" in w for w in rep["warnings"])
+    half = reqs[::3]  # a third of the requests over the same span: a GPU that keeps up
+    rep = replay_model(half, load("star2000d"), model_config("llama-3-8b"), None,
+                       UNBOUNDED)
+    assert rep["baseline_gpu_offered_load"] < 1 and rep["warnings"] == []
