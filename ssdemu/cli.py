@@ -101,6 +101,10 @@ _positive_float = _finite_number(zero_ok=False)
 _finite_float = _finite_number(zero_ok=True)
 
 
+def _prefill_rate(text: str) -> float | str:
+    return "auto" if text == "auto" else _positive_float(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ssdemu", description="An emulated AI SSD.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -233,8 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the drive's in-drive quantization scheme ('none': fp16)")
     rp.add_argument("--capacity", default="hbm=0,dram=0,drive=unbounded",
                     help="hbm=SIZE,dram=SIZE,drive=SIZE; SIZE bytes, blocks:N or unbounded")
-    rp.add_argument("--prefill-rate", type=_positive_float,
-                    help="the modelled GPU's prefill tokens/s (default: the model's)")
+    rp.add_argument("--prefill-rate", type=_prefill_rate,
+                    help="the modelled GPU's prefill tokens/s (default: the model's); 'auto': "
+                    "the rate at which the no-drive baseline is offered 0.8 of its capacity "
+                    "(a GPU that keeps up)")
     rp.add_argument("--requests", type=_positive_int, metavar="N",
                     help="replay only the first N requests")
     rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")

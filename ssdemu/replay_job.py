@@ -22,7 +22,7 @@ class ReplayJob:
     mode: str  # model or data
     quant: str | None
     capacity: str
-    prefill_rate: float | None = None
+    prefill_rate: float | str | None = None  # tokens/s, or "auto"
     skip_bad: bool = False
     requests: int | None = None  # the first N requests only
     socket: str | None = None  # data mode: a running daemon (--clock virtual)
@@ -43,6 +43,18 @@ def _progress_bar(total: int, desc: str):
     return bar, update
 
 
+AUTO_OFFERED_LOAD = 0.8  # --prefill-rate auto: the no-drive GPU busy 80% of the trace
+
+
+def stable_prefill_rate(requests) -> float:
+    """The prefill rate at which a GPU with no cache is offered AUTO_OFFERED_LOAD of its
+    capacity over the trace: a baseline whose queue stays bounded."""
+    if len(requests) < 2 or requests[-1].timestamp_ms == requests[0].timestamp_ms:
+        raise ValueError("--prefill-rate auto needs a trace that spans some time")
+    span_s = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0
+    return sum(r.input_length for r in requests) / span_s / AUTO_OFFERED_LOAD
+
+
 def run(job: ReplayJob) -> dict:
     """The report (the CLI's JSON); with plot_dir, the PNGs are written and listed in it."""
     from ssdemu.profile import load
@@ -52,7 +64,7 @@ def run(job: ReplayJob) -> dict:
 
     profile = load(job.profile)
     model = model_config(job.model)
-    if job.prefill_rate:
+    if job.prefill_rate and job.prefill_rate != "auto":
         model = dataclasses.replace(model, prefill_tokens_per_s=job.prefill_rate)
     sizes = {"hbm": model.block_bytes, "dram": model.block_bytes,
              "drive": model.stored_block_bytes(job.quant)}
@@ -63,6 +75,8 @@ def run(job: ReplayJob) -> dict:
         if job.requests is not None and len(requests) >= job.requests:
             break
         requests.append(r)
+    if job.prefill_rate == "auto":
+        model = dataclasses.replace(model, prefill_tokens_per_s=stable_prefill_rate(requests))
     bar, update = (_progress_bar(len(requests), f"replay ({job.mode} mode)") if job.progress
                    else (None, None))
     try:

@@ -242,3 +242,21 @@ def test_an_overloaded_baseline_is_named():
     rep = replay_model(half, load("star2000d"), model_config("llama-3-8b"), None,
                        UNBOUNDED)
     assert rep["baseline_gpu_offered_load"] < 1 and rep["warnings"] == []
+
+
+def test_prefill_rate_auto_gives_a_baseline_that_keeps_up():
+    from ssdemu.replay_job import ReplayJob, run
+
+    common = {"trace": str(SAMPLE), "profile": "star2000d", "model": "llama-3-8b",
+              "mode": "model", "quant": "int8_g64", "capacity": "drive=unbounded",
+              "requests": 2000, "progress": False}
+    auto = run(ReplayJob(prefill_rate="auto", **common))
+    assert auto["baseline_gpu_offered_load"] == pytest.approx(0.8)
+    assert auto["warnings"] == []
+    default = run(ReplayJob(**common))
+    assert default["block_hit_ratio"] == auto["block_hit_ratio"]  # the drive's side as is
+    # a GPU that keeps up waits far less for its own queue than an overloaded one
+    assert auto["ttft_s"]["without_drive"]["p50"] < default["ttft_s"]["without_drive"]["p50"]
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(SAMPLE),
+                        "--prefill-rate", "banana"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "not a number" in p.stderr
