@@ -1055,8 +1055,10 @@ static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wr
     double done = x->ready;
     if (wrote && dev->model) {
         double programmed = sde_model_program(dev->model, x->ready, off, len);
-        if (!dev->write_cache && programmed > done)
-            done = programmed;
+        if (!dev->write_cache)
+            done = programmed > done ? programmed : done;
+        else /* the cache's room: a full cache waits for programs */
+            done = sde_model_cache_ack(dev->model, x->ready, programmed, len);
     }
     model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
 }

@@ -35,6 +35,11 @@ struct sde_model {
     uint32_t *plane_pages, *plane_first, *touched, *ch_pages;
     uint64_t *ch_bytes;
     double *ch_ready, *ch_last;
+    /* the write cache: what it holds, a min-heap on the time each write leaves it (its
+     * program), and the bytes in it */
+    struct cached { double leaves; uint64_t bytes; } *cache;
+    uint32_t ncache, cap_cache;
+    uint64_t cache_bytes;
 };
 
 static void res_init(struct sde_resource *r) { memset(r, 0, sizeof(*r)); }
@@ -152,6 +157,7 @@ void sde_model_free(sde_model *m)
     free(m->cores);
     free(m->planes);
     free(m->channels);
+    free(m->cache);
     free(m->plane_pages);
     free(m->plane_first);
     free(m->touched);
@@ -440,6 +446,74 @@ double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t n
     return program_stages(m, ready, offset, nbytes);
 }
 
+static void cache_pop(sde_model *m)
+{
+    struct cached *h = m->cache;
+    m->cache_bytes -= h[0].bytes;
+    h[0] = h[--m->ncache];
+    for (uint32_t i = 0;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, s = i;
+        if (l < m->ncache && h[l].leaves < h[s].leaves)
+            s = l;
+        if (r < m->ncache && h[r].leaves < h[s].leaves)
+            s = r;
+        if (s == i)
+            break;
+        struct cached t = h[i];
+        h[i] = h[s];
+        h[s] = t;
+        i = s;
+    }
+}
+
+static int cache_push(sde_model *m, double leaves, uint64_t bytes)
+{
+    if (m->ncache == m->cap_cache) {
+        uint32_t cap = m->cap_cache ? 2 * m->cap_cache : 256;
+        struct cached *n = realloc(m->cache, cap * sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        m->cache = n;
+        m->cap_cache = cap;
+    }
+    uint32_t i = m->ncache++;
+    m->cache[i] = (struct cached){leaves, bytes};
+    m->cache_bytes += bytes;
+    while (i) {
+        uint32_t up = (i - 1) / 2;
+        if (m->cache[up].leaves <= m->cache[i].leaves)
+            break;
+        struct cached t = m->cache[up];
+        m->cache[up] = m->cache[i];
+        m->cache[i] = t;
+        i = up;
+    }
+    return 0;
+}
+
+/* The write cache's back-pressure: what was programmed by `arrived` has left the cache; if
+ * the rest and this write do not fit, the acknowledgement waits for the earliest programs
+ * to make room (a write larger than the whole cache waits for its own program). */
+double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes)
+{
+    uint64_t cap = m->p.write_cache_bytes;
+    if (!cap)
+        return arrived;
+    if (nbytes >= cap)
+        return programmed > arrived ? programmed : arrived;
+    while (m->ncache && m->cache[0].leaves <= arrived)
+        cache_pop(m);
+    double ack = arrived;
+    while (m->ncache && m->cache_bytes + nbytes > cap) {
+        if (m->cache[0].leaves > ack)
+            ack = m->cache[0].leaves;
+        cache_pop(m);
+    }
+    if (cache_push(m, programmed, nbytes) < 0)
+        return programmed > ack ? programmed : ack; /* untracked: write-through, pessimistic */
+    return ack;
+}
+
 double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
 {
     if (advance(m, submit) < 0)
@@ -454,7 +528,9 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
     double programmed = program_stages(m, arrived, offset, nbytes);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
-    return (m->p.write_cache ? arrived : programmed) + m->p.link_latency_ns;
+    double ack = m->p.write_cache ? sde_model_cache_ack(m, arrived, programmed, nbytes)
+                                  : programmed;
+    return ack + m->p.link_latency_ns;
 }
 
 double sde_model_flush(sde_model *m, double submit)

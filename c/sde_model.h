@@ -29,6 +29,10 @@ typedef struct sde_model_params {
     /* transfers of at least this many pages take the bulk path: one booking per plane touched,
      * per channel and on the link instead of three per page (0: never) */
     uint32_t bulk_pages;
+    /* the volatile write cache's size (with write_cache): a write is acknowledged once its
+     * data is in the cache, and the cache holds this many bytes not yet programmed; a write
+     * that finds it full waits for programs to make room (0: no bound) */
+    uint64_t write_cache_bytes;
 } sde_model_params;
 
 typedef struct sde_model_stats {
@@ -62,6 +66,9 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
 double sde_model_receive(sde_model *m, double submit, uint64_t nbytes);
 double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
+/* With the write cache: when nbytes that arrived at `arrived` and are programmed at
+ * `programmed` may be acknowledged (the cache's room, as for a write). */
+double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);
 double sde_model_nop(sde_model *m, double submit);
 void sde_model_get_stats(const sde_model *m, sde_model_stats *out);
 /* The latest submission seen (what get_stats reports, without its walk over every plane). */

@@ -93,7 +93,8 @@ def model_params(profile: Profile, fixed: bool = False, times=(None, None, None)
         "t_read_ns": n.t_read_ns, "t_prog_ns": n.t_prog_ns,
         "channel_bytes_per_s": n.channel_bytes_per_s, "cores": c.cores,
         "command_overhead_ns": c.command_overhead_ns,
-        "write_cache": int(profile.write_cache.enabled), "bulk_pages": bulk_pages})
+        "write_cache": int(profile.write_cache.enabled), "bulk_pages": bulk_pages,
+        "write_cache_bytes": int(profile.write_cache.bytes)})
 
 
 class DeviceModel:

@@ -229,3 +229,35 @@ def test_profile_from_a_path(tmp_path):
     path.write_text("name: [unclosed")
     with pytest.raises(ProfileError, match="not valid YAML"):
         load(str(path))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_write_burst_larger_than_the_cache_is_throttled_to_programs(name):
+    """The write cache holds its size: a burst within it is acknowledged at link speed; a
+    burst of several times its size, once it is full, at the rate NAND programs it; a flush
+    still waits for every program."""
+    data = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+    data["write_cache"]["bytes"] = 64 << 20
+    small = parse(data)
+    data["write_cache"]["bytes"] = 1 << 40
+    big = parse(data)
+    mib = 1 << 20
+    n = 1024  # 1 GiB of 1 MiB writes, all submitted at once
+    acks = {}
+    for label, p in (("small", small), ("big", big)):
+        m = DeviceModel(p)
+        acks[label] = [m.write(0.0, i * mib, mib) for i in range(n)]
+        programmed = m.flush(0.0)
+    link_s = n * mib / small.host_link.bandwidth_bytes_per_s
+    # an unbounded cache acknowledges the burst at the link's rate
+    assert acks["big"][-1] / 1e9 == pytest.approx(link_s, rel=0.05)
+    # the small one: the first 64 MiB as fast, the rest only as programs free room
+    assert acks["small"][63] == pytest.approx(acks["big"][63], rel=1e-9)
+    rate_small = (n - 128) * mib / ((acks["small"][-1] - acks["small"][127]) / 1e9)
+    nand = DeviceModel(big)
+    for i in range(n):
+        nand.write(0.0, i * mib, mib)
+    program_rate = n * mib / (nand.flush(0.0) / 1e9)
+    assert rate_small == pytest.approx(program_rate, rel=0.15)
+    assert rate_small < 0.9 * n * mib / link_s or program_rate >= 0.9 * n * mib / link_s
+    assert acks["small"][-1] <= programmed
