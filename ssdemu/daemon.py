@@ -153,6 +153,13 @@ class Daemon:
 
     # -- lifecycle --
     def start(self) -> None:
+        if self.metrics_address:  # before the socket: once it exists, everything serves
+            from ssdemu.metrics import serve_metrics
+
+            # scraped from the server's own thread: the log page takes the core's locks
+            self.metrics_server = serve_metrics(self.metrics_address,
+                                                lambda: self.log_page(LOG_PAGE_COUNTERS))
+            log.info("metrics at http://%s/metrics", self.metrics_address)
         if check_socket_path(self.socket_path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
@@ -181,13 +188,6 @@ class Daemon:
             target=lib.sde_dev_run, args=(self.dev, self._stop_flag, spin_ns),
             name="ssdemu-data-plane", daemon=True)
         self.data_plane.start()
-        if self.metrics_address:
-            from ssdemu.metrics import serve_metrics
-
-            # scraped from the server's own thread: the log page takes the core's locks
-            self.metrics_server = serve_metrics(self.metrics_address,
-                                                lambda: self.log_page(LOG_PAGE_COUNTERS))
-            log.info("metrics at http://%s/metrics", self.metrics_address)
         log.info("serving %s on %s: %s, %d bytes, %d-byte blocks", self.profile.name,
                  self.socket_path, self.media.spec, self.media.size, self.media.lba_size)
 
