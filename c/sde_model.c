@@ -26,7 +26,9 @@ struct sde_resource {
 struct sde_model {
     sde_model_params p;
     uint32_t nplanes;
-    struct sde_resource *cores, *planes, *channels, link;
+    /* PCIe is full duplex: device-to-host (reads, transfers) and host-to-device (writes,
+     * receives) are separate links of the same bandwidth */
+    struct sde_resource *cores, *planes, *channels, link, link_in;
     double ns_per_link_byte, ns_per_channel_byte;
     double horizon;
     uint64_t nand_read, nand_written, link_bytes;
@@ -137,6 +139,7 @@ int sde_model_new(const sde_model_params *p, sde_model **out)
         return -ENOMEM;
     }
     res_init(&m->link);
+    res_init(&m->link_in);
     m->ns_per_link_byte = 1e9 / p->link_bytes_per_s;
     m->ns_per_channel_byte = 1e9 / p->channel_bytes_per_s;
     *out = m;
@@ -154,6 +157,7 @@ void sde_model_free(sde_model *m)
     for (uint32_t i = 0; m->channels && i < m->p.channels; i++)
         res_fini(&m->channels[i]);
     res_fini(&m->link);
+    res_fini(&m->link_in);
     free(m->cores);
     free(m->planes);
     free(m->channels);
@@ -434,7 +438,7 @@ double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
     m->link_bytes += nbytes;
     if (m->p.fixed)
         return submit;
-    return hold(m, &m->link, controller(m, submit), (double)nbytes * m->ns_per_link_byte);
+    return hold(m, &m->link_in, controller(m, submit), (double)nbytes * m->ns_per_link_byte);
 }
 
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
@@ -524,7 +528,7 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
         return submit + m->p.fixed_write_ns;
     }
     double t = controller(m, submit);
-    double arrived = hold(m, &m->link, t, (double)nbytes * m->ns_per_link_byte);
+    double arrived = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
     double programmed = program_stages(m, arrived, offset, nbytes);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
@@ -562,6 +566,7 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
     memset(out, 0, sizeof(*out));
     out->horizon_ns = m->horizon;
     out->link_busy_ns = m->link.busy;
+    out->link_in_busy_ns = m->link_in.busy;
     for (uint32_t i = 0; i < m->p.channels; i++)
         out->channel_busy_ns += m->channels[i].busy;
     for (uint32_t i = 0; i < m->nplanes; i++) {
@@ -570,13 +575,14 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
     }
     for (uint32_t i = 0; i < m->p.channels; i++)
         out->gaps += m->channels[i].ngaps;
-    out->gaps += m->link.ngaps;
+    out->gaps += m->link.ngaps + m->link_in.ngaps;
     for (uint32_t i = 0; i < m->p.cores; i++)
         out->controller_busy_ns += m->cores[i].busy;
     out->nand_bytes_read = m->nand_read;
     out->nand_bytes_written = m->nand_written;
     out->link_bytes = m->link_bytes;
-    double until = m->link.next_free;
+    double until = m->link.next_free > m->link_in.next_free ? m->link.next_free
+                                                            : m->link_in.next_free;
     for (uint32_t i = 0; i < m->p.channels; i++)
         until = m->channels[i].next_free > until ? m->channels[i].next_free : until;
     for (uint32_t i = 0; i < m->nplanes; i++)
@@ -588,7 +594,7 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
 
 uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max)
 {
-    uint32_t n = 0, total = m->p.cores + m->nplanes + m->p.channels + 1;
+    uint32_t n = 0, total = m->p.cores + m->nplanes + m->p.channels + 2;
     for (uint32_t i = 0; i < m->p.cores && n < max; i++)
         out[n++] = m->cores[i].next_free;
     for (uint32_t i = 0; i < m->nplanes && n < max; i++)
@@ -597,6 +603,8 @@ uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max)
         out[n++] = m->channels[i].next_free;
     if (n < max)
         out[n++] = m->link.next_free;
+    if (n < max)
+        out[n++] = m->link_in.next_free;
     return total;
 }
 

@@ -37,7 +37,8 @@ typedef struct sde_model_params {
 
 typedef struct sde_model_stats {
     double horizon_ns;        /* the latest submission seen */
-    double link_busy_ns;
+    double link_busy_ns;      /* device to host (reads) */
+    double link_in_busy_ns;   /* host to device (writes): PCIe is full duplex */
     double channel_busy_ns;   /* summed over channels */
     double plane_busy_ns;     /* summed over planes */
     double controller_busy_ns;

@@ -97,7 +97,9 @@ def families(page: dict) -> list:
                      ("link_bytes", "bytes the model moved over the host link")):
         out.append(CounterMetricFamily(f"ssdemu_model_{key}", f"timing model: {doc}",
                                        value=model[key]))
-    for key, doc in (("link_busy_ns", "host link busy"), ("channel_busy_ns", "NAND channels "
+    for key, doc in (("link_busy_ns", "host link busy, device to host"),
+                     ("link_in_busy_ns", "host link busy, host to device"),
+                     ("channel_busy_ns", "NAND channels "
                      "busy, summed"), ("plane_busy_ns", "NAND planes busy, summed")):
         out.append(CounterMetricFamily(f"ssdemu_model_{key[:-3]}_seconds",
                                        f"timing model: {doc}", value=model[key] / 1e9))

@@ -118,7 +118,8 @@ class ModelDrive:
 
     def counters(self) -> dict:
         st = self.device.stats()
-        return {"link_busy_ns": st["link_busy_ns"], "channel_busy_ns": st["channel_busy_ns"],
+        return {"link_busy_ns": st["link_busy_ns"], "link_in_busy_ns": st["link_in_busy_ns"],
+                "channel_busy_ns": st["channel_busy_ns"],
                 "compute_busy_ns": float(sum(self.budget.busy_ns)),
                 "host_link_bytes": st["link_bytes"],
                 "nand_bytes": st["nand_bytes_read"] + st["nand_bytes_written"],
@@ -128,9 +129,12 @@ class ModelDrive:
 
 def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float) -> dict:
     span_ns = max(span_ns, 1.0)
-    d = {k: counters[k] - prev.get(k, 0.0) for k in ("link_busy_ns", "channel_busy_ns",
-                                                    "compute_busy_ns")}
-    return {"link": d["link_busy_ns"] / span_ns,
+    d = {k: counters[k] - prev.get(k, 0.0) for k in ("link_busy_ns", "link_in_busy_ns",
+                                                    "channel_busy_ns", "compute_busy_ns")}
+    # the link is full duplex: its utilization is the busier direction's
+    return {"link": max(d["link_busy_ns"], d["link_in_busy_ns"]) / span_ns,
+            "link_to_host": d["link_busy_ns"] / span_ns,
+            "link_to_device": d["link_in_busy_ns"] / span_ns,
             "nand_channels": d["channel_busy_ns"] / (profile.nand.channels * span_ns),
             "compute": d["compute_busy_ns"] / (profile.compute.units * span_ns)}
 
@@ -241,7 +245,8 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
     """The JSON report of a replay (both modes)."""
     drive = with_drive.get("drive", {
         "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "utilization_over_time": [],
-        "utilization": {"link": 0.0, "nand_channels": 0.0, "compute": 0.0},
+        "utilization": {"link": 0.0, "link_to_host": 0.0, "link_to_device": 0.0,
+                        "nand_channels": 0.0, "compute": 0.0},
         "utilization_span_s": 0.0})
     offered = offered_gpu_load(requests, model)
     warnings = []

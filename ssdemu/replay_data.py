@@ -214,7 +214,8 @@ class DataDrive:
     def _counters_now(self) -> dict:
         page = self.dev.log()
         m = page["model"]
-        return {"link_busy_ns": m["link_busy_ns"], "channel_busy_ns": m["channel_busy_ns"],
+        return {"link_busy_ns": m["link_busy_ns"], "link_in_busy_ns": m["link_in_busy_ns"],
+                "channel_busy_ns": m["channel_busy_ns"],
                 "compute_busy_ns": float(sum(k["device_ns"] for k in page["compute"].values())),
                 "host_link_bytes": m["link_bytes"],
                 "nand_bytes": m["nand_bytes_read"] + m["nand_bytes_written"],

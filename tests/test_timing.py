@@ -145,7 +145,8 @@ def test_bulk_path_agrees_with_the_page_path(name, op, write_cache, pages, head,
         b = getattr(paged, op)(submit, off, nbytes)
         assert abs(a - b) <= 0.02 * (b - submit), (i, a, b)
     sa, sb = bulk.stats(), paged.stats()
-    for k in ("link_busy_ns", "channel_busy_ns", "plane_busy_ns", "link_bytes"):
+    for k in ("link_busy_ns", "link_in_busy_ns", "channel_busy_ns", "plane_busy_ns",
+              "link_bytes"):
         assert sa[k] == pytest.approx(sb[k], rel=1e-9)
     if op == "write":  # a flush waits for the same programs
         assert bulk.flush(1e12) == pytest.approx(paged.flush(1e12), rel=0.02)
@@ -174,7 +175,8 @@ def test_stages_compose_to_the_whole_commands(name):
         programmed = staged.program(arrived, 1 << 20, 4096)
         done = whole.write(1e6, 1 << 20, 4096)
         assert done == (arrived if cache else programmed) + p.host_link.latency_ns
-        for k in ("link_bytes", "nand_bytes_read", "nand_bytes_written", "link_busy_ns"):
+        for k in ("link_bytes", "nand_bytes_read", "nand_bytes_written", "link_busy_ns",
+                  "link_in_busy_ns"):
             assert staged.stats()[k] == whole.stats()[k], k
     m = DeviceModel(load(name))  # a dequantized retrieve: 1 MiB sensed, 2 MiB over the link
     done = m.transfer(m.sense(0.0, 0, MIB) + 5000.0, 2 * MIB)
@@ -261,3 +263,22 @@ def test_a_write_burst_larger_than_the_cache_is_throttled_to_programs(name):
     assert rate_small == pytest.approx(program_rate, rel=0.15)
     assert rate_small < 0.9 * n * mib / link_s or program_rate >= 0.9 * n * mib / link_s
     assert acks["small"][-1] <= programmed
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_the_host_link_is_full_duplex(name):
+    """Host-to-device and device-to-host are separate links: data in and data out at the
+    same time each take their own transfer time; two in the same direction queue."""
+    p = load(name)
+    n = 64 * MIB
+    one = n / p.host_link.bandwidth_bytes_per_s * 1e9
+    m = DeviceModel(p)
+    arrived = m.receive(0.0, n)  # host to device
+    out = m.transfer(0.0, n)  # device to host, at the same time
+    assert out == pytest.approx(one + p.host_link.latency_ns, rel=1e-6)
+    assert arrived == pytest.approx(one + m.nop(0.0) - p.host_link.latency_ns, rel=1e-3)
+    again = m.transfer(0.0, n)  # the same direction: after the first
+    assert again == pytest.approx(2 * one + p.host_link.latency_ns, rel=1e-6)
+    st = m.stats()
+    assert st["link_busy_ns"] == pytest.approx(2 * one) and st["link_in_busy_ns"] == \
+        pytest.approx(one)
