@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 from firmware import entry
 from firmware.cost import kernel_stats
-from ssdemu import _engine
+from ssdemu import _engine, faults
 from ssdemu.admin import Admin, Outcome
 from ssdemu.media import Media
 from ssdemu.profile import Profile
-from ssdemu.store import DEFAULT_MAX_VALUE, Store, StoreError, probe
+from ssdemu.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreError, probe
 from ssdemu.timing import model_params
 from ssdemu_wire import control
 from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, STATUS
@@ -359,15 +359,13 @@ class Daemon:
 
     # -- fault injection (ssdemu/faults.py holds the rule format) --
     def _fault(self, client: Client, msg: dict) -> dict:
-        from ssdemu import faults
-
         if client.uid not in (os.getuid(), 0):
             return {"ok": False, "error": "fault injection is for the daemon's own user and "
                     "root"}
         action = msg.get("action")
         try:
             if action == "add":
-                rule, seed = faults.rule_from_request(msg, client.token)
+                rule, seed = faults.rule_from_request(msg)
                 fid = lib.sde_dev_fault_add(self.dev, rule, seed)
                 if fid < 0:
                     return {"ok": False, "error": "the device holds at most "
@@ -678,8 +676,6 @@ class Daemon:
         return nsid
 
     def delete_namespace(self, nsid: int, client: Client | None) -> None:
-        from ssdemu.store import KeyNotFound
-
         if nsid not in self._visible(client):
             raise KeyNotFound(nsid)  # another owner's is as if it did not exist
         # the data plane stops taking its commands first; a put already under way fails

@@ -36,7 +36,7 @@ def _int(msg: dict, name: str, default: int, lo: int = 0, hi: int = (1 << 64) - 
     return value
 
 
-def rule_from_request(msg: dict, token: int = 0):
+def rule_from_request(msg: dict):
     """(sde_fault_rule cdata, seed) for an `add` request: kind, and optionally nsid (absent:
     every namespace), lba [first, count], key (hex), count (0: until cleared), probability,
     latency_us, directions, seed."""

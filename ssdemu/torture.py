@@ -357,7 +357,6 @@ def torture(seconds: float, seed: int = 0, workdir: str | None = None,
 
     long_d = long_daemon()
     baseline = None
-    rounds = 0
     known: dict[bytes, int | None] = {}
     try:
         while time.monotonic() < deadline:
@@ -376,7 +375,6 @@ def torture(seconds: float, seed: int = 0, workdir: str | None = None,
                 if long_d.proc.poll() is not None:
                     continue  # counted as a crash at the top of the next round
                 t.problems.append(f"long-lived daemon: {e}")
-            rounds += 1
             if baseline is None:
                 baseline = settle(long_d, long_sock, {"fds": 0, "maps": 0, "pins": 0}, 2)
             if progress:
