@@ -482,7 +482,8 @@ def _print_replay(r: dict) -> None:
               f"{d['data_errors']} wrong, {d['match_mismatches']} match mismatches; "
               f"{d['logical_bytes'] / 1e9:.2f} GB stored ({d['physical_bytes'] / 1e9:.2f} GB "
               "on media)")
-    print(f"{r['wall_seconds']:.1f} s wall, {r['requests_per_s']:,.0f} requests/s")
+    print(f"{r['wall_seconds']:.1f} s wall, {r['requests_per_s']:,.0f} requests/s, "
+          f"{r['blocks_per_s']:,.0f} blocks/s")
     if r["skipped_lines"]:
         print(f"skipped {r['skipped_lines']} bad lines")
     for p in r.get("plots", []):

@@ -190,6 +190,8 @@ def test_cli_replay(tmp_path):
     assert 0 < r["prefill_tokens_saved"] <= sum(q.input_length for q in generate(100, seed=2))
     assert r["host_link_bytes"] > 0 and r["nand_bytes"] > 0
     assert r["compression_ratio"] >= 1
+    assert r["blocks_per_s"] == pytest.approx(r["blocks"] / r["wall_seconds"])
+    assert r["blocks_per_s"] > r["requests_per_s"] > 0
     ttft = r["ttft_s"]
     assert 0 < ttft["with_drive"]["p50"] <= ttft["without_drive"]["p50"]
     assert all(0 <= v for v in r["drive_utilization"].values()) and r["host_lag"] >= 0

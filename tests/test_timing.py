@@ -282,3 +282,58 @@ def test_the_host_link_is_full_duplex(name):
     st = m.stats()
     assert st["link_busy_ns"] == pytest.approx(2 * one) and st["link_in_busy_ns"] == \
         pytest.approx(one)
+
+
+def _tiny_geometry():
+    data = yaml.safe_load((PROFILE_DIR / "star2000d.yaml").read_text())
+    data["nand"].update(channels=3, dies_per_channel=2, planes_per_die=2, page_bytes=4096)
+    return parse(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(first_page=st.integers(0, 40), head=st.integers(0, 4095), pages=st.integers(1, 40),
+       tail=st.integers(0, 4095))
+def test_bulk_bookings_are_the_page_layout_exactly(first_page, head, pages, tail):
+    """The bulk path lays a transfer out in closed form (pages per plane, each plane's first
+    page's place in its channel, bytes per channel); on a fresh model each resource's free
+    time shows what it booked, and it equals a page-by-page count of the same layout."""
+    p = _tiny_geometry()
+    n = p.nand
+    C, D, P, page = n.channels, n.dies_per_channel, n.planes_per_die, n.page_bytes
+    offset = first_page * page + head
+    nbytes = max(1, pages * page - head - tail)
+    end = offset + nbytes
+    k, first, ch_pages, ch_bytes = {}, {}, [0] * C, [0] * C
+    for q in range(offset // page, -(-end // page)):
+        ch, die, pl = q % C, (q // C) % D, (q // (C * D)) % P
+        plane = (ch * D + die) * P + pl
+        if plane not in k:
+            k[plane], first[plane] = 0, ch_pages[ch]
+        k[plane] += 1
+        ch_pages[ch] += 1
+        ch_bytes[ch] += min(end, (q + 1) * page) - max(offset, q * page)
+    ns_ch = 1e9 / n.channel_bytes_per_s
+    xfer = min(nbytes, page) * ns_ch
+    planes = C * D * P
+    cores = p.controller.cores
+
+    m = DeviceModel(p, bulk_pages=1)
+    t = m.sense(0.0, offset, nbytes)
+    free = m.next_free_times()
+    ctrl = p.controller.command_overhead_ns
+    for plane in range(planes):
+        want = ctrl + k[plane] * n.t_read_ns if plane in k else 0.0
+        assert free[cores + plane] == pytest.approx(want, rel=1e-12), plane
+    assert t > 0
+
+    m = DeviceModel(p, bulk_pages=1)
+    ready = 1000.0
+    m.program(ready, offset, nbytes)
+    free = m.next_free_times()
+    for c in range(C):
+        want = ready + ch_bytes[c] * ns_ch if ch_pages[c] else 0.0
+        assert free[cores + planes + c] == pytest.approx(want, rel=1e-12), c
+    for plane in range(planes):
+        want = (ready + (first[plane] + 1) * xfer + k[plane] * n.t_prog_ns
+                if plane in k else 0.0)
+        assert free[cores + plane] == pytest.approx(want, rel=1e-12), plane
