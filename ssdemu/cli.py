@@ -246,6 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")
     rp.add_argument("--media", help="data mode: start a daemon on this media (formatted "
                     "first), stop it afterwards")
+    rp.add_argument("--instances", type=_positive_int, default=1, metavar="K",
+                    help="serving instances, each with its own GPU, HBM, DRAM and drive")
+    rp.add_argument("--pool", choices=("private", "pooled"), default="private",
+                    help="private: instance k sees only its own drive; pooled: the K drives "
+                    "are one store (a block on the drive its key hashes to, remote hits over "
+                    "the fabric)")
+    rp.add_argument("--route", choices=("round-robin", "prefix"), default="round-robin",
+                    help="request i to instance i mod K, or to the instance holding most of "
+                    "its prefix")
+    rp.add_argument("--fabric", metavar="GB_PER_S,LATENCY_US",
+                    help="the pool's network per node (default 25,5: a 200 Gb/s RDMA NIC)")
     rp.add_argument("--skip-bad", action="store_true", help="skip and count bad trace lines")
     rp.add_argument("--plot", metavar="DIR", help="write hit_ratio.png, ttft_cdf.png and "
                     "drive_utilization.png into DIR")
@@ -447,7 +458,8 @@ def _cmd_replay(args) -> int:
         quant=None if args.quant == "none" else args.quant, capacity=args.capacity,
         prefill_rate=args.prefill_rate, skip_bad=args.skip_bad, requests=args.requests,
         socket=args.socket, media=args.media, plot_dir=args.plot,
-        progress=not args.no_progress))
+        progress=not args.no_progress, instances=args.instances, pool=args.pool,
+        route=args.route, fabric=args.fabric))
     if args.json:
         print(json.dumps(report))
     else:
@@ -482,6 +494,14 @@ def _print_replay(r: dict) -> None:
               f"{d['data_errors']} wrong, {d['match_mismatches']} match mismatches; "
               f"{d['logical_bytes'] / 1e9:.2f} GB stored ({d['physical_bytes'] / 1e9:.2f} GB "
               "on media)")
+    if r["instances"] > 1:
+        print(f"{r['instances']} instances, {r['pool']} drives, routed {r['route']}; "
+              f"{r['fabric_bytes'] / 1e9:.2f} GB over the fabric")
+        for k, q in enumerate(r["per_instance"]):
+            print(f"  instance {k}: {q['requests']:,} requests, hit ratio "
+                  f"{q['block_hit_ratio']:.3f}, TTFT p50 "
+                  f"{q['ttft_s']['with_drive']['p50'] * 1e3:.1f} ms with the drive, "
+                  f"{q['ttft_s']['without_drive']['p50'] * 1e3:.1f} ms without")
     print(f"{r['wall_seconds']:.1f} s wall, {r['requests_per_s']:,.0f} requests/s, "
           f"{r['blocks_per_s']:,.0f} blocks/s")
     if r["skipped_lines"]:

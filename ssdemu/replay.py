@@ -30,6 +30,7 @@ drive's capacity at 0.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -41,6 +42,7 @@ from firmware.cost import (
     prefix_match_cost,
     quantize_cost,
 )
+from ssdemu.pool import POOLS, ROUTES, Fabric, FabricSpec, HashRing
 from ssdemu.profile import Profile
 from ssdemu.serving import BLOCK_TOKENS, TIERS, LRUTier, ModelConfig
 from ssdemu.timing import DeviceModel
@@ -130,8 +132,10 @@ class ModelDrive:
                 "host_lag": 0}  # virtual time in this process: the host never lags
 
 
-def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float) -> dict:
-    span_ns = max(span_ns, 1.0)
+def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float,
+                 drives: int = 1) -> dict:
+    """Busy time over available time; for several drives, their mean."""
+    span_ns = max(span_ns, 1.0) * drives
     d = {k: counters[k] - prev.get(k, 0.0) for k in ("link_busy_ns", "link_in_busy_ns",
                                                     "channel_busy_ns", "compute_busy_ns")}
     # the link is full duplex: its utilization is the busier direction's
@@ -142,36 +146,153 @@ def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float) -
             "compute": d["compute_busy_ns"] / (profile.compute.units * span_ns)}
 
 
-def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, drive,
+def _counters(drives) -> dict:
+    """The drives' counters summed (times on the clock: the latest)."""
+    if len(drives) == 1:
+        return drives[0].counters()
+    out: dict = {}
+    for c in (d.counters() for d in drives):
+        for k, v in c.items():
+            out[k] = max(out.get(k, v), v) if k == "busy_until_ns" else out.get(k, 0) + v
+    return out
+
+
+class _Pool:
+    """Where the replay's blocks live: one drive per instance (private: instance k's requests
+    see drive k alone) or one store over all of them (pooled: a block lives on the drive its
+    key hashes to, any instance hits it, and a block on another instance's drive crosses the
+    fabric).  Each drive's tier is the host's LRU mirror of that drive."""
+
+    def __init__(self, drives, capacity, pooled: bool, fabric: FabricSpec | None):
+        self.drives = drives
+        self.tiers = [LRUTier(capacity) for _ in drives]
+        self.pooled = pooled and len(drives) > 1
+        self.ring = HashRing(len(drives))
+        self.fabric = Fabric(len(drives), fabric or FabricSpec())
+
+    def split(self, ids) -> dict[int, tuple[list, list]]:
+        """Block ids by home drive, each with their positions in ids, in order."""
+        out: dict[int, tuple[list, list]] = {}
+        home = self.ring.home
+        for i, b in enumerate(ids):
+            part = out.get(h := home(b))
+            if part is None:
+                part = out[h] = ([], [])
+            part[0].append(b)
+            part[1].append(i)
+        return out
+
+    def holds(self, k: int, ids) -> int:
+        """How much of the request instance k would serve from its own drive: the leading
+        run there (private), or the blocks of the pool's leading run homed there (pooled)."""
+        if not self.pooled:
+            return self.tiers[k].leading_run(ids)
+        run = self.leading_run(ids)
+        return sum(1 for b in ids[:run] if self.ring.home(b) == k)
+
+    def leading_run(self, ids) -> int:
+        run = 0
+        for b in ids:
+            if b not in self.tiers[self.ring.home(b)]:
+                break
+            run += 1
+        return run
+
+    def match(self, k: int, t_ns: int, ids) -> int:
+        if not self.pooled:
+            return self.drives[k].match(t_ns, ids, self.tiers[k].leading_run(ids))
+        # every drive holding some of the keys matches its share; the pool's run ends at the
+        # first key one of them lacks
+        run = len(ids)
+        for j, (sub, pos) in self.split(ids).items():
+            got = self.drives[j].match(t_ns, sub, self.tiers[j].leading_run(sub))
+            if got < len(sub):
+                run = min(run, pos[got])
+        return run
+
+    def load(self, k: int, t_ns: int, ids, raw: int) -> int:
+        if not self.pooled:
+            return self.drives[k].load(t_ns, ids)
+        done = t_ns
+        for j, (sub, _) in self.split(ids).items():
+            d = self.drives[j].load(t_ns, sub)
+            done = max(done, self.fabric.move(j, k, d, len(sub) * raw))
+        return int(done)
+
+    def store(self, k: int, t_ns: int, ids, raw: int) -> None:
+        if not self.pooled:
+            new = [b for b in dict.fromkeys(ids) if b not in self.tiers[k]]
+            if new:
+                self.drives[k].store(t_ns, new)
+            return
+        new = [b for b in dict.fromkeys(ids) if b not in self.tiers[self.ring.home(b)]]
+        for j, (sub, _) in self.split(new).items():
+            # the bytes cross the fabric (its NICs booked, its bytes counted); the drive
+            # books the store at the request's arrival all the same, since a drive takes its
+            # commands in time order: a background write at most one transfer early
+            self.fabric.move(k, j, t_ns, len(sub) * raw)
+            self.drives[j].store(t_ns, sub)
+
+    def touch(self, k: int, ids) -> int:
+        """Insert or touch the request's blocks; evicted blocks are deleted from their
+        drives.  Returns how many were evicted."""
+        if not self.pooled:
+            parts = {k: (ids, None)}
+        else:
+            parts = self.split(ids)
+        n = 0
+        for j, (sub, _) in parts.items():
+            evicted = self.tiers[j].touch_all(sub)
+            if evicted:
+                self.drives[j].evict(evicted)
+                n += len(evicted)
+        return n
+
+
+def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, drives,
            host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
-           progress=None) -> dict:
-    """The accounting loop over a list of requests; `drive` is a ModelDrive, a DataDrive or
-    None (no drive).  progress: called with the number of requests done, now and then."""
-    caps = dict(capacities)
-    if drive is None:
-        caps["drive"] = 0
-    tiers = {t: LRUTier(caps[t]) for t in TIERS}
+           progress=None, instances: int = 1, pool: str = "private",
+           route: str = "round-robin", fabric: FabricSpec | None = None) -> dict:
+    """The accounting loop over a list of requests.  drives: one per instance (ModelDrive or
+    DataDrive), or None (no drive).  instances: serving instances, each with its own GPU and
+    its own HBM and DRAM tiers; request i goes to instance i mod K (route round-robin) or to
+    the one holding most of its prefix (route prefix; ties in round-robin order).  pool:
+    private or pooled drives (_Pool).  progress: called with the number of requests done,
+    now and then."""
+    if pool not in POOLS or route not in ROUTES:
+        raise ValueError(f"pool must be one of {POOLS} and route one of {ROUTES}")
+    if drives is not None and len(drives) != instances:
+        raise ValueError(f"{len(drives)} drives for {instances} instances")
+    K = instances
+    tiers = [{t: LRUTier(capacities[t]) for t in ("hbm", "dram")} for _ in range(K)]
+    store = (_Pool(drives, capacities["drive"], pool == "pooled", fabric)
+             if drives is not None else None)
     raw = model.block_bytes
-    gpu_free = 0.0
+    gpu_free = [0.0] * K
     hits = {t: 0 for t in TIERS}
     blocks_total = hit_blocks = tokens_saved = 0
     ttft, load_ns, timeline, util = [], [], [], []
+    per = [{"requests": 0, "blocks": 0, "hit_blocks": 0, "ttft": []} for _ in range(K)]
     span_ns = (requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6 if requests else 0
     window = max(span_ns / UTILIZATION_SAMPLES, 1.0)
     t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
     next_sample, prev = t0_ns + window, {}
     t_ns = t0_ns
+    evictions = {t: 0 for t in TIERS}
     for i, req in enumerate(requests):
         t = req.timestamp_ms / 1000.0
         t_ns = req.timestamp_ms * 1_000_000
-        if drive is not None and t_ns >= next_sample:
-            c = drive.counters()
-            util.append((t, _utilization(profile, c, prev, t_ns - (next_sample - window))))
+        if store is not None and t_ns >= next_sample:
+            c = _counters(drives)
+            util.append((t, _utilization(profile, c, prev, t_ns - (next_sample - window), K)))
             prev, next_sample = c, t_ns + window
         ids = req.hash_ids
-        runs = {name: tier.leading_run(ids) for name, tier in tiers.items()}
-        if drive is not None:
-            runs["drive"] = drive.match(t_ns, ids, runs["drive"])
+        k = i % K
+        if route == "prefix" and K > 1:
+            k = _route_prefix(tiers, store, ids, i, K)
+        inst = tiers[k]
+        runs = {name: inst[name].leading_run(ids) for name in ("hbm", "dram")}
+        runs["drive"] = store.match(k, t_ns, ids) if store is not None else 0
         served = 0
         load_s = 0.0
         for name in TIERS:  # fastest first
@@ -181,7 +302,7 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
             if name == "dram":
                 load_s = max(load_s, n * raw / host_link_bytes_per_s)
             elif name == "drive":
-                done = drive.load(t_ns, ids[served:runs[name]])
+                done = store.load(k, t_ns, ids[served:runs[name]], raw)
                 load_ns.append(done - t_ns)
                 load_s = max(load_s, (done - t_ns) / 1e9)
             hits[name] += n
@@ -194,17 +315,21 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         prefill_s = (req.input_length - saved) / model.prefill_tokens_per_s
         # the loads began at arrival (the drive was asked then), the prefill when the GPU
         # is free; the first token needs both
-        start = max(t, gpu_free)
-        gpu_free = max(start + prefill_s, t + load_s)
-        ttft.append(gpu_free - t)
-        if drive is not None:
-            drive_tier = tiers["drive"]
-            new = [b for b in dict.fromkeys(ids) if b not in drive_tier]
-            if new:
-                drive.store(t_ns, new)
-        evicted = {name: tier.touch_all(ids) for name, tier in tiers.items()}
-        if drive is not None and evicted["drive"]:
-            drive.evict(evicted["drive"])
+        start = max(t, gpu_free[k])
+        gpu_free[k] = max(start + prefill_s, t + load_s)
+        ttft.append(gpu_free[k] - t)
+        q = per[k]
+        q["requests"] += 1
+        q["blocks"] += len(ids)
+        q["hit_blocks"] += h
+        q["ttft"].append(gpu_free[k] - t)
+        if store is not None:
+            store.store(k, t_ns, ids, raw)
+        for name in ("hbm", "dram"):
+            evictions[name] += len(inst[name].touch_all(ids))
+        if store is not None:
+            evictions["drive"] += store.touch(k, ids)
+            store.fabric.forget_before(t_ns)
         timeline.append((t, h, len(ids)))  # arrival (s), blocks hit, blocks
         if progress is not None and (i & 63) == 63:
             progress(i + 1)
@@ -215,22 +340,39 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
                            for t in TIERS},
         "prefill_tokens_saved": tokens_saved,
         "ttft": ttft, "timeline": timeline, "drive_load_ns": load_ns,
-        "evictions": {t: tiers[t].evictions for t in TIERS},
+        "evictions": evictions, "per_instance": per,
+        "fabric_bytes": store.fabric.bytes if store is not None else 0,
     }
-    if drive is not None:
-        c = drive.counters()
-        util.append((t_ns / 1e9, _utilization(profile, c, prev, t_ns - (next_sample - window))))
+    if store is not None:
+        c = _counters(drives)
+        util.append((t_ns / 1e9, _utilization(profile, c, prev,
+                                              t_ns - (next_sample - window), K)))
         # over the span in which the work ran: stores booked near the end of the trace run
         # past its last arrival (divided by the trace's span alone, utilization read > 1)
         work_ns = max(span_ns, c["busy_until_ns"] - t0_ns)
         out["drive"] = {"host_link_bytes": c["host_link_bytes"], "nand_bytes": c["nand_bytes"],
                         "host_lag": c["host_lag"],
-                        "utilization": _utilization(profile, c, {}, work_ns),
+                        "utilization": _utilization(profile, c, {}, work_ns, K),
                         "utilization_span_s": work_ns / 1e9,
                         "utilization_over_time": util}
     if progress is not None:
         progress(len(requests))
     return out
+
+
+def _route_prefix(tiers, store, ids, i: int, K: int) -> int:
+    """The instance holding the most of the request's prefix (its HBM and DRAM leading runs,
+    and what it would serve from its own drive), as Mooncake's scheduler routes; ties go in
+    round-robin order from i mod K."""
+    best, best_held = i % K, -1
+    for step in range(K):
+        k = (i + step) % K
+        held = max(tiers[k]["hbm"].leading_run(ids), tiers[k]["dram"].leading_run(ids))
+        if store is not None:
+            held = max(held, store.holds(k, ids))
+        if held > best_held:
+            best, best_held = k, held
+    return best
 
 
 def offered_gpu_load(requests, model: ModelConfig) -> float:
@@ -243,15 +385,27 @@ def offered_gpu_load(requests, model: ModelConfig) -> float:
     return work_s / span_s if span_s > 0 else float("inf")
 
 
+def _per_instance(with_drive: dict, without: dict) -> list[dict]:
+    out = []
+    for a, b in zip(with_drive["per_instance"], without["per_instance"], strict=True):
+        out.append({"requests": a["requests"], "blocks": a["blocks"],
+                    "hit_blocks": a["hit_blocks"],
+                    "block_hit_ratio": a["hit_blocks"] / a["blocks"] if a["blocks"] else 0.0,
+                    "ttft_s": {"with_drive": _pcts(a["ttft"]),
+                               "without_drive": _pcts(b["ttft"])}})
+    return out
+
+
 def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str | None,
-           capacities: dict, with_drive: dict, without: dict, wall: float) -> dict:
-    """The JSON report of a replay (both modes)."""
+           capacities: dict, with_drive: dict, without: dict, wall: float,
+           pool: dict | None = None) -> dict:
+    """The JSON report of a replay (both modes).  pool: instances, pool, route, fabric."""
     drive = with_drive.get("drive", {
         "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "utilization_over_time": [],
         "utilization": {"link": 0.0, "link_to_host": 0.0, "link_to_device": 0.0,
                         "nand_channels": 0.0, "compute": 0.0},
         "utilization_span_s": 0.0})
-    offered = offered_gpu_load(requests, model)
+    offered = offered_gpu_load(requests, model) / len(with_drive["per_instance"])
     warnings = []
     if offered > 1:
         warnings.append(f"the no-drive baseline's GPU is offered {offered:.2f} of its prefill "
@@ -274,6 +428,12 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
         "drive_utilization": drive["utilization"],
         "drive_utilization_span_s": drive["utilization_span_s"],
         "baseline_gpu_offered_load": offered,
+        "instances": len(with_drive["per_instance"]),
+        "pool": (pool or {}).get("pool", "private"),
+        "route": (pool or {}).get("route", "round-robin"),
+        "fabric_bytes": with_drive["fabric_bytes"],
+        "fabric": dataclasses.asdict((pool or {}).get("fabric") or FabricSpec()),
+        "per_instance": _per_instance(with_drive, without),
         "warnings": warnings,
         "host_lag": drive["host_lag"],
         "wall_seconds": wall, "requests_per_s": len(requests) / wall if wall else 0.0,
@@ -288,15 +448,19 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
 
 def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | None,
                  capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
-                 bulk_pages: int | None = None, progress=None) -> dict:
+                 bulk_pages: int | None = None, progress=None, instances: int = 1,
+                 pool: str = "private", route: str = "round-robin",
+                 fabric: FabricSpec | None = None) -> dict:
     """Model mode.  bulk_pages: the timing model's bulk threshold (DeviceModel; 0: page by
-    page)."""
+    page).  instances, pool, route, fabric: as replay()."""
     requests = list(requests)
     t0 = time.perf_counter()
-    drive = (ModelDrive(profile, model, quant, bulk_pages)
-             if capacities["drive"] != 0 else None)
-    with_drive = replay(requests, profile, model, capacities, drive, host_link_bytes_per_s,
-                        progress)
-    without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s)
+    drives = ([ModelDrive(profile, model, quant, bulk_pages) for _ in range(instances)]
+              if capacities["drive"] != 0 else None)
+    setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric}
+    with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
+                        progress, **setup)
+    without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
+                     **setup)
     return report("model", requests, profile, model, quant, capacities, with_drive, without,
-                  time.perf_counter() - t0)
+                  time.perf_counter() - t0, setup)

@@ -32,6 +32,7 @@ import numpy as np
 
 from firmware.quant import dequantize, quantize
 from ssdemu.errors import SsdemuError
+from ssdemu.pool import FabricSpec
 from ssdemu.profile import Profile
 from ssdemu.replay import DEFAULT_HOST_LINK_BYTES_PER_S, replay, report
 from ssdemu.serving import ModelConfig, SyntheticKV, drive_key
@@ -234,24 +235,30 @@ class DataDrive:
         return out
 
 
-def replay_data(dev, requests, profile: Profile, model: ModelConfig, quant: str | None,
+def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str | None,
                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
-                progress=None) -> dict:
-    """Data mode on a connected hostlib Device."""
+                progress=None, pool: str = "private", route: str = "round-robin",
+                fabric: FabricSpec | None = None) -> dict:
+    """Data mode on connected hostlib Devices: one, or one per serving instance (each a
+    daemon of its own)."""
+    devs = list(devs) if isinstance(devs, (list, tuple)) else [devs]
     requests = list(requests)
     if capacities["drive"] == 0:
         raise DataModeError("data mode needs a drive tier (its capacity is 0)")
     t0 = time.perf_counter()
-    drive = DataDrive(dev, profile, model, quant)
-    with_drive = replay(requests, profile, model, capacities, drive, host_link_bytes_per_s,
-                        progress)
-    without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s)
+    drives = [DataDrive(dev, profile, model, quant) for dev in devs]
+    setup = {"instances": len(devs), "pool": pool, "route": route, "fabric": fabric}
+    with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
+                        progress, **setup)
+    without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
+                     **setup)
     out = report("data", requests, profile, model, quant, capacities, with_drive, without,
-                 time.perf_counter() - t0)
-    c = drive.counters()
-    out["data"] = {"blocks_verified": drive.verified,
-                   "blocks_verified_exact": drive.verified_exact,
-                   "data_errors": drive.data_errors,
-                   "match_mismatches": drive.match_mismatches,
-                   "logical_bytes": c["logical_bytes"], "physical_bytes": c["physical_bytes"]}
+                 time.perf_counter() - t0, setup)
+    cs = [d.counters() for d in drives]
+    out["data"] = {"blocks_verified": sum(d.verified for d in drives),
+                   "blocks_verified_exact": sum(d.verified_exact for d in drives),
+                   "data_errors": sum(d.data_errors for d in drives),
+                   "match_mismatches": sum(d.match_mismatches for d in drives),
+                   "logical_bytes": sum(c["logical_bytes"] for c in cs),
+                   "physical_bytes": sum(c["physical_bytes"] for c in cs)}
     return out

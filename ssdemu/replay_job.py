@@ -29,6 +29,10 @@ class ReplayJob:
     media: str | None = None  # data mode: start a daemon on this media (formatted)
     plot_dir: str | None = None
     progress: bool = True
+    instances: int = 1  # serving instances, each with its own drive (ssdemu/pool.py)
+    pool: str = "private"  # private or pooled drives
+    route: str = "round-robin"  # or prefix
+    fabric: str | None = None  # GB/s,latency us (default: ssdemu.pool's RDMA-like figures)
 
 
 def _progress_bar(total: int, desc: str):
@@ -46,13 +50,14 @@ def _progress_bar(total: int, desc: str):
 AUTO_OFFERED_LOAD = 0.8  # --prefill-rate auto: the no-drive GPU busy 80% of the trace
 
 
-def stable_prefill_rate(requests) -> float:
-    """The prefill rate at which a GPU with no cache is offered AUTO_OFFERED_LOAD of its
-    capacity over the trace: a baseline whose queue stays bounded."""
+def stable_prefill_rate(requests, instances: int = 1) -> float:
+    """The prefill rate at which each of `instances` GPUs with no cache is offered
+    AUTO_OFFERED_LOAD of its capacity over the trace: a baseline whose queues stay bounded."""
     if len(requests) < 2 or requests[-1].timestamp_ms == requests[0].timestamp_ms:
         raise ValueError("--prefill-rate auto needs a trace that spans some time")
     span_s = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0
-    return sum(r.input_length for r in requests) / span_s / AUTO_OFFERED_LOAD
+    return (sum(r.input_length for r in requests) / span_s / AUTO_OFFERED_LOAD
+            / instances)
 
 
 def run(job: ReplayJob) -> dict:
@@ -69,6 +74,15 @@ def run(job: ReplayJob) -> dict:
     sizes = {"hbm": model.block_bytes, "dram": model.block_bytes,
              "drive": model.stored_block_bytes(job.quant)}
     caps = parse_capacities(job.capacity, sizes)
+    from ssdemu.pool import POOLS, ROUTES, parse_fabric
+
+    if job.instances < 1:
+        raise ValueError(f"--instances must be at least 1, got {job.instances}")
+    if job.pool not in POOLS or job.route not in ROUTES:
+        raise ValueError(f"--pool must be one of {', '.join(POOLS)} and --route one of "
+                         f"{', '.join(ROUTES)}")
+    setup = {"pool": job.pool, "route": job.route,
+             "fabric": parse_fabric(job.fabric) if job.fabric else None}
     reader = TraceReader(job.trace, skip_bad=job.skip_bad)
     requests = []
     for r in reader:
@@ -76,14 +90,16 @@ def run(job: ReplayJob) -> dict:
             break
         requests.append(r)
     if job.prefill_rate == "auto":
-        model = dataclasses.replace(model, prefill_tokens_per_s=stable_prefill_rate(requests))
+        model = dataclasses.replace(model, prefill_tokens_per_s=stable_prefill_rate(
+            requests, job.instances))
     bar, update = (_progress_bar(len(requests), f"replay ({job.mode} mode)") if job.progress
                    else (None, None))
     try:
         if job.mode == "model":
-            report = replay_model(requests, profile, model, job.quant, caps, progress=update)
+            report = replay_model(requests, profile, model, job.quant, caps, progress=update,
+                                  instances=job.instances, **setup)
         else:
-            report = _run_data(job, requests, profile, model, caps, update)
+            report = _run_data(job, requests, profile, model, caps, update, setup)
     finally:
         if bar is not None:
             bar.close()
@@ -96,29 +112,54 @@ def run(job: ReplayJob) -> dict:
     return report
 
 
-def _run_data(job: ReplayJob, requests, profile, model, caps, update) -> dict:
+def _media_of(media: str, k: int, instances: int) -> str:
+    """Instance k's media when one --media names all: mem: is each daemon's own; a file gets
+    a suffix per instance; a block device cannot be shared."""
+    if instances == 1 or media.startswith("mem:"):
+        return media
+    if media.startswith("file:"):
+        path, sep, size = media[5:].partition(":")
+        return f"file:{path}.{k}{sep}{size}"
+    raise SsdemuError(f"--media {media!r} cannot hold {instances} drives: give mem:SIZE or "
+                      "file:PATH[:SIZE] (one file per drive, PATH.0, PATH.1, ...) or "
+                      "--socket with one daemon per instance")
+
+
+def _run_data(job: ReplayJob, requests, profile, model, caps, update, setup) -> dict:
+    import contextlib
+
     import hostlib
     from ssdemu.daemon_process import DaemonProcess
     from ssdemu.replay_data import replay_data
 
     if bool(job.socket) == bool(job.media):
-        raise SsdemuError("data mode needs --socket (a daemon started with --clock virtual) "
-                          "or --media (a daemon is started on it, formatted, and stopped)")
+        raise SsdemuError("data mode needs --socket (a daemon started with --clock virtual; "
+                          "with --instances K, K of them, comma-separated) or --media (a "
+                          "daemon per instance is started on it, formatted, and stopped)")
     if job.socket:
-        with hostlib.connect(job.socket) as dev:
-            return replay_data(dev, requests, profile, model, job.quant, caps,
-                               progress=update)
+        sockets = [s for s in job.socket.split(",") if s]
+        if len(sockets) != job.instances:
+            raise SsdemuError(f"{len(sockets)} sockets for {job.instances} instances: give "
+                              "one daemon per instance")
+        with contextlib.ExitStack() as stack:
+            devs = [stack.enter_context(hostlib.connect(s)) for s in sockets]
+            return replay_data(devs, requests, profile, model, job.quant, caps,
+                               progress=update, **setup)
     d = tempfile.mkdtemp(prefix="ssdemu-replay-")
-    daemon = DaemonProcess(os.path.join(d, "sde.sock"), media=job.media,
-                           extra=["--clock", "virtual", "--profile", job.profile,
-                                  "--format"])
+    daemons = []
     try:
-        with hostlib.connect(daemon.socket_path) as dev:
-            report = replay_data(dev, requests, profile, model, job.quant, caps,
-                                 progress=update)
+        for k in range(job.instances):
+            daemons.append(DaemonProcess(
+                os.path.join(d, f"sde{k}.sock"), media=_media_of(job.media, k, job.instances),
+                extra=["--clock", "virtual", "--profile", job.profile, "--format"]))
+        with contextlib.ExitStack() as stack:
+            devs = [stack.enter_context(hostlib.connect(x.socket_path)) for x in daemons]
+            report = replay_data(devs, requests, profile, model, job.quant, caps,
+                                 progress=update, **setup)
     finally:
-        code, err = daemon.terminate()
+        results = [x.terminate() for x in daemons]
         shutil.rmtree(d, ignore_errors=True)
-    if code != 0:
-        raise SsdemuError(f"the daemon exited with {code}: {err.strip()[-300:]}")
+    for code, err in results:
+        if code != 0:
+            raise SsdemuError(f"the daemon exited with {code}: {err.strip()[-300:]}")
     return report
