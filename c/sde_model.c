@@ -7,31 +7,27 @@
  * that end before the latest submission can no longer be used and are forgotten.
  */
 #include "sde_model.h"
+#include "sde_gaps.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct gap {
-    double start, end;
-};
-
 struct sde_resource {
-    struct gap *gaps;
-    uint32_t ngaps, cap;
+    sde_gaps gaps;
     double next_free;
     double busy;
     /* the first and last gaps' ends, kept here so that the common bookings (no gap to
-     * forget, none after `ready`) do not touch the gap array: a replay books ~2,000 planes
-     * per KV block, and that array's cache misses were a fifth of its time */
+     * forget, none after `ready`) do not touch the gap chunks: a replay books ~2,000 planes
+     * per KV block, and their cache misses were a fifth of its time */
     double first_end, last_end;
 };
 
 static inline void res_ends(struct sde_resource *r)
 {
-    if (r->ngaps) {
-        r->first_end = r->gaps[0].end;
-        r->last_end = r->gaps[r->ngaps - 1].end;
+    if (r->gaps.n) {
+        r->first_end = sde_gaps_first_end(&r->gaps);
+        r->last_end = sde_gaps_last_end(&r->gaps);
     }
 }
 
@@ -57,74 +53,27 @@ struct sde_model {
 
 static void res_init(struct sde_resource *r) { memset(r, 0, sizeof(*r)); }
 
-static void res_fini(struct sde_resource *r) { free(r->gaps); }
-
-static int res_add_gap(struct sde_resource *r, uint32_t at, double s, double e)
-{
-    if (r->ngaps == r->cap) {
-        uint32_t cap = r->cap ? 2 * r->cap : 8;
-        struct gap *g = realloc(r->gaps, cap * sizeof(*g));
-        if (!g)
-            return -ENOMEM; /* the gap is lost: the model stays valid, only pessimistic */
-        r->gaps = g;
-        r->cap = cap;
-    }
-    memmove(&r->gaps[at + 1], &r->gaps[at], (r->ngaps - at) * sizeof(*r->gaps));
-    r->gaps[at] = (struct gap){s, e};
-    r->ngaps++;
-    res_ends(r);
-    return 1;
-}
+static void res_fini(struct sde_resource *r) { sde_gaps_free(&r->gaps); }
 
 static double res_hold(struct sde_resource *r, double ready, double duration)
 {
     r->busy += duration;
-    if (r->ngaps && r->last_end > ready) {
-    /* gaps are disjoint and sorted, so their ends are too: skip those ending by `ready` in
-     * log time (a burst of bulk writes leaves one gap per write on every plane) */
-    uint32_t lo = 0, hi = r->ngaps;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (r->gaps[mid].end <= ready)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    for (uint32_t i = lo; i < r->ngaps; i++) {
-        struct gap g = r->gaps[i];
-        double start = g.start > ready ? g.start : ready;
-        double done = start + duration;
-        if (done <= g.end) {
-            /* split the gap around the stage */
-            memmove(&r->gaps[i], &r->gaps[i + 1], (r->ngaps - i - 1) * sizeof(*r->gaps));
-            r->ngaps--;
-            res_ends(r);
-            uint32_t at = i;
-            if (start > g.start && res_add_gap(r, at, g.start, start) == 1)
-                at++;
-            if (done < g.end)
-                res_add_gap(r, at, done, g.end);
-            return done;
-        }
-    }
+    double done;
+    if (r->gaps.n && r->last_end > ready && sde_gaps_fit(&r->gaps, ready, duration, &done)) {
+        res_ends(r);
+        return done;
     }
     double start = ready > r->next_free ? ready : r->next_free;
-    if (start > r->next_free)
-        res_add_gap(r, r->ngaps, r->next_free, start);
+    if (start > r->next_free && sde_gaps_append(&r->gaps, r->next_free, start) == 0)
+        res_ends(r);
     r->next_free = start + duration;
     return r->next_free;
 }
 
 static void res_forget_before(struct sde_resource *r, double t)
 {
-    uint32_t i = 0;
-    while (i < r->ngaps && r->gaps[i].end <= t)
-        i++;
-    if (i) {
-        memmove(r->gaps, &r->gaps[i], (r->ngaps - i) * sizeof(*r->gaps));
-        r->ngaps -= i;
-        res_ends(r);
-    }
+    sde_gaps_forget_before(&r->gaps, t);
+    res_ends(r);
 }
 
 /* ---- the model -------------------------------------------------------------------------- */
@@ -195,7 +144,7 @@ static int advance(sde_model *m, double submit)
 
 static double hold(sde_model *m, struct sde_resource *r, double ready, double duration)
 {
-    if (r->ngaps && r->first_end <= m->horizon)
+    if (r->gaps.n && r->first_end <= m->horizon)
         res_forget_before(r, m->horizon);
     return res_hold(r, ready, duration);
 }
@@ -589,11 +538,11 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
         out->channel_busy_ns += m->channels[i].busy;
     for (uint32_t i = 0; i < m->nplanes; i++) {
         out->plane_busy_ns += m->planes[i].busy;
-        out->gaps += m->planes[i].ngaps;
+        out->gaps += m->planes[i].gaps.n;
     }
     for (uint32_t i = 0; i < m->p.channels; i++)
-        out->gaps += m->channels[i].ngaps;
-    out->gaps += m->link.ngaps + m->link_in.ngaps;
+        out->gaps += m->channels[i].gaps.n;
+    out->gaps += m->link.gaps.n + m->link_in.gaps.n;
     for (uint32_t i = 0; i < m->p.cores; i++)
         out->controller_busy_ns += m->cores[i].busy;
     out->nand_bytes_read = m->nand_read;
@@ -640,5 +589,5 @@ double sde_resource_hold(sde_resource *r, double ready, double duration)
     return res_hold(r, ready, duration);
 }
 void sde_resource_forget_before(sde_resource *r, double t) { res_forget_before(r, t); }
-uint32_t sde_resource_gaps(const sde_resource *r) { return r->ngaps; }
+uint32_t sde_resource_gaps(const sde_resource *r) { return r->gaps.n; }
 double sde_resource_next_free(const sde_resource *r) { return r->next_free; }

@@ -111,6 +111,73 @@ def test_resource_fills_gaps_in_time_order():
     assert r.gaps == 0
 
 
+class _FlatGaps:
+    """The gap rule as a flat sorted list, scanned gap by gap: the reference the C resource's
+    chunked gaps must book exactly as."""
+
+    def __init__(self):
+        self.gaps, self.next_free = [], 0.0
+
+    def hold(self, ready, duration):
+        for i, (s, e) in enumerate(self.gaps):
+            if e <= ready:
+                continue
+            start = max(s, ready)
+            done = start + duration
+            if done <= e:
+                parts = ([(s, start)] if start > s else []) + ([(done, e)] if done < e else [])
+                self.gaps[i:i + 1] = parts
+                return done
+        start = max(ready, self.next_free)
+        if start > self.next_free:
+            self.gaps.append((self.next_free, start))
+        self.next_free = start + duration
+        return self.next_free
+
+    def forget_before(self, t):
+        self.gaps = [g for g in self.gaps if g[1] > t]
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 9), st.floats(0, 1), st.floats(0, 1)),
+                    min_size=1, max_size=700),
+       unit=st.sampled_from([1.0, 1e6, 1e11]))
+def test_chunked_gaps_book_as_a_flat_list(ops, unit):
+    """Hundreds of gaps (several chunks, splits, whole chunks skipped and forgotten) whose
+    lengths are of the stages' own size, at small times and at times of days in ns: every
+    booking, gap count and free time equals the flat list's."""
+    r, ref = Resource(), _FlatGaps()
+    horizon = 0.0
+    for kind, a, b in ops:
+        if kind == 0:  # the clock moves: older gaps go
+            horizon += a * 20 * unit
+            r.forget_before(horizon)
+            ref.forget_before(horizon)
+        elif kind < 5:  # a stage ready somewhere after the horizon: it fills a gap or queues
+            ready, dur = horizon + a * 400 * unit, (1 + b * 59) * unit
+            assert r.hold(ready, dur) == ref.hold(ready, dur)
+        else:  # one ready after the resource's free time: a gap opens (hundreds pile up)
+            ready, dur = ref.next_free + a * 30 * unit, (1 + b * 10) * unit
+            assert r.hold(ready, dur) == ref.hold(ready, dur)
+        assert r.gaps == len(ref.gaps) and r.next_free == ref.next_free
+
+
+@pytest.mark.parametrize("full", [64, 128, 200])
+def test_a_stage_in_the_middle_of_any_gap_of_full_chunks(full):
+    """Gaps of a whole number of full chunks (and a partial one), then a stage inside each
+    gap in turn, splitting it in two: every position of a chunk splits it, each booked as
+    the flat list books it, and the rest still fills in order."""
+    for at in range(full):
+        r, ref = Resource(), _FlatGaps()
+        for i in range(full):  # a 10 ns gap, then 1 ns busy
+            assert r.hold(i * 11 + 10, 1) == ref.hold(i * 11 + 10, 1)
+        assert r.gaps == full
+        assert r.hold(at * 11 + 4, 2) == ref.hold(at * 11 + 4, 2) == at * 11 + 6
+        for i in range(full + 1):  # fill what is left, first gap first
+            assert r.hold(0, 3) == ref.hold(0, 3)
+            assert r.gaps == len(ref.gaps)
+
+
 def test_write_cache_changes_when_writes_complete():
     data = yaml.safe_load((PROFILE_DIR / "pcie4-tlc.yaml").read_text())
     cached = DeviceModel(parse(data))

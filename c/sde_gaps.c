@@ -1,0 +1,200 @@
+/* A resource's idle gaps in chunks (sde_gaps.h). */
+#include "sde_gaps.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A chunk is skipped when its longest gap is shorter than the stage by more than SKIP_SLACK:
+ * the stage's end, start + duration, is rounded, and a gap of end - start a hair under the
+ * duration can still hold it when the sum rounds down onto the end.  Below SKIP_LIMIT ns
+ * (11.6 days of virtual time) a double's rounding is under 0.125 ns, so a 1 ns slack keeps
+ * the skip exact: the stage lands in the gap a scan of every gap would give it.  Past it,
+ * no chunk is skipped. */
+#define SKIP_LIMIT_NS 1e15
+#define SKIP_SLACK_NS 1.0
+
+static void summarize(sde_gaps *g, uint32_t c)
+{
+    const struct sde_gap_chunk *k = g->chunk[c];
+    double m = 0.0;
+    for (uint32_t i = 0; i < k->n; i++)
+        if (k->g[i].end - k->g[i].start > m)
+            m = k->g[i].end - k->g[i].start;
+    g->maxlen[c] = m;
+    g->last[c] = k->g[k->n - 1].end;
+}
+
+static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
+{
+    if (g->nchunks == g->cap) {
+        uint32_t cap = g->cap ? 2 * g->cap : 4;
+        struct sde_gap_chunk **chunk = realloc(g->chunk, cap * sizeof(*chunk));
+        if (!chunk)
+            return -ENOMEM;
+        g->chunk = chunk;
+        double *last = realloc(g->last, cap * sizeof(*last));
+        if (!last)
+            return -ENOMEM;
+        g->last = last;
+        double *maxlen = realloc(g->maxlen, cap * sizeof(*maxlen));
+        if (!maxlen)
+            return -ENOMEM;
+        g->maxlen = maxlen;
+        g->cap = cap;
+    }
+    uint32_t tail = g->nchunks - at;
+    memmove(&g->chunk[at + 1], &g->chunk[at], tail * sizeof(*g->chunk));
+    memmove(&g->last[at + 1], &g->last[at], tail * sizeof(*g->last));
+    memmove(&g->maxlen[at + 1], &g->maxlen[at], tail * sizeof(*g->maxlen));
+    g->chunk[at] = k;
+    g->nchunks++;
+    return 0;
+}
+
+static void remove_chunks(sde_gaps *g, uint32_t at, uint32_t count)
+{
+    for (uint32_t c = at; c < at + count; c++)
+        free(g->chunk[c]);
+    uint32_t tail = g->nchunks - at - count;
+    memmove(&g->chunk[at], &g->chunk[at + count], tail * sizeof(*g->chunk));
+    memmove(&g->last[at], &g->last[at + count], tail * sizeof(*g->last));
+    memmove(&g->maxlen[at], &g->maxlen[at + count], tail * sizeof(*g->maxlen));
+    g->nchunks -= count;
+}
+
+void sde_gaps_free(sde_gaps *g)
+{
+    for (uint32_t c = 0; c < g->nchunks; c++)
+        free(g->chunk[c]);
+    free(g->chunk);
+    free(g->last);
+    free(g->maxlen);
+    memset(g, 0, sizeof(*g));
+}
+
+int sde_gaps_append(sde_gaps *g, double start, double end)
+{
+    struct sde_gap_chunk *k = g->nchunks ? g->chunk[g->nchunks - 1] : NULL;
+    if (!k || k->n == SDE_GAP_CHUNK) {
+        k = malloc(sizeof(*k));
+        if (!k)
+            return -ENOMEM;
+        k->n = 0;
+        if (insert_chunk(g, g->nchunks, k) < 0) {
+            free(k);
+            return -ENOMEM;
+        }
+    }
+    uint32_t c = g->nchunks - 1;
+    k->g[k->n++] = (struct sde_gap){start, end};
+    if (k->n == 1 || end - start > g->maxlen[c])
+        g->maxlen[c] = end - start;
+    g->last[c] = end;
+    g->n++;
+    return 0;
+}
+
+/* Gap i of chunk c gives way to the stage [start, done): the parts before and after it stay
+ * gaps, in its place. */
+static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
+{
+    struct sde_gap_chunk *k = g->chunk[c];
+    struct sde_gap was = k->g[i], parts[2];
+    uint32_t m = 0;
+    if (start > was.start)
+        parts[m++] = (struct sde_gap){was.start, start};
+    if (done < was.end)
+        parts[m++] = (struct sde_gap){done, was.end};
+    if (k->n - 1 + m > SDE_GAP_CHUNK) { /* a full chunk gains one: split it in halves */
+        struct sde_gap_chunk *upper = malloc(sizeof(*upper));
+        if (upper && insert_chunk(g, c + 1, upper) == 0) {
+            uint32_t half = SDE_GAP_CHUNK / 2;
+            upper->n = k->n - half;
+            memcpy(upper->g, &k->g[half], upper->n * sizeof(*k->g));
+            k->n = half;
+            summarize(g, c + 1);
+            summarize(g, c);
+            if (i >= half) {
+                c++;
+                i -= half;
+                k = upper;
+            }
+        } else {
+            free(upper);
+            m--; /* the part after the stage is lost: pessimistic, still valid */
+        }
+    }
+    memmove(&k->g[i + m], &k->g[i + 1], (k->n - i - 1) * sizeof(*k->g));
+    memcpy(&k->g[i], parts, m * sizeof(*parts));
+    k->n += m - 1;
+    g->n += m - 1;
+    if (k->n)
+        summarize(g, c);
+    else
+        remove_chunks(g, c, 1);
+}
+
+int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
+{
+    /* ends are in order too: the first chunk with a gap ending after `ready`... */
+    uint32_t lo = 0, hi = g->nchunks;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (g->last[mid] <= ready)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int may_skip = g->nchunks && g->last[g->nchunks - 1] < SKIP_LIMIT_NS;
+    for (uint32_t c = lo; c < g->nchunks; c++) {
+        if (may_skip && g->maxlen[c] + SKIP_SLACK_NS < duration)
+            continue;
+        const struct sde_gap_chunk *k = g->chunk[c];
+        uint32_t i = 0;
+        if (c == lo) { /* ...and its first gap ending after it */
+            uint32_t l = 0, h = k->n;
+            while (l < h) {
+                uint32_t mid = (l + h) / 2;
+                if (k->g[mid].end <= ready)
+                    l = mid + 1;
+                else
+                    h = mid;
+            }
+            i = l;
+        }
+        for (; i < k->n; i++) {
+            double start = k->g[i].start > ready ? k->g[i].start : ready;
+            double end = start + duration;
+            if (end <= k->g[i].end) {
+                take(g, c, i, start, end);
+                *done = end;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+void sde_gaps_forget_before(sde_gaps *g, double t)
+{
+    uint32_t c = 0;
+    uint32_t dropped = 0;
+    while (c < g->nchunks && g->last[c] <= t)
+        dropped += g->chunk[c++]->n;
+    if (c)
+        remove_chunks(g, 0, c);
+    if (g->nchunks) {
+        struct sde_gap_chunk *k = g->chunk[0];
+        uint32_t i = 0;
+        while (k->g[i].end <= t) /* stops: the chunk's last end is after t */
+            i++;
+        if (i) {
+            memmove(k->g, &k->g[i], (k->n - i) * sizeof(*k->g));
+            k->n -= i;
+            dropped += i;
+            summarize(g, 0);
+        }
+    }
+    g->n -= dropped;
+}
