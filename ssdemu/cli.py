@@ -225,6 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--dir", help="where its media and sockets go (default: the temp dir)")
     tt.add_argument("--json", action="store_true", help="print one JSON object")
 
+    sw = sub.add_parser("sweep", help="a grid of replays (a YAML spec) as tasks on Ray: this "
+                        "machine, or a cluster with --address")
+    sw.add_argument("spec", help="the grid (docs/sweeps.md; a sample: traces/sweep-sample.yaml)")
+    sw.add_argument("--address", help="a Ray cluster (ray start --head prints it); default: a "
+                    "local Ray instance on this machine")
+    sw.add_argument("--out", help="where cells/ and results.csv go (default: "
+                    "./sweep-SPECNAME); cells already there are not run again")
+    sw.add_argument("--plot", action="store_true", help="sweep_capacity.png and "
+                    "sweep_prefill.png into --out")
+    sw.add_argument("--retry-failed", action="store_true", help="run the failed cells again")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.add_argument("--json", action="store_true", help="print one JSON object")
+
     rp = sub.add_parser("replay", help="replay a Mooncake KV-cache trace through the serving "
                         "model and the drive, in virtual time")
     rp.add_argument("trace", help="a Mooncake JSONL trace")
@@ -306,6 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--dir", help="the filesystem both use (default /var/tmp)")
     lb.add_argument("--quant", default="none", help="the plug-in's quant setting")
     lb.add_argument("--json", action="store_true", help="print one JSON object")
+
+    hb = bsub.add_parser("hops", help="the hops of a remote KV retrieve on this machine: a "
+                         "local drive get, a TCP transfer of the same bytes, memcpy")
+    hb.add_argument("--socket", help="a running daemon (default: start one, --timing off)")
+    hb.add_argument("--value", type=_size_arg, default=32 << 20,
+                    help="the value's size (default 32M: an LMCache chunk of Llama-3-8B)")
+    hb.add_argument("--rounds", type=_positive_int, default=20)
+    hb.add_argument("--json", action="store_true", help="print one JSON object")
 
     dv = bsub.add_parser("device", help="the timing model in virtual time against the "
                          "profile's analytical figures")
@@ -394,6 +415,14 @@ def _cmd_bench_lmcache(args) -> int:
     return 0
 
 
+def _cmd_bench_hops(args) -> int:
+    from bench.hops import bench_hops, format_table
+
+    report = bench_hops(args.socket, args.value, args.rounds)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0 if report["data_ok"] else EXIT_FAILURE
+
+
 def _cmd_bench_kv(args) -> int:
     from bench.kv import bench_kv, format_table
 
@@ -448,6 +477,26 @@ def _cmd_bench_replay(args) -> int:
                           baseline=not args.no_baseline)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
+
+
+def _cmd_sweep(args) -> int:
+    import os
+
+    from ssdemu.sweep import run_sweep
+
+    out = args.out or f"sweep-{os.path.splitext(os.path.basename(args.spec))[0]}"
+    r = run_sweep(args.spec, out, address=args.address, plot=args.plot,
+                  retry_failed=args.retry_failed, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['cells']} cells: {r['ran']} run, {r['skipped']} already in {r['out']}, "
+              f"{r['failed']} failed; table {r['table']}")
+        for e in r["errors"]:
+            print(f"  failed: {e['cell']}: {e['error']}")
+        for p in r.get("plots", []):
+            print(f"wrote {p}")
+    return EXIT_FAILURE if r["failed"] else 0
 
 
 def _cmd_replay(args) -> int:
@@ -512,10 +561,12 @@ def _print_replay(r: dict) -> None:
 
 COMMANDS = {
     ("replay", None): _cmd_replay,
+    ("sweep", None): _cmd_sweep,
     ("bench", "device"): _cmd_bench_device,
     ("bench", "replay"): _cmd_bench_replay,
     ("bench", "queue"): _cmd_bench_queue,
     ("bench", "kv"): _cmd_bench_kv,
+    ("bench", "hops"): _cmd_bench_hops,
     ("bench", "lmcache"): _cmd_bench_lmcache,
     ("serve", None): _cmd_serve,
     ("format", None): _cmd_format,

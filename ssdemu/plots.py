@@ -101,3 +101,130 @@ def write_plots(report: dict, series: dict, directory: str) -> list[str]:
         fn(series, what, path)
         out.append(path)
     return out
+
+
+def _drive_gb(cell, report) -> float | None:
+    """A cell's drive capacity in GB (None: unbounded)."""
+    from ssdemu.serving import model_config
+
+    blocks = report["capacity_blocks"]["drive"]
+    if blocks is None:
+        return None
+    quant = None if cell.quant == "none" else cell.quant
+    return blocks * model_config(cell.model).stored_block_bytes(quant) / 1e9
+
+
+LINE_FIELDS = ("trace", "model", "quant", "prefill_rate", "capacity", "mode", "instances",
+               "pool", "route")
+
+
+def _label(cell, fields) -> str:
+    parts = []
+    for f in fields:
+        v = getattr(cell, f)
+        if f == "trace":
+            parts.append(os.path.basename(v))
+        elif f == "quant":
+            parts.append("fp16" if v == "none" else v)
+        elif f == "capacity":
+            parts.append(v.replace("hbm=0,dram=0,", ""))
+        else:
+            parts.append(f"{f.replace('_', ' ')} {v}")
+    return ", ".join(parts) or "all cells"
+
+
+def _groups(ok, x_field: str):
+    """Panels (one per profile) of lines (one per combination of the other fields that
+    vary) of points along x_field; lines with fewer than two points are left out."""
+    varying = [f for f in LINE_FIELDS if f != x_field
+               and len({getattr(c, f) for c, _ in ok}) > 1]
+    panels: dict = {}
+    for c, rep in ok:
+        line = tuple(getattr(c, f) for f in varying)
+        panels.setdefault(c.profile, {}).setdefault(line, []).append((c, rep))
+    panels = {p: {k: v for k, v in lines.items() if len(v) > 1}
+              for p, lines in panels.items()}
+    return {p: lines for p, lines in panels.items() if lines}, varying
+
+
+def _grid(plt, rows: int, cols: int):
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols + 2.8, 3.6 * rows),
+                             squeeze=False)
+    return fig, axes
+
+
+def _finish(plt, fig, axes, title: str, path: str) -> None:
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1 - 2.8 / fig.get_size_inches()[0], 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_sweep_plots(cells, results, directory: str) -> list[str]:
+    """sweep_capacity.png: per profile, block hit ratio and TTFT p50 (solid) / p99 (dashed)
+    with the drive against drive capacity, a line per combination of the other parameters
+    that vary; sweep_prefill.png: per profile, TTFT p50 against the GPU's prefill rate, with
+    the drive (a line per combination) and recomputing (black): where they meet, recompute
+    has caught up.  A figure is written when some line has two points; returns the paths."""
+    ok = [(c, r["report"]) for c, r in zip(cells, results, strict=True) if "report" in r]
+    written = []
+    panels, varying = _groups(ok, "capacity")
+    if panels:
+        plt = _pyplot()
+        fig, axes = _grid(plt, 2, len(panels))
+        finite = [g for lines in panels.values() for pts in lines.values()
+                  for c, r in pts if (g := _drive_gb(c, r))]
+        unbounded_x = 1.5 * max(finite) if finite else 1.0
+        for col, (profile, lines) in enumerate(panels.items()):
+            a1, a2 = axes[0][col], axes[1][col]
+            for pts in lines.values():
+                pts = sorted(pts, key=lambda p: _drive_gb(*p) or unbounded_x)
+                x = [_drive_gb(c, r) or unbounded_x for c, r in pts]
+                label = _label(pts[0][0], varying)
+                color = a1.plot(x, [r["block_hit_ratio"] for _, r in pts], marker="o",
+                                label=label)[0].get_color()
+                a2.plot(x, [r["ttft_s"]["with_drive"]["p50"] for _, r in pts], marker="o",
+                        color=color)
+                a2.plot(x, [r["ttft_s"]["with_drive"]["p99"] for _, r in pts], marker="^",
+                        ls="--", color=color)
+            a1.set_title(profile)
+            a1.set_ylabel("block hit ratio")
+            a1.set_ylim(0, 1)
+            a2.set_ylabel("TTFT with the drive (s): p50 —, p99 - -")
+            a2.set_yscale("log")
+            for ax in (a1, a2):
+                ax.set_xlabel("drive capacity (GB; rightmost: unbounded)")
+                ax.grid(alpha=0.3)
+        path = os.path.join(directory, "sweep_capacity.png")
+        _finish(plt, fig, axes, "hit ratio and TTFT against drive capacity", path)
+        written.append(path)
+    panels, varying = _groups(ok, "prefill_rate")
+    if panels:
+        plt = _pyplot()
+        fig, axes = _grid(plt, 1, len(panels))
+        for col, (profile, lines) in enumerate(panels.items()):
+            ax = axes[0][col]
+            recompute = {}
+            for pts in lines.values():
+                pts = sorted(pts, key=lambda p: p[1]["prefill_tokens_per_s"])
+                x = [r["prefill_tokens_per_s"] for _, r in pts]
+                ax.plot(x, [r["ttft_s"]["with_drive"]["p50"] for _, r in pts], marker="o",
+                        label=_label(pts[0][0], varying))
+                for xi, (_, r) in zip(x, pts, strict=True):
+                    recompute[xi] = r["ttft_s"]["without_drive"]["p50"]
+            xs = sorted(recompute)
+            ax.plot(xs, [recompute[x] for x in xs], color="black", ls="--", marker="s",
+                    label="recompute (no drive)")
+            ax.set_title(profile)
+            ax.set_xlabel("GPU prefill rate (tokens/s)")
+            ax.set_ylabel("TTFT p50 (s)")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        path = os.path.join(directory, "sweep_prefill.png")
+        _finish(plt, fig, axes, "TTFT against the GPU's prefill rate: where recompute "
+                "catches up", path)
+        written.append(path)
+    return written

@@ -415,6 +415,7 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
     return {
         "mode": mode, "profile": profile.name, "model": model.name, "quant": quant,
         "requests": len(requests), "blocks": with_drive["blocks"],
+        "prefill_tokens_per_s": model.prefill_tokens_per_s,
         "capacity_blocks": {t: capacities[t] for t in TIERS},
         "block_hit_ratio": with_drive["block_hit_ratio"],
         "tier_hit_ratio": with_drive["tier_hit_ratio"],

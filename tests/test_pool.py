@@ -214,3 +214,15 @@ def test_cli_pool(tmp_path):
         p = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
         assert p.returncode != 0 and msg in p.stderr, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 or "usage" in p.stderr
+
+
+def test_bench_hops_measures_each_hop_against_memcpy():
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "hops", "--value", "2M",
+                        "--rounds", "3", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["data_ok"] and r["value_bytes"] == 2 << 20
+    assert r["drive_get_vs_memcpy"] == pytest.approx(r["drive_get_s"] / r["memcpy_s"])
+    assert r["tcp_vs_memcpy"] == pytest.approx(r["tcp_loopback_s"] / r["memcpy_s"])
+    assert r["remote_get_s"] > r["drive_get_s"] > 0 and r["tcp_64b_round_trip_us"] > 0

@@ -173,7 +173,7 @@ def test_a_stage_in_the_middle_of_any_gap_of_full_chunks(full):
             assert r.hold(i * 11 + 10, 1) == ref.hold(i * 11 + 10, 1)
         assert r.gaps == full
         assert r.hold(at * 11 + 4, 2) == ref.hold(at * 11 + 4, 2) == at * 11 + 6
-        for i in range(full + 1):  # fill what is left, first gap first
+        for _ in range(full + 1):  # fill what is left, first gap first
             assert r.hold(0, 3) == ref.hold(0, 3)
             assert r.gaps == len(ref.gaps)
 
