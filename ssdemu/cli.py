@@ -259,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")
     rp.add_argument("--media", help="data mode: start a daemon on this media (formatted "
                     "first), stop it afterwards")
+    rp.add_argument("--dequant", choices=("drive", "host"), default="drive",
+                    help="where the drive's quantized blocks are dequantized: in the drive "
+                    "(fp16 crosses the link) or on the GPU (the compressed block crosses it)")
+    rp.add_argument("--gpu-dequant-rate", type=_positive_float, metavar="GB_PER_S",
+                    help="--dequant host: the GPU's dequantization rate in GB/s of fp16 "
+                    "output (default 650)")
     rp.add_argument("--instances", type=_positive_int, default=1, metavar="K",
                     help="serving instances, each with its own GPU, HBM, DRAM and drive")
     rp.add_argument("--pool", choices=("private", "pooled"), default="private",
@@ -508,7 +514,8 @@ def _cmd_replay(args) -> int:
         prefill_rate=args.prefill_rate, skip_bad=args.skip_bad, requests=args.requests,
         socket=args.socket, media=args.media, plot_dir=args.plot,
         progress=not args.no_progress, instances=args.instances, pool=args.pool,
-        route=args.route, fabric=args.fabric))
+        route=args.route, fabric=args.fabric, dequant=args.dequant,
+        gpu_dequant_rate=(args.gpu_dequant_rate * 1e9 if args.gpu_dequant_rate else None)))
     if args.json:
         print(json.dumps(report))
     else:

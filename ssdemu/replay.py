@@ -68,8 +68,9 @@ class ModelDrive:
     slot for when it comes back."""
 
     def __init__(self, profile: Profile, model: ModelConfig, quant: str | None,
-                 bulk_pages: int | None = None):
+                 bulk_pages: int | None = None, dequant: str = "drive"):
         self.profile = profile
+        self.dequant = dequant
         self.device = DeviceModel(profile, bulk_pages=bulk_pages)
         self.budget = budget_of(profile)
         self.scheme = quant or None
@@ -81,6 +82,9 @@ class ModelDrive:
         self.offsets: dict[int, int] = {}
         # every block has the same shape: its kernel costs are computed once (parsing the
         # scheme per block was a fifth of the replay)
+        # what a load hands the host per block: dequantized, or as stored (dequant host)
+        self.delivered_bytes = (self.stored if self.scheme and dequant == "host"
+                                else self.raw)
         if self.scheme:
             self.dequant_cost = dequantize_cost(self.elements, 2, self.scheme, self.stored)
             self.quant_cost = quantize_cost(self.elements, 2, self.scheme, self.stored)
@@ -92,10 +96,11 @@ class ModelDrive:
 
     def load(self, t_ns: int, ids) -> int:
         """Each block sensed, dequantized as it arrives, the result over the link (a plain
-        read without quantization)."""
+        read without quantization, or with dequant host: the compressed block is read as it
+        is and the GPU dequantizes it)."""
         done = t_ns
         for b in ids:
-            if self.scheme:
+            if self.scheme and self.dequant == "drive":
                 sensed = self.device.sense(t_ns, self.offsets[b], self.stored)
                 _, ready = self.budget.charge("dequantize", self.dequant_cost, sensed)
                 d = self.device.transfer(ready, self.raw)
@@ -210,13 +215,13 @@ class _Pool:
                 run = min(run, pos[got])
         return run
 
-    def load(self, k: int, t_ns: int, ids, raw: int) -> int:
+    def load(self, k: int, t_ns: int, ids) -> int:
         if not self.pooled:
             return self.drives[k].load(t_ns, ids)
         done = t_ns
         for j, (sub, _) in self.split(ids).items():
             d = self.drives[j].load(t_ns, sub)
-            done = max(done, self.fabric.move(j, k, d, len(sub) * raw))
+            done = max(done, self.fabric.move(j, k, d, len(sub) * self.drives[j].delivered_bytes))
         return int(done)
 
     def store(self, k: int, t_ns: int, ids, raw: int) -> None:
@@ -252,13 +257,16 @@ class _Pool:
 def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, drives,
            host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
            progress=None, instances: int = 1, pool: str = "private",
-           route: str = "round-robin", fabric: FabricSpec | None = None) -> dict:
+           route: str = "round-robin", fabric: FabricSpec | None = None,
+           gpu_dequant_bytes_per_s: float | None = None) -> dict:
     """The accounting loop over a list of requests.  drives: one per instance (ModelDrive or
     DataDrive), or None (no drive).  instances: serving instances, each with its own GPU and
     its own HBM and DRAM tiers; request i goes to instance i mod K (route round-robin) or to
     the one holding most of its prefix (route prefix; ties in round-robin order).  pool:
-    private or pooled drives (_Pool).  progress: called with the number of requests done,
-    now and then."""
+    private or pooled drives (_Pool).  gpu_dequant_bytes_per_s: the drive's blocks arrive
+    compressed and the GPU dequantizes them at this rate (of fp16 output), busy meanwhile
+    (dequant host); None: they arrive dequantized.  progress: called with the number of
+    requests done, now and then."""
     if pool not in POOLS or route not in ROUTES:
         raise ValueError(f"pool must be one of {POOLS} and route one of {ROUTES}")
     if drives is not None and len(drives) != instances:
@@ -294,7 +302,7 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         runs = {name: inst[name].leading_run(ids) for name in ("hbm", "dram")}
         runs["drive"] = store.match(k, t_ns, ids) if store is not None else 0
         served = 0
-        load_s = 0.0
+        load_s = dequant_s = last_dequant_s = 0.0
         for name in TIERS:  # fastest first
             n = runs[name] - served
             if n <= 0:
@@ -302,9 +310,12 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
             if name == "dram":
                 load_s = max(load_s, n * raw / host_link_bytes_per_s)
             elif name == "drive":
-                done = store.load(k, t_ns, ids[served:runs[name]], raw)
+                done = store.load(k, t_ns, ids[served:runs[name]])
                 load_ns.append(done - t_ns)
                 load_s = max(load_s, (done - t_ns) / 1e9)
+                if gpu_dequant_bytes_per_s:
+                    last_dequant_s = raw / gpu_dequant_bytes_per_s
+                    dequant_s = n * last_dequant_s
             hits[name] += n
             served = runs[name]
         h = served
@@ -314,9 +325,11 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         tokens_saved += saved
         prefill_s = (req.input_length - saved) / model.prefill_tokens_per_s
         # the loads began at arrival (the drive was asked then), the prefill when the GPU
-        # is free; the first token needs both
+        # is free; the first token needs both.  Blocks that arrive compressed are dequantized
+        # on the GPU as they arrive (its time added to the prefill's), the last one after it
+        # has arrived
         start = max(t, gpu_free[k])
-        gpu_free[k] = max(start + prefill_s, t + load_s)
+        gpu_free[k] = max(start + prefill_s + dequant_s, t + load_s + last_dequant_s)
         ttft.append(gpu_free[k] - t)
         q = per[k]
         q["requests"] += 1
@@ -399,7 +412,8 @@ def _per_instance(with_drive: dict, without: dict) -> list[dict]:
 def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str | None,
            capacities: dict, with_drive: dict, without: dict, wall: float,
            pool: dict | None = None) -> dict:
-    """The JSON report of a replay (both modes).  pool: instances, pool, route, fabric."""
+    """The JSON report of a replay (both modes).  pool: the setup (instances, pool, route,
+    fabric, dequant, gpu_dequant_bytes_per_s)."""
     drive = with_drive.get("drive", {
         "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "utilization_over_time": [],
         "utilization": {"link": 0.0, "link_to_host": 0.0, "link_to_device": 0.0,
@@ -432,6 +446,8 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
         "instances": len(with_drive["per_instance"]),
         "pool": (pool or {}).get("pool", "private"),
         "route": (pool or {}).get("route", "round-robin"),
+        "dequant": (pool or {}).get("dequant", "drive"),
+        "gpu_dequant_bytes_per_s": (pool or {}).get("gpu_dequant_bytes_per_s"),
         "fabric_bytes": with_drive["fabric_bytes"],
         "fabric": dataclasses.asdict((pool or {}).get("fabric") or FabricSpec()),
         "per_instance": _per_instance(with_drive, without),
@@ -447,21 +463,42 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
     }
 
 
+DEQUANTS = ("drive", "host")
+# dequant host: the GPU's dequantization rate, in bytes of fp16 output per second.  A
+# dequantization kernel moves ~2.5 bytes of HBM per output byte (the compressed input, the
+# fp16 output); an H100's HBM3 (3.35 TB/s, NVIDIA's datasheet) bounds it near 1.3 TB/s; half
+# of that, for kernels that do not reach the bound
+DEFAULT_GPU_DEQUANT_BYTES_PER_S = 650e9
+
+
 def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | None,
                  capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
                  bulk_pages: int | None = None, progress=None, instances: int = 1,
                  pool: str = "private", route: str = "round-robin",
-                 fabric: FabricSpec | None = None) -> dict:
+                 fabric: FabricSpec | None = None, dequant: str = "drive",
+                 gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S) -> dict:
     """Model mode.  bulk_pages: the timing model's bulk threshold (DeviceModel; 0: page by
-    page).  instances, pool, route, fabric: as replay()."""
+    page).  instances, pool, route, fabric: as replay().  dequant: where the drive's blocks
+    are dequantized, in the drive or on the GPU (host) at gpu_dequant_bytes_per_s."""
+    check_dequant(dequant, gpu_dequant_bytes_per_s)
     requests = list(requests)
     t0 = time.perf_counter()
-    drives = ([ModelDrive(profile, model, quant, bulk_pages) for _ in range(instances)]
+    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant) for _ in range(instances)]
               if capacities["drive"] != 0 else None)
     setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric}
+    gpu = gpu_dequant_bytes_per_s if quant and dequant == "host" else None
     with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
-                        progress, **setup)
+                        progress, gpu_dequant_bytes_per_s=gpu, **setup)
     without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
                      **setup)
     return report("model", requests, profile, model, quant, capacities, with_drive, without,
-                  time.perf_counter() - t0, setup)
+                  time.perf_counter() - t0, setup | {"dequant": dequant,
+                                                     "gpu_dequant_bytes_per_s": gpu})
+
+
+def check_dequant(dequant: str, gpu_dequant_bytes_per_s: float) -> None:
+    if dequant not in DEQUANTS:
+        raise ValueError(f"dequant must be one of {', '.join(DEQUANTS)}, got {dequant!r}")
+    if not gpu_dequant_bytes_per_s > 0:
+        raise ValueError(f"the GPU's dequantization rate must be positive, got "
+                         f"{gpu_dequant_bytes_per_s}")

@@ -34,7 +34,13 @@ from firmware.quant import dequantize, quantize
 from ssdemu.errors import SsdemuError
 from ssdemu.pool import FabricSpec
 from ssdemu.profile import Profile
-from ssdemu.replay import DEFAULT_HOST_LINK_BYTES_PER_S, replay, report
+from ssdemu.replay import (
+    DEFAULT_GPU_DEQUANT_BYTES_PER_S,
+    DEFAULT_HOST_LINK_BYTES_PER_S,
+    check_dequant,
+    replay,
+    report,
+)
 from ssdemu.serving import ModelConfig, SyntheticKV, drive_key
 
 
@@ -55,7 +61,8 @@ EXACT_EVERY = 16  # ...and one block in 16 is checked bit for bit
 class DataDrive:
     """The drive of data mode: a hostlib Device on a virtual-clock daemon."""
 
-    def __init__(self, dev, profile: Profile, model: ModelConfig, quant: str | None):
+    def __init__(self, dev, profile: Profile, model: ModelConfig, quant: str | None,
+                 dequant: str = "drive"):
         info = dev.identify()
         if info.get("clock") != "virtual":
             raise DataModeError("data mode needs a daemon started with --clock virtual "
@@ -75,6 +82,10 @@ class DataDrive:
             raise DataModeError("the drive already holds trace blocks from an earlier replay: "
                                 "start from a fresh drive (ssdemu format, or serve --format)")
         self.dev, self.profile, self.model, self.quant = dev, profile, model, quant
+        # dequant host: blocks come back as stored and this host dequantizes them
+        self.host_dequant = bool(quant) and dequant == "host"
+        self.delivered_bytes = stored if self.host_dequant else model.block_bytes
+        self._stored = stored
         self.kv = SyntheticKV(model)
         bb = model.block_bytes
         self._mem = dev.alloc(SLOTS * bb)
@@ -165,11 +176,17 @@ class DataDrive:
 
     def _get_async(self, b: int, i: int):
         key = drive_key(b)
+        if self.host_dequant:  # the compressed block as stored, into the slot's first bytes
+            flat = self.slots[i].reshape(-1).view(np.uint8)
+            return self.dev.kv_get_async(key, flat[:self._stored])
         if self.quant:
             return self.dev.kv_get_dequantized_async(key, self.slots[i])
         return self.dev.kv_get_async(key, self.slots[i].reshape(-1).view(np.uint8))
 
     def _check(self, b: int, out: np.ndarray) -> None:
+        if self.host_dequant:  # what the GPU would do, here on the CPU
+            compressed = out.reshape(-1).view(np.uint8)[:self._stored].copy()
+            out = dequantize(compressed)[0].reshape(self.kv.shape)
         self.verified += 1
         got = out.reshape(-1)[self._sample]
         want = self.kv.sample(b, self._sample)
@@ -238,22 +255,26 @@ class DataDrive:
 def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str | None,
                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
                 progress=None, pool: str = "private", route: str = "round-robin",
-                fabric: FabricSpec | None = None) -> dict:
+                fabric: FabricSpec | None = None, dequant: str = "drive",
+                gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S) -> dict:
     """Data mode on connected hostlib Devices: one, or one per serving instance (each a
     daemon of its own)."""
     devs = list(devs) if isinstance(devs, (list, tuple)) else [devs]
     requests = list(requests)
     if capacities["drive"] == 0:
         raise DataModeError("data mode needs a drive tier (its capacity is 0)")
+    check_dequant(dequant, gpu_dequant_bytes_per_s)
     t0 = time.perf_counter()
-    drives = [DataDrive(dev, profile, model, quant) for dev in devs]
+    drives = [DataDrive(dev, profile, model, quant, dequant) for dev in devs]
     setup = {"instances": len(devs), "pool": pool, "route": route, "fabric": fabric}
+    gpu = gpu_dequant_bytes_per_s if quant and dequant == "host" else None
     with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
-                        progress, **setup)
+                        progress, gpu_dequant_bytes_per_s=gpu, **setup)
     without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
                      **setup)
     out = report("data", requests, profile, model, quant, capacities, with_drive, without,
-                 time.perf_counter() - t0, setup)
+                 time.perf_counter() - t0, setup | {"dequant": dequant,
+                                                    "gpu_dequant_bytes_per_s": gpu})
     cs = [d.counters() for d in drives]
     out["data"] = {"blocks_verified": sum(d.verified for d in drives),
                    "blocks_verified_exact": sum(d.verified_exact for d in drives),

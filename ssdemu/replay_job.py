@@ -33,6 +33,8 @@ class ReplayJob:
     pool: str = "private"  # private or pooled drives
     route: str = "round-robin"  # or prefix
     fabric: str | None = None  # GB/s,latency us (default: ssdemu.pool's RDMA-like figures)
+    dequant: str = "drive"  # or host: the GPU dequantizes the drive's blocks
+    gpu_dequant_rate: float | None = None  # bytes/s (default: ssdemu.replay's)
 
 
 def _progress_bar(total: int, desc: str):
@@ -82,7 +84,10 @@ def run(job: ReplayJob) -> dict:
         raise ValueError(f"--pool must be one of {', '.join(POOLS)} and --route one of "
                          f"{', '.join(ROUTES)}")
     setup = {"pool": job.pool, "route": job.route,
-             "fabric": parse_fabric(job.fabric) if job.fabric else None}
+             "fabric": parse_fabric(job.fabric) if job.fabric else None,
+             "dequant": job.dequant}
+    if job.gpu_dequant_rate is not None:
+        setup["gpu_dequant_bytes_per_s"] = job.gpu_dequant_rate
     reader = TraceReader(job.trace, skip_bad=job.skip_bad)
     requests = []
     for r in reader:

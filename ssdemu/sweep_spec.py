@@ -121,9 +121,8 @@ def expand(data, base_dir: str = ".") -> list[Cell]:
         if not os.path.isfile(t):
             raise SpecError(f"traces: {t} is not a file")
     for d in lists["dequant"]:
-        if d != "drive":
-            raise SpecError(f"dequant: {d!r}: the replay dequantizes in the drive only (a "
-                            "host-side dequantization is not modelled yet)")
+        if d not in ("drive", "host"):
+            raise SpecError(f"dequant: {d!r}: expected drive or host")
     for n in lists["instances"]:
         if not isinstance(n, int) or n < 1:
             raise SpecError(f"instances: {n!r} is not a positive whole number")

@@ -21,6 +21,10 @@ def _run(*args):
     (["--capacity", ""], 1, "no capacity given"),
     (["--capacity", "hbm=1G,hbm=2G"], 1, "given twice"),
     (["--capacity", "drive=99999999999999999999T"], 1, "past 1 EiB"),
+    (["--dequant", "gpu"], 2, "invalid choice"),
+    (["--gpu-dequant-rate", "0"], 2, "positive finite"),
+    (["--instances", "-2"], 2, "--instances"),
+    (["--fabric", "1,2,3"], 1, "bad fabric"),
 ])
 def test_bad_replay_values(args, code, says):
     p = _run("replay", TRACE, "--requests", "5", "--no-progress", *args)

@@ -262,3 +262,30 @@ def test_prefill_rate_auto_gives_a_baseline_that_keeps_up():
     p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(SAMPLE),
                         "--prefill-rate", "banana"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "not a number" in p.stderr
+
+
+def test_dequantizing_on_the_gpu_sends_fewer_bytes_and_cuts_ttft():
+    """The bundled trace, Llama-3-8B on star2000d at the defaults, int4_g64: the drive's link
+    carries the fp16 blocks when the drive dequantizes, the compressed ones when the GPU does;
+    the same hits, a lower TTFT p50 (the link is the bottleneck), and a slower GPU costs
+    time.  Without quantization there is nothing to dequantize: identical."""
+    reqs = list(TraceReader(SAMPLE))
+    llama = model_config("llama-3-8b")
+    caps = parse_capacities("drive=unbounded", {"hbm": 1, "dram": 1, "drive": 1})
+    run = {d: replay_model(reqs, load("star2000d"), llama, "int4_g64", caps, dequant=d)
+           for d in ("drive", "host")}
+    drive, host = run["drive"], run["host"]
+    assert host["block_hit_ratio"] == drive["block_hit_ratio"] > 0.6
+    assert host["ttft_s"]["with_drive"]["p50"] < 0.8 * drive["ttft_s"]["with_drive"]["p50"]
+    assert host["host_link_bytes"] < 0.6 * drive["host_link_bytes"]
+    assert host["dequant"] == "host" and host["gpu_dequant_bytes_per_s"] > 0
+    head = reqs[:600]
+    fast = replay_model(head, load("star2000d"), llama, "int4_g64", caps, dequant="host")
+    slow = replay_model(head, load("star2000d"), llama, "int4_g64", caps, dequant="host",
+                        gpu_dequant_bytes_per_s=5e9)
+    assert slow["ttft_s"]["with_drive"]["mean"] > fast["ttft_s"]["with_drive"]["mean"]
+    plain = {d: replay_model(head, load("star2000d"), llama, None, caps, dequant=d)
+             for d in ("drive", "host")}
+    assert plain["host"]["ttft_s"] == plain["drive"]["ttft_s"]
+    with pytest.raises(ValueError, match="dequant must be one of"):
+        replay_model(head, load("star2000d"), llama, "int4_g64", caps, dequant="gpu")

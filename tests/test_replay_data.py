@@ -76,6 +76,24 @@ def test_data_mode_agrees_with_model_mode(daemon, quant, capacity):
         assert _close(data["drive_utilization"][k], model["drive_utilization"][k]), k
 
 
+def test_host_dequantization_in_data_mode_agrees_with_model_mode(daemon):
+    """--dequant host: the drive returns each block as stored, this host dequantizes it and
+    checks it; the model books a plain read of the compressed bytes and the GPU's time."""
+    trace = generate(70, seed=5, share=0.8, prefixes=6, prefix_blocks=6,
+                     mean_input_tokens=3000)
+    caps = _caps("drive=blocks:120", "int4_g64")
+    model = replay_model(trace, PROFILE, TINY, "int4_g64", caps, dequant="host")
+    with hostlib.connect(daemon.socket_path) as dev:
+        data = replay_data(dev, trace, PROFILE, TINY, "int4_g64", caps, dequant="host")
+    for key in ("block_hit_ratio", "evictions", "host_link_bytes", "nand_bytes", "dequant",
+                "gpu_dequant_bytes_per_s"):
+        assert data[key] == model[key], key
+    assert data["dequant"] == "host" and data["data"]["data_errors"] == 0
+    assert data["data"]["blocks_verified"] > 0
+    for q in ("p50", "p99", "mean"):
+        assert _close(data["ttft_s"]["with_drive"][q], model["ttft_s"]["with_drive"][q]), q
+
+
 def test_data_mode_on_the_sample_prefix(daemon):
     """The bundled Mooncake trace's first requests: the drive's own prefix matching gives
     model mode's hits."""

@@ -53,7 +53,7 @@ def test_a_spec_file_names_traces_relative_to_itself(tmp_path, trace):
     ({"traces": "T", "quant": []}, "empty list"),
     ({"traces": "T", "instances": [0]}, "positive whole number"),
     ({"traces": "T", "requests": -1}, "positive whole number"),
-    ({"traces": "T", "dequant": ["host"]}, "dequantizes in the drive only"),
+    ({"traces": "T", "dequant": ["gpu"]}, "expected drive or host"),
     ({"traces": "T", "media": "block:/dev/sda"}, "mem:SIZE or file:SIZE"),
     ({"traces": "T", "profiles": [{"a": 1}]}, "not a string or a number"),
     ([1, 2], "a mapping"),
