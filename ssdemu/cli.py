@@ -265,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--gpu-dequant-rate", type=_positive_float, metavar="GB_PER_S",
                     help="--dequant host: the GPU's dequantization rate in GB/s of fp16 "
                     "output (default 650)")
+    rp.add_argument("--store-when", choices=("arrival", "computed"), default="arrival",
+                    help="a request's blocks enter the tiers and the drive at its arrival "
+                    "(hits on KV not computed yet are counted) or once its prefill has "
+                    "computed them")
+    rp.add_argument("--store-queue", type=_positive_int, metavar="N",
+                    help="admission control: at most N background stores in flight per "
+                    "drive; stores past it are dropped and counted (default: no limit)")
     rp.add_argument("--instances", type=_positive_int, default=1, metavar="K",
                     help="serving instances, each with its own GPU, HBM, DRAM and drive")
     rp.add_argument("--pool", choices=("private", "pooled"), default="private",
@@ -515,6 +522,7 @@ def _cmd_replay(args) -> int:
         socket=args.socket, media=args.media, plot_dir=args.plot,
         progress=not args.no_progress, instances=args.instances, pool=args.pool,
         route=args.route, fabric=args.fabric, dequant=args.dequant,
+        store_when=args.store_when, store_queue=args.store_queue,
         gpu_dequant_rate=(args.gpu_dequant_rate * 1e9 if args.gpu_dequant_rate else None)))
     if args.json:
         print(json.dumps(report))
@@ -550,6 +558,9 @@ def _print_replay(r: dict) -> None:
               f"{d['data_errors']} wrong, {d['match_mismatches']} match mismatches; "
               f"{d['logical_bytes'] / 1e9:.2f} GB stored ({d['physical_bytes'] / 1e9:.2f} GB "
               "on media)")
+    print(f"hits on KV not computed yet: {r['hits_on_uncomputed_kv']:,} "
+          f"({r['uncomputed_hit_fraction']:.1%} of hits, stores at {r['store_when']}); "
+          f"stores dropped: {r['stores_dropped']:,}")
     if r["instances"] > 1:
         print(f"{r['instances']} instances, {r['pool']} drives, routed {r['route']}; "
               f"{r['fabric_bytes'] / 1e9:.2f} GB over the fabric")

@@ -31,6 +31,7 @@ drive's capacity at 0.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 
 import numpy as np
@@ -80,6 +81,8 @@ class ModelDrive:
         page = profile.nand.page_bytes
         self.slot = -(-self.stored // page) * page
         self.offsets: dict[int, int] = {}
+        self.track_stores = False  # admission control on: stores_in_flight is asked
+        self._in_flight: list[float] = []  # completion times of the stores booked
         # every block has the same shape: its kernel costs are computed once (parsing the
         # scheme per block was a fifth of the replay)
         # what a load hands the host per block: dequantized, or as stored (dequant host)
@@ -119,9 +122,17 @@ class ModelDrive:
             if self.scheme:
                 arrived = self.device.receive(t_ns, self.raw)
                 _, ready = self.budget.charge("quantize", self.quant_cost, arrived)
-                self.device.program(ready, off, self.stored)
+                done = self.device.program(ready, off, self.stored)
             else:
-                self.device.write(t_ns, off, self.stored)
+                done = self.device.write(t_ns, off, self.stored)
+            if self.track_stores:
+                heapq.heappush(self._in_flight, done)
+
+    def stores_in_flight(self, t_ns: int) -> int:
+        """Stores booked and not yet complete at t_ns (programmed, or acknowledged)."""
+        while self._in_flight and self._in_flight[0] <= t_ns:
+            heapq.heappop(self._in_flight)
+        return len(self._in_flight)
 
     def evict(self, ids) -> None:
         pass  # nothing to free: the slot stays the block's
@@ -168,8 +179,16 @@ class _Pool:
     key hashes to, any instance hits it, and a block on another instance's drive crosses the
     fabric).  Each drive's tier is the host's LRU mirror of that drive."""
 
-    def __init__(self, drives, capacity, pooled: bool, fabric: FabricSpec | None):
+    def __init__(self, drives, capacity, pooled: bool, fabric: FabricSpec | None,
+                 store_queue: int | None = None):
         self.drives = drives
+        # admission control: at most this many stores in flight per drive; a store past
+        # it is dropped (not stored, not in the drive's tier) and counted
+        self.store_queue = store_queue
+        for d in drives:
+            d.track_stores = store_queue is not None
+        self.dropped = 0
+        self._dropped_now: set = set()
         self.tiers = [LRUTier(capacity) for _ in drives]
         self.pooled = pooled and len(drives) > 1
         self.ring = HashRing(len(drives))
@@ -224,23 +243,46 @@ class _Pool:
             done = max(done, self.fabric.move(j, k, d, len(sub) * self.drives[j].delivered_bytes))
         return int(done)
 
+    def _admit(self, j: int, t_ns: int, sub: list) -> list:
+        if self.store_queue is None:
+            return sub
+        room = max(0, self.store_queue - self.drives[j].stores_in_flight(t_ns))
+        self._dropped_now.update(sub[room:])
+        self.dropped += len(sub[room:])
+        return sub[:room]
+
     def store(self, k: int, t_ns: int, ids, raw: int) -> None:
+        self._dropped_now = set()
         if not self.pooled:
             new = [b for b in dict.fromkeys(ids) if b not in self.tiers[k]]
+            new = self._admit(k, t_ns, new) if new else new
             if new:
                 self.drives[k].store(t_ns, new)
             return
         new = [b for b in dict.fromkeys(ids) if b not in self.tiers[self.ring.home(b)]]
         for j, (sub, _) in self.split(new).items():
+            sub = self._admit(j, t_ns, sub)
+            if not sub:
+                continue
             # the bytes cross the fabric (its NICs booked, its bytes counted); the drive
             # books the store at the request's arrival all the same, since a drive takes its
             # commands in time order: a background write at most one transfer early
             self.fabric.move(k, j, t_ns, len(sub) * raw)
             self.drives[j].store(t_ns, sub)
 
+    def refresh(self, k: int, ids) -> None:
+        """Touch the blocks the drives hold, insert none (store-when computed, at arrival)."""
+        if not self.pooled:
+            self.tiers[k].refresh(ids)
+            return
+        for j, (sub, _) in self.split(ids).items():
+            self.tiers[j].refresh(sub)
+
     def touch(self, k: int, ids) -> int:
-        """Insert or touch the request's blocks; evicted blocks are deleted from their
-        drives.  Returns how many were evicted."""
+        """Insert or touch the request's blocks (but those the last store() dropped);
+        evicted blocks are deleted from their drives.  Returns how many were evicted."""
+        if self._dropped_now:
+            ids = [b for b in ids if b not in self._dropped_now]
         if not self.pooled:
             parts = {k: (ids, None)}
         else:
@@ -258,23 +300,59 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
            host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
            progress=None, instances: int = 1, pool: str = "private",
            route: str = "round-robin", fabric: FabricSpec | None = None,
-           gpu_dequant_bytes_per_s: float | None = None) -> dict:
+           gpu_dequant_bytes_per_s: float | None = None, store_when: str = "arrival",
+           store_queue: int | None = None) -> dict:
     """The accounting loop over a list of requests.  drives: one per instance (ModelDrive or
     DataDrive), or None (no drive).  instances: serving instances, each with its own GPU and
     its own HBM and DRAM tiers; request i goes to instance i mod K (route round-robin) or to
     the one holding most of its prefix (route prefix; ties in round-robin order).  pool:
     private or pooled drives (_Pool).  gpu_dequant_bytes_per_s: the drive's blocks arrive
     compressed and the GPU dequantizes them at this rate (of fp16 output), busy meanwhile
-    (dequant host); None: they arrive dequantized.  progress: called with the number of
+    (dequant host); None: they arrive dequantized.  store_when: a request's blocks enter
+    the tiers and the drive at its arrival (today's exact hit accounting; hits on KV its
+    computing request has not finished yet are counted) or when computed, from its first
+    token on (hit blocks are touched at arrival).  store_queue: admission control, at most
+    this many stores in flight per drive (_Pool).  progress: called with the number of
     requests done, now and then."""
+    if store_when not in STORE_WHEN:
+        raise ValueError(f"store_when must be one of {', '.join(STORE_WHEN)}, got "
+                         f"{store_when!r}")
+    if store_queue is not None and store_queue < 1:
+        raise ValueError(f"the store queue holds at least one store, got {store_queue}")
     if pool not in POOLS or route not in ROUTES:
         raise ValueError(f"pool must be one of {POOLS} and route one of {ROUTES}")
     if drives is not None and len(drives) != instances:
         raise ValueError(f"{len(drives)} drives for {instances} instances")
     K = instances
     tiers = [{t: LRUTier(capacities[t]) for t in ("hbm", "dram")} for _ in range(K)]
-    store = (_Pool(drives, capacities["drive"], pool == "pooled", fabric)
+    store = (_Pool(drives, capacities["drive"], pool == "pooled", fabric, store_queue)
              if drives is not None else None)
+    computed_at: dict[int, float] = {}  # block -> when its KV exists (s)
+    uncomputed_hits = 0
+    pending: list = []  # store-when computed: (time s, order, instance, blocks)
+    submitted_ns = 0
+
+    def enter(k: int, at_ns: int, ids) -> None:
+        """The request's blocks into instance k's tiers and the drives, at at_ns."""
+        if store is not None:
+            store.store(k, at_ns, ids, raw)
+        for name in ("hbm", "dram"):
+            evictions[name] += len(tiers[k][name].touch_all(ids))
+        if store is not None:
+            evictions["drive"] += store.touch(k, ids)
+            store.fabric.forget_before(at_ns)
+
+    def enter_pending(until_ns: int | None) -> None:
+        nonlocal submitted_ns
+        while pending and (until_ns is None or pending[0][0] * 1e9 <= until_ns):
+            when_s, _, k, ids = heapq.heappop(pending)
+            # in time order, never after the request that comes next (rounding)
+            at_ns = max(submitted_ns, int(when_s * 1e9))
+            if until_ns is not None:
+                at_ns = min(at_ns, until_ns)
+            submitted_ns = at_ns
+            enter(k, at_ns, ids)
+
     raw = model.block_bytes
     gpu_free = [0.0] * K
     hits = {t: 0 for t in TIERS}
@@ -290,6 +368,9 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
     for i, req in enumerate(requests):
         t = req.timestamp_ms / 1000.0
         t_ns = req.timestamp_ms * 1_000_000
+        if pending:
+            enter_pending(t_ns)
+        submitted_ns = t_ns
         if store is not None and t_ns >= next_sample:
             c = _counters(drives)
             util.append((t, _utilization(profile, c, prev, t_ns - (next_sample - window), K)))
@@ -336,18 +417,30 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         q["blocks"] += len(ids)
         q["hit_blocks"] += h
         q["ttft"].append(gpu_free[k] - t)
-        if store is not None:
-            store.store(k, t_ns, ids, raw)
-        for name in ("hbm", "dram"):
-            evictions[name] += len(inst[name].touch_all(ids))
-        if store is not None:
-            evictions["drive"] += store.touch(k, ids)
-            store.fabric.forget_before(t_ns)
+        # the missed blocks' KV exists from the first token on (if another request is
+        # computing one already, from whichever finishes first)
+        for b in ids[:h]:
+            if computed_at.get(b, 0.0) > t:
+                uncomputed_hits += 1
+        for b in ids[h:]:
+            c = computed_at.get(b)
+            computed_at[b] = gpu_free[k] if c is None or c <= t else min(c, gpu_free[k])
+        if store_when == "arrival":
+            enter(k, t_ns, ids)
+        else:
+            for name in ("hbm", "dram"):
+                inst[name].refresh(ids)
+            if store is not None:
+                store.refresh(k, ids)
+            heapq.heappush(pending, (gpu_free[k], i, k, ids))
         timeline.append((t, h, len(ids)))  # arrival (s), blocks hit, blocks
         if progress is not None and (i & 63) == 63:
             progress(i + 1)
+    enter_pending(None)  # the last requests' KV, computed after the last arrival
     out = {
         "blocks": blocks_total, "hit_blocks": hit_blocks,
+        "hits_on_uncomputed_kv": uncomputed_hits,
+        "stores_dropped": store.dropped if store is not None else 0,
         "block_hit_ratio": hit_blocks / blocks_total if blocks_total else 0.0,
         "tier_hit_ratio": {t: hits[t] / blocks_total if blocks_total else 0.0
                            for t in TIERS},
@@ -447,6 +540,13 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
         "pool": (pool or {}).get("pool", "private"),
         "route": (pool or {}).get("route", "round-robin"),
         "dequant": (pool or {}).get("dequant", "drive"),
+        "store_when": (pool or {}).get("store_when", "arrival"),
+        "hits_on_uncomputed_kv": with_drive["hits_on_uncomputed_kv"],
+        "uncomputed_hit_fraction": (with_drive["hits_on_uncomputed_kv"]
+                                    / with_drive["hit_blocks"] if with_drive["hit_blocks"]
+                                    else 0.0),
+        "store_queue": (pool or {}).get("store_queue"),
+        "stores_dropped": with_drive["stores_dropped"],
         "gpu_dequant_bytes_per_s": (pool or {}).get("gpu_dequant_bytes_per_s"),
         "fabric_bytes": with_drive["fabric_bytes"],
         "fabric": dataclasses.asdict((pool or {}).get("fabric") or FabricSpec()),
@@ -464,6 +564,7 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
 
 
 DEQUANTS = ("drive", "host")
+STORE_WHEN = ("arrival", "computed")
 # dequant host: the GPU's dequantization rate, in bytes of fp16 output per second.  A
 # dequantization kernel moves ~2.5 bytes of HBM per output byte (the compressed input, the
 # fp16 output); an H100's HBM3 (3.35 TB/s, NVIDIA's datasheet) bounds it near 1.3 TB/s; half
@@ -476,7 +577,8 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
                  bulk_pages: int | None = None, progress=None, instances: int = 1,
                  pool: str = "private", route: str = "round-robin",
                  fabric: FabricSpec | None = None, dequant: str = "drive",
-                 gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S) -> dict:
+                 gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S,
+                 store_when: str = "arrival", store_queue: int | None = None) -> dict:
     """Model mode.  bulk_pages: the timing model's bulk threshold (DeviceModel; 0: page by
     page).  instances, pool, route, fabric: as replay().  dequant: where the drive's blocks
     are dequantized, in the drive or on the GPU (host) at gpu_dequant_bytes_per_s."""
@@ -488,12 +590,14 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
     setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric}
     gpu = gpu_dequant_bytes_per_s if quant and dequant == "host" else None
     with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
-                        progress, gpu_dequant_bytes_per_s=gpu, **setup)
+                        progress, gpu_dequant_bytes_per_s=gpu, store_when=store_when,
+                        store_queue=store_queue, **setup)
     without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
-                     **setup)
+                     store_when=store_when, **setup)
     return report("model", requests, profile, model, quant, capacities, with_drive, without,
-                  time.perf_counter() - t0, setup | {"dequant": dequant,
-                                                     "gpu_dequant_bytes_per_s": gpu})
+                  time.perf_counter() - t0,
+                  setup | {"dequant": dequant, "gpu_dequant_bytes_per_s": gpu,
+                           "store_when": store_when, "store_queue": store_queue})
 
 
 def check_dequant(dequant: str, gpu_dequant_bytes_per_s: float) -> None:

@@ -25,6 +25,7 @@ bit for bit (a CRC-32).  A failure is counted in `data_errors`.
 
 from __future__ import annotations
 
+import heapq
 import time
 import zlib
 
@@ -94,6 +95,9 @@ class DataDrive:
         self._busy: list = [None] * SLOTS  # the command using each slot
         self._next = 0
         self._pending: dict = {}  # block id -> its last store or delete, maybe in flight
+        self.track_stores = False  # admission control on: stores_in_flight is asked
+        self._stores: list = []  # stores whose completion time is not read yet
+        self._store_done: list = []  # completion times of stores (drive clock, ns), a heap
         n = int(np.prod(self.kv.shape))
         self._sample = np.arange(4, n, SAMPLE_STRIDE)
         self._tolerance = self._error_bound()
@@ -220,7 +224,21 @@ class DataDrive:
                 f = self.dev.kv_put_async(key, block.reshape(-1).view(np.uint8))
             self._busy[i] = f
             self._track(b, f)
+            if self.track_stores:
+                self._stores.append(f)
             self.expected.pop(b, None)
+
+    def stores_in_flight(self, t_ns: int) -> int:
+        """Stores not complete on the drive's clock at t_ns: each store's completion time is
+        known once it has completed here, so this waits for the stores in flight (only with
+        admission control on)."""
+        for f in self._stores:
+            f.result()
+            heapq.heappush(self._store_done, f.device_ns)
+        self._stores = []
+        while self._store_done and self._store_done[0] <= t_ns:
+            heapq.heappop(self._store_done)
+        return len(self._store_done)
 
     def evict(self, ids) -> None:
         self._settle(ids)  # a block stored in this request may be among them
@@ -256,7 +274,8 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
                 capacities: dict, host_link_bytes_per_s: float = DEFAULT_HOST_LINK_BYTES_PER_S,
                 progress=None, pool: str = "private", route: str = "round-robin",
                 fabric: FabricSpec | None = None, dequant: str = "drive",
-                gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S) -> dict:
+                gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S,
+                store_when: str = "arrival", store_queue: int | None = None) -> dict:
     """Data mode on connected hostlib Devices: one, or one per serving instance (each a
     daemon of its own)."""
     devs = list(devs) if isinstance(devs, (list, tuple)) else [devs]
@@ -269,12 +288,14 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
     setup = {"instances": len(devs), "pool": pool, "route": route, "fabric": fabric}
     gpu = gpu_dequant_bytes_per_s if quant and dequant == "host" else None
     with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
-                        progress, gpu_dequant_bytes_per_s=gpu, **setup)
+                        progress, gpu_dequant_bytes_per_s=gpu, store_when=store_when,
+                        store_queue=store_queue, **setup)
     without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
-                     **setup)
+                     store_when=store_when, **setup)
     out = report("data", requests, profile, model, quant, capacities, with_drive, without,
-                 time.perf_counter() - t0, setup | {"dequant": dequant,
-                                                    "gpu_dequant_bytes_per_s": gpu})
+                 time.perf_counter() - t0,
+                 setup | {"dequant": dequant, "gpu_dequant_bytes_per_s": gpu,
+                          "store_when": store_when, "store_queue": store_queue})
     cs = [d.counters() for d in drives]
     out["data"] = {"blocks_verified": sum(d.verified for d in drives),
                    "blocks_verified_exact": sum(d.verified_exact for d in drives),

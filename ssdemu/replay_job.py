@@ -35,6 +35,8 @@ class ReplayJob:
     fabric: str | None = None  # GB/s,latency us (default: ssdemu.pool's RDMA-like figures)
     dequant: str = "drive"  # or host: the GPU dequantizes the drive's blocks
     gpu_dequant_rate: float | None = None  # bytes/s (default: ssdemu.replay's)
+    store_when: str = "arrival"  # or computed
+    store_queue: int | None = None  # admission control: stores in flight per drive
 
 
 def _progress_bar(total: int, desc: str):
@@ -85,7 +87,8 @@ def run(job: ReplayJob) -> dict:
                          f"{', '.join(ROUTES)}")
     setup = {"pool": job.pool, "route": job.route,
              "fabric": parse_fabric(job.fabric) if job.fabric else None,
-             "dequant": job.dequant}
+             "dequant": job.dequant, "store_when": job.store_when,
+             "store_queue": job.store_queue}
     if job.gpu_dequant_rate is not None:
         setup["gpu_dequant_bytes_per_s"] = job.gpu_dequant_rate
     reader = TraceReader(job.trace, skip_bad=job.skip_bad)

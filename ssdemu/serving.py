@@ -121,6 +121,13 @@ class LRUTier:
             n += 1
         return n
 
+    def refresh(self, ids) -> None:
+        """Touch the blocks this tier holds (most recent last); insert nothing."""
+        blocks = self.blocks
+        for b in ids:
+            if b in blocks:
+                blocks.move_to_end(b)
+
     def touch_all(self, ids) -> list[int]:
         """Insert or touch every block in order (most recent last), then evict LRU blocks
         down to the capacity; returns the evicted blocks."""

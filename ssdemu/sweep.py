@@ -37,7 +37,8 @@ def run_cell(cell: Cell, trace_bytes: bytes) -> dict:
             quant=None if cell.quant == "none" else cell.quant, capacity=cell.capacity,
             prefill_rate=None if rate == "model" else rate if rate == "auto" else float(rate),
             requests=cell.requests, media=media, progress=False, instances=cell.instances,
-            pool=cell.pool, route=cell.route, fabric=cell.fabric, dequant=cell.dequant)
+            pool=cell.pool, route=cell.route, fabric=cell.fabric, dequant=cell.dequant,
+            store_when=cell.store_when, store_queue=cell.store_queue)
         t0 = time.perf_counter()
         try:
             report = run(job)

@@ -39,8 +39,9 @@ DIMENSIONS = {
     "instances": ("instances", 1),
     "pools": ("pool", "private"),
     "routes": ("route", "round-robin"),
+    "store_when": ("store_when", "arrival"),
 }
-SCALARS = {"requests": None, "media": "mem:1G", "fabric": None}
+SCALARS = {"requests": None, "media": "mem:1G", "fabric": None, "store_queue": None}
 # what varies from run to run of the same cell: left out of the comparison of rows
 WALL_FIELDS = ("wall_seconds", "requests_per_s", "blocks_per_s")
 
@@ -62,9 +63,11 @@ class Cell:
     instances: int
     pool: str
     route: str
+    store_when: str
     requests: int | None
     media: str
     fabric: str | None
+    store_queue: int | None
 
     @property
     def id(self) -> str:
@@ -130,6 +133,9 @@ def expand(data, base_dir: str = ".") -> list[Cell]:
     req = scalars["requests"]
     if req is not None and (not isinstance(req, int) or isinstance(req, bool) or req < 1):
         raise SpecError(f"requests: {req!r} is not a positive whole number")
+    sq = scalars["store_queue"]
+    if sq is not None and (not isinstance(sq, int) or isinstance(sq, bool) or sq < 1):
+        raise SpecError(f"store_queue: {sq!r} is not a positive whole number")
     media = str(scalars["media"])
     if not (media.startswith("mem:") or media.startswith("file:")):
         raise SpecError(f"media: {media!r}: a data-mode cell's media is mem:SIZE or "
@@ -138,7 +144,8 @@ def expand(data, base_dir: str = ".") -> list[Cell]:
     cells = []
     for combo in itertools.product(*(lists[f] for f in fields)):
         cells.append(Cell(**dict(zip(fields, combo, strict=True)), requests=req, media=media,
-                          fabric=None if scalars["fabric"] is None else str(scalars["fabric"])))
+                          fabric=None if scalars["fabric"] is None else str(scalars["fabric"]),
+                          store_queue=scalars["store_queue"]))
     return cells
 
 

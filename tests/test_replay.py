@@ -289,3 +289,59 @@ def test_dequantizing_on_the_gpu_sends_fewer_bytes_and_cuts_ttft():
     assert plain["host"]["ttft_s"] == plain["drive"]["ttft_s"]
     with pytest.raises(ValueError, match="dequant must be one of"):
         replay_model(head, load("star2000d"), llama, "int4_g64", caps, dequant="gpu")
+
+
+def test_hits_on_kv_not_yet_computed():
+    """A slow GPU: request B asks for A's blocks before A's prefill has computed them.  At
+    arrival (the default) B hits them and they are counted as hits on KV not computed yet;
+    stored when computed, B misses them; C, after A's first token, hits under both."""
+    ids = tuple(range(100, 108))
+    reqs = [Request(0, 8 * 512, 1, ids), Request(1, 8 * 512, 1, ids),
+            Request(60_000, 8 * 512, 1, ids)]
+    slow = model_config("tiny")
+    slow = type(slow)(**{**slow.__dict__, "prefill_tokens_per_s": 1000.0})  # A: 4.1 s
+    caps = _caps_tiny("drive=unbounded")
+    at = replay_model(reqs, load("star2000d"), slow, "int8_g64", caps)
+    comp = replay_model(reqs, load("star2000d"), slow, "int8_g64", caps, store_when="computed")
+    assert at["hits_on_uncomputed_kv"] == 8 and at["block_hit_ratio"] == 16 / 24
+    assert comp["hits_on_uncomputed_kv"] == 0 and comp["block_hit_ratio"] == 8 / 24
+    assert at["store_when"] == "arrival" and comp["store_when"] == "computed"
+    assert comp["uncomputed_hit_fraction"] == 0 and at["uncomputed_hit_fraction"] == 0.5
+
+
+def _caps_tiny(text):
+    return parse_capacities(text, SIZES)
+
+
+@settings(deadline=None, max_examples=8)
+@given(st.integers(0, 10_000), st.sampled_from([20_000.0, 200_000.0]))
+def test_storing_when_computed_never_hits_more(seed, rate):
+    trace = generate(120, seed=seed, share=0.8, prefixes=6, rate_per_s=40.0)
+    m = type(TINY)(**{**TINY.__dict__, "prefill_tokens_per_s": rate})
+    caps = _caps_tiny("drive=unbounded")
+    at = replay_model(trace, load("star2000d"), m, "int8_g64", caps)
+    comp = replay_model(trace, load("star2000d"), m, "int8_g64", caps, store_when="computed")
+    assert comp["block_hit_ratio"] <= at["block_hit_ratio"]
+    assert comp["hits_on_uncomputed_kv"] == 0
+    assert (at["hits_on_uncomputed_kv"] > 0) == (comp["block_hit_ratio"] < at["block_hit_ratio"])
+
+
+def test_admission_control_drops_stores_past_its_queue():
+    """A bounded queue of background stores: a small one drops stores (those blocks are not
+    in the drive, so fewer hits) and counts them; one too large to fill changes nothing."""
+    reqs = list(TraceReader(SAMPLE))[:600]
+    llama = model_config("llama-3-8b")
+    caps = parse_capacities("drive=unbounded", {"hbm": 1, "dram": 1, "drive": 1})
+    p = load("pcie4-tlc")
+    free = replay_model(reqs, p, llama, "int8_g64", caps)
+    small = replay_model(reqs, p, llama, "int8_g64", caps, store_queue=4)
+    large = replay_model(reqs, p, llama, "int8_g64", caps, store_queue=1 << 30)
+    assert free["stores_dropped"] == 0 and free["store_queue"] is None
+    assert small["stores_dropped"] > 0 and small["block_hit_ratio"] < free["block_hit_ratio"]
+    # the drive's queue no longer buries its loads
+    assert small["drive_load_ms"]["p50"] < free["drive_load_ms"]["p50"]
+    drop = ("wall_seconds", "requests_per_s", "blocks_per_s", "store_queue")
+    assert {k: v for k, v in large.items() if k not in drop} == \
+        {k: v for k, v in free.items() if k not in drop}
+    with pytest.raises(ValueError, match="at least one store"):
+        replay_model(reqs[:5], p, llama, "int8_g64", caps, store_queue=0)

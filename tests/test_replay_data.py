@@ -94,6 +94,32 @@ def test_host_dequantization_in_data_mode_agrees_with_model_mode(daemon):
         assert _close(data["ttft_s"]["with_drive"][q], model["ttft_s"]["with_drive"][q]), q
 
 
+@pytest.mark.parametrize("kw", [{"store_when": "computed"}, {"store_queue": 2}])
+def test_data_mode_stores_when_computed_and_under_admission_control(daemon, kw):
+    """Stores booked at each request's first token, and a bounded store queue, through a
+    real daemon (a fresh one each: its clock runs from the trace's start): every block read
+    back is right and the drive's own prefix match agrees with the host's mirror of it
+    (which blocks are dropped and when they enter follows the modelled times, so the hits
+    are held to model mode's within the timing tolerance)."""
+    trace = generate(70, seed=5, share=0.8, prefixes=6, prefix_blocks=6,
+                     mean_input_tokens=3000, rate_per_s=40.0)
+    slow = ModelConfig(**{**TINY.__dict__, "prefill_tokens_per_s": 20_000.0})
+    caps = _caps("drive=unbounded", "int8_g64")
+    model = replay_model(trace, PROFILE, slow, "int8_g64", caps, **kw)
+    with hostlib.connect(daemon.socket_path) as dev:
+        data = replay_data(dev, trace, PROFILE, slow, "int8_g64", caps, **kw)
+    assert data["data"]["data_errors"] == 0 and data["data"]["match_mismatches"] == 0
+    assert data["data"]["blocks_verified"] > 0
+    assert abs(data["block_hit_ratio"] - model["block_hit_ratio"]) <= 0.02
+    if "store_queue" in kw:
+        assert data["stores_dropped"] > 0 and model["stores_dropped"] > 0
+    else:  # stored when computed: every hit is on KV that exists, and fewer than at arrival
+        assert data["hits_on_uncomputed_kv"] == 0 == model["hits_on_uncomputed_kv"]
+        at = replay_model(trace, PROFILE, slow, "int8_g64", caps)
+        assert at["hits_on_uncomputed_kv"] > 0
+        assert data["block_hit_ratio"] < at["block_hit_ratio"]
+
+
 def test_data_mode_on_the_sample_prefix(daemon):
     """The bundled Mooncake trace's first requests: the drive's own prefix matching gives
     model mode's hits."""
