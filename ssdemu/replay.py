@@ -587,17 +587,33 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
     t0 = time.perf_counter()
     drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant) for _ in range(instances)]
               if capacities["drive"] != 0 else None)
-    setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric}
-    gpu = gpu_dequant_bytes_per_s if quant and dequant == "host" else None
+    setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric,
+             "dequant": dequant, "gpu_dequant_bytes_per_s": gpu_dequant_bytes_per_s,
+             "store_when": store_when, "store_queue": store_queue}
+    return with_and_without("model", requests, profile, model, quant, capacities, drives,
+                            setup, host_link_bytes_per_s, progress, t0)
+
+
+def with_and_without(mode: str, requests, profile: Profile, model: ModelConfig,
+                     quant: str | None, capacities: dict, drives, setup: dict,
+                     host_link_bytes_per_s: float, progress, t0: float) -> dict:
+    """Both modes' replay: the trace with the drives, then without any, and the report.
+    setup: instances, pool, route, fabric, dequant, gpu_dequant_bytes_per_s, store_when,
+    store_queue."""
+    setup = dict(setup)
+    dequant = setup.pop("dequant")
+    gpu_rate = setup.pop("gpu_dequant_bytes_per_s")
+    gpu = gpu_rate if quant and dequant == "host" else None
+    store_queue = setup.pop("store_queue")
     with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
-                        progress, gpu_dequant_bytes_per_s=gpu, store_when=store_when,
-                        store_queue=store_queue, **setup)
+                        progress, gpu_dequant_bytes_per_s=gpu, store_queue=store_queue,
+                        **setup)
     without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
-                     store_when=store_when, **setup)
-    return report("model", requests, profile, model, quant, capacities, with_drive, without,
+                     **setup)
+    return report(mode, requests, profile, model, quant, capacities, with_drive, without,
                   time.perf_counter() - t0,
                   setup | {"dequant": dequant, "gpu_dequant_bytes_per_s": gpu,
-                           "store_when": store_when, "store_queue": store_queue})
+                           "store_queue": store_queue})
 
 
 def check_dequant(dequant: str, gpu_dequant_bytes_per_s: float) -> None:

@@ -39,8 +39,7 @@ from ssdemu.replay import (
     DEFAULT_GPU_DEQUANT_BYTES_PER_S,
     DEFAULT_HOST_LINK_BYTES_PER_S,
     check_dequant,
-    replay,
-    report,
+    with_and_without,
 )
 from ssdemu.serving import ModelConfig, SyntheticKV, drive_key
 
@@ -285,17 +284,11 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     t0 = time.perf_counter()
     drives = [DataDrive(dev, profile, model, quant, dequant) for dev in devs]
-    setup = {"instances": len(devs), "pool": pool, "route": route, "fabric": fabric}
-    gpu = gpu_dequant_bytes_per_s if quant and dequant == "host" else None
-    with_drive = replay(requests, profile, model, capacities, drives, host_link_bytes_per_s,
-                        progress, gpu_dequant_bytes_per_s=gpu, store_when=store_when,
-                        store_queue=store_queue, **setup)
-    without = replay(requests, profile, model, capacities, None, host_link_bytes_per_s,
-                     store_when=store_when, **setup)
-    out = report("data", requests, profile, model, quant, capacities, with_drive, without,
-                 time.perf_counter() - t0,
-                 setup | {"dequant": dequant, "gpu_dequant_bytes_per_s": gpu,
-                          "store_when": store_when, "store_queue": store_queue})
+    setup = {"instances": len(devs), "pool": pool, "route": route, "fabric": fabric,
+             "dequant": dequant, "gpu_dequant_bytes_per_s": gpu_dequant_bytes_per_s,
+             "store_when": store_when, "store_queue": store_queue}
+    out = with_and_without("data", requests, profile, model, quant, capacities, drives, setup,
+                           host_link_bytes_per_s, progress, t0)
     cs = [d.counters() for d in drives]
     out["data"] = {"blocks_verified": sum(d.verified for d in drives),
                    "blocks_verified_exact": sum(d.verified_exact for d in drives),
