@@ -26,6 +26,11 @@ its retrieves complete, queued behind the drive's other work), layer by layer, s
 overlap the queueing and the prefill: the first token comes at max(start + prefill, arrival +
 loads), and the GPU is busy until then.  Without the drive the same trace runs with the
 drive's capacity at 0.
+
+Options that change this, each off by default (docs/architecture.md, "Replay"): several
+serving instances with private or pooled drives (_Pool, ssdemu/pool.py); blocks dequantized
+on the GPU (dequant host); blocks entering the tiers when computed rather than at arrival;
+a bounded queue of background stores.
 """
 
 from __future__ import annotations

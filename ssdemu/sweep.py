@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import sys
 import tempfile
@@ -108,7 +109,7 @@ def run_sweep(spec_path: str, out: str, address: str | None = None, plot: bool =
             # a data-mode cell's daemon and client want both cores of a small node
             data_task = ray.remote(num_cpus=min(2, os.cpu_count() or 1),
                                    max_retries=0)(run_cell)
-            traces = {t: ray.put(open(t, "rb").read()) for t in {c.trace for c in todo}}
+            traces = {t: ray.put(pathlib.Path(t).read_bytes()) for t in {c.trace for c in todo}}
             pending = {(data_task if c.mode == "data" else task).remote(c, traces[c.trace]): c
                        for c in todo}
             bar = _bar(len(cells), len(cells) - len(todo)) if progress else None
