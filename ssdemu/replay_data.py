@@ -284,6 +284,16 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     t0 = time.perf_counter()
     drives = [DataDrive(dev, profile, model, quant, dequant) for dev in devs]
+    first_ns = requests[0].timestamp_ms * 1e6 if requests else 0.0
+    for dev in devs:
+        # the trace's times stamp the drive's commands: a drive whose virtual clock is past
+        # the first request (it served a replay before) would queue every command behind it
+        now = dev.log()["model"]["horizon_ns"]
+        if now > first_ns:
+            raise DataModeError(
+                f"the daemon's virtual clock is at {now / 1e9:.3f} s, past the trace's first "
+                f"request at {first_ns / 1e9:.3f} s: data mode needs a drive that has not "
+                "replayed before (start a fresh daemon, or use --media)")
     setup = {"instances": len(devs), "pool": pool, "route": route, "fabric": fabric,
              "dequant": dequant, "gpu_dequant_bytes_per_s": gpu_dequant_bytes_per_s,
              "store_when": store_when, "store_queue": store_queue}

@@ -159,32 +159,32 @@ def test_bad_fabric(text, msg):
     assert parse_fabric("25,5") == FabricSpec(25e9, 5000.0)
 
 
-def test_data_mode_pool_agrees_with_model_mode(tmp_path):
-    """Two daemons as a pooled store: the drives' own prefix matches over their shares give
-    the model's hits exactly, every block read back is right, and the fabric carries the same
-    bytes."""
+@pytest.mark.parametrize("pool,cap", [("pooled", "drive=unbounded"),
+                                      ("private", "drive=blocks:40")])
+def test_data_mode_pool_agrees_with_model_mode(tmp_path, pool, cap):
+    """Two daemons as a pooled store or as private drives: the drives' own prefix matches
+    give the model's hits exactly, every block read back is right, and the fabric carries
+    the same bytes."""
     trace = generate(60, seed=3, share=0.8, prefixes=5, prefix_blocks=6,
                      mean_input_tokens=3000)
     daemons = [DaemonProcess(str(tmp_path / f"s{k}.sock"), media="mem:512M",
                              extra=["--clock", "virtual"]) for k in range(2)]
     try:
-        for pool, cap in (("pooled", "drive=unbounded"), ("private", "drive=blocks:40")):
-            model = run(trace, cap, instances=2, pool=pool)
-            with hostlib.connect(daemons[0].socket_path) as d0, \
-                    hostlib.connect(daemons[1].socket_path) as d1:
-                data = replay_data([d0, d1], trace, PROFILE, TINY, "int8_g64", _caps(cap),
-                                   pool=pool)
-                for key in ("block_hit_ratio", "evictions", "fabric_bytes", "host_link_bytes",
-                            "nand_bytes"):
-                    assert data[key] == model[key], (pool, key)
-                assert data["block_hit_ratio"] > 0.3
-                assert data["data"]["data_errors"] == 0
-                assert data["data"]["match_mismatches"] == 0
-                assert data["data"]["blocks_verified"] > 0
-                for k in range(2):  # the next run starts from empty drives
-                    dev = (d0, d1)[k]
-                    for key in dev.kv_list(max_keys=1 << 16):
-                        dev.kv_delete(key)
+        model = run(trace, cap, instances=2, pool=pool)
+        with hostlib.connect(daemons[0].socket_path) as d0, \
+                hostlib.connect(daemons[1].socket_path) as d1:
+            data = replay_data([d0, d1], trace, PROFILE, TINY, "int8_g64", _caps(cap),
+                               pool=pool)
+        for key in ("block_hit_ratio", "evictions", "fabric_bytes", "host_link_bytes",
+                    "nand_bytes"):
+            assert data[key] == model[key], key
+        assert data["block_hit_ratio"] > 0.3
+        assert data["data"]["data_errors"] == 0
+        assert data["data"]["match_mismatches"] == 0
+        assert data["data"]["blocks_verified"] > 0
+        for q in ("p50", "p99", "mean"):
+            a, b = data["ttft_s"]["with_drive"][q], model["ttft_s"]["with_drive"][q]
+            assert abs(a - b) <= 0.02 * b, q
     finally:
         for d in daemons:
             assert d.terminate()[0] == 0

@@ -120,6 +120,18 @@ def test_data_mode_stores_when_computed_and_under_admission_control(daemon, kw):
         assert data["block_hit_ratio"] < at["block_hit_ratio"]
 
 
+def test_a_drive_that_replayed_before_is_refused(daemon):
+    """Its virtual clock is past the trace's start: every command would queue behind it."""
+    trace = generate(10, seed=1)
+    caps = _caps("drive=unbounded", "int8_g64")
+    with hostlib.connect(daemon.socket_path) as dev:
+        replay_data(dev, trace, PROFILE, TINY, "int8_g64", caps)
+        for key in dev.kv_list(max_keys=1 << 16):
+            dev.kv_delete(key)
+        with pytest.raises(DataModeError, match="virtual clock is at .* past the trace"):
+            replay_data(dev, trace, PROFILE, TINY, "int8_g64", caps)
+
+
 def test_data_mode_on_the_sample_prefix(daemon):
     """The bundled Mooncake trace's first requests: the drive's own prefix matching gives
     model mode's hits."""
