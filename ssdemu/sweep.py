@@ -20,11 +20,13 @@ from ssdemu.sweep_spec import WALL_FIELDS, Cell, load_spec, row, write_table
 __all__ = ["WALL_FIELDS", "run_sweep"]
 
 
-def run_cell(cell: Cell, trace_bytes: bytes) -> dict:
-    """One replay, on whichever node Ray chose: {"report": ...} or {"error": one line}."""
+def run_cell(cell: Cell, trace_bytes: bytes, scratch: str | None = None) -> dict:
+    """One replay, on whichever node Ray chose: {"report": ...} or {"error": one line}.
+    scratch: where its temp dir goes (the local Ray instance's own temp dir, removed after
+    the sweep even when a cell is killed mid-way; on a cluster, the node's temp dir)."""
     from ssdemu.replay_job import ReplayJob, run
 
-    with tempfile.TemporaryDirectory(prefix="ssdemu-sweep-") as d:
+    with tempfile.TemporaryDirectory(prefix="ssdemu-sweep-", dir=scratch) as d:
         trace = os.path.join(d, os.path.basename(cell.trace))
         with open(trace, "wb") as f:
             f.write(trace_bytes)
@@ -110,7 +112,8 @@ def run_sweep(spec_path: str, out: str, address: str | None = None, plot: bool =
             data_task = ray.remote(num_cpus=min(2, os.cpu_count() or 1),
                                    max_retries=0)(run_cell)
             traces = {t: ray.put(pathlib.Path(t).read_bytes()) for t in {c.trace for c in todo}}
-            pending = {(data_task if c.mode == "data" else task).remote(c, traces[c.trace]): c
+            pending = {(data_task if c.mode == "data" else task).remote(c, traces[c.trace],
+                                                                         ray_temp): c
                        for c in todo}
             bar = _bar(len(cells), len(cells) - len(todo)) if progress else None
             while pending:
