@@ -90,8 +90,29 @@ PLOTS = {"hit_ratio.png": hit_ratio_over_time, "ttft_cdf.png": ttft_cdf,
          "drive_utilization.png": drive_utilization}
 
 
+def crossover(points: list, what: str, path: str) -> None:
+    """TTFT p50 (solid) and p99 (dashed) with the drive and recomputing against the GPU's
+    prefill rate (the replay's own rate and around it, in model mode)."""
+    plt, fig, ax = _figure()
+    x = [p["prefill_tokens_per_s"] for p in points]
+    for key, label, color in (("ttft_with_drive_s", "with the drive", "#08519c"),
+                              ("ttft_without_drive_s", "recompute (no drive)", "#cb181d")):
+        ax.plot(x, [p[key]["p50"] for p in points], marker="o", color=color,
+                label=f"{label}, p50")
+        ax.plot(x, [p[key]["p99"] for p in points], marker="^", ls="--", color=color,
+                label=f"{label}, p99")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GPU prefill rate (tokens/s)")
+    ax.set_ylabel("TTFT (s)")
+    ax.grid(alpha=0.3)
+    _save(plt, fig, ax, f"TTFT against prefill rate (model mode): {what}", "upper right",
+          path)
+
+
 def write_plots(report: dict, series: dict, directory: str) -> list[str]:
-    """All three PNGs into `directory` (created); returns their paths."""
+    """All the PNGs into `directory` (created), the crossover when the report has its
+    points; returns their paths."""
     os.makedirs(directory, exist_ok=True)
     what = (f"{report['requests']:,} requests, {report['model']}, {report['profile']}, "
             f"{report['quant'] or 'fp16'}, {report['mode']} mode")
@@ -99,6 +120,10 @@ def write_plots(report: dict, series: dict, directory: str) -> list[str]:
     for name, fn in PLOTS.items():
         path = os.path.join(directory, name)
         fn(series, what, path)
+        out.append(path)
+    if report.get("crossover"):
+        path = os.path.join(directory, "crossover.png")
+        crossover(report["crossover"], what.replace(f", {report['mode']} mode", ""), path)
         out.append(path)
     return out
 

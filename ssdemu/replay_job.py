@@ -116,8 +116,34 @@ def run(job: ReplayJob) -> dict:
     if job.plot_dir:
         from ssdemu.plots import write_plots
 
+        report["crossover"] = crossover(requests, profile, model, job.quant, caps,
+                                        job.instances, setup,
+                                        report if job.mode == "model" else None)
         report["plots"] = write_plots(report, series, job.plot_dir)
     return report
+
+
+CROSSOVER_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # of the replay's own prefill rate
+
+
+def crossover(requests, profile, model, quant, caps, instances: int, setup: dict,
+              own: dict | None = None) -> list:
+    """TTFT p50 and p99 with and without the drive at prefill rates around the replay's own
+    (model mode, the same setup): where the lines cross, recompute has caught up with
+    loading.  own: the model-mode report at the replay's own rate, reused."""
+    import dataclasses
+
+    from ssdemu.replay import replay_model
+
+    points = []
+    for f in CROSSOVER_FACTORS:
+        m = dataclasses.replace(model, prefill_tokens_per_s=model.prefill_tokens_per_s * f)
+        r = (own if f == 1.0 and own is not None else
+             replay_model(requests, profile, m, quant, caps, instances=instances, **setup))
+        points.append({"prefill_tokens_per_s": m.prefill_tokens_per_s,
+                       "ttft_with_drive_s": r["ttft_s"]["with_drive"],
+                       "ttft_without_drive_s": r["ttft_s"]["without_drive"]})
+    return points
 
 
 def _media_of(media: str, k: int, instances: int) -> str:

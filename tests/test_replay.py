@@ -176,6 +176,29 @@ def test_drive_keys():
     assert drive_key(2**64 - 1)[:8] == b"\xff" * 8
 
 
+def test_plot_draws_the_crossover_of_recompute_and_the_drive(tmp_path):
+    """--plot adds TTFT against prefill rate around the replay's own, with and without the
+    drive: a faster GPU never makes recomputing slower, the replay's own point is its
+    report's, and with a GPU 4x slower the drive wins."""
+    path = tmp_path / "t.jsonl"
+    write(generate(150, seed=3, share=0.8, rate_per_s=20.0), str(path))
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--model", "tiny",
+                        "--json", "--no-progress", "--plot", str(tmp_path / "p")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    pts = r["crossover"]
+    rates = [q["prefill_tokens_per_s"] for q in pts]
+    assert rates == sorted(rates) and len(rates) == 5
+    assert rates[2] == r["prefill_tokens_per_s"]
+    assert pts[2]["ttft_with_drive_s"] == r["ttft_s"]["with_drive"]
+    without = [q["ttft_without_drive_s"]["p50"] for q in pts]
+    assert all(a >= b for a, b in zip(without, without[1:], strict=False))
+    assert pts[0]["ttft_with_drive_s"]["p50"] < pts[0]["ttft_without_drive_s"]["p50"]
+    png = (tmp_path / "p" / "crossover.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and str(tmp_path / "p" / "crossover.png") in r["plots"]
+
+
 def test_cli_replay(tmp_path):
     path = tmp_path / "t.jsonl"
     write(generate(100, seed=2), str(path))
