@@ -172,14 +172,23 @@ class Daemon:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # the socket is created 0600 (0660 with a group): other users cannot reach it at all;
         # SO_PEERCRED then checks those who can
+        # bound and listening under a temporary name, then renamed into place: a client that
+        # sees the socket can connect at once (between bind and listen it would be refused,
+        # which a loaded machine showed)
+        binding = f"{self.socket_path}.{os.getpid()}.tmp"
         old = os.umask(0o177 if self.group is None else 0o117)
         try:
-            self.listener.bind(self.socket_path)
+            self.listener.bind(binding)
         finally:
             os.umask(old)
-        if self.group is not None:
-            os.chown(self.socket_path, -1, self.group)
-        self.listener.listen(64)
+        try:
+            if self.group is not None:
+                os.chown(binding, -1, self.group)
+            self.listener.listen(64)
+            os.replace(binding, self.socket_path)
+        except BaseException:
+            os.unlink(binding)
+            raise
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
