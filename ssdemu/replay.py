@@ -211,13 +211,15 @@ class _Pool:
             part[1].append(i)
         return out
 
-    def holds(self, k: int, ids) -> int:
-        """How much of the request instance k would serve from its own drive: the leading
+    def holds(self, ids) -> list[int]:
+        """How much of the request each instance would serve from its own drive: the leading
         run there (private), or the blocks of the pool's leading run homed there (pooled)."""
         if not self.pooled:
-            return self.tiers[k].leading_run(ids)
-        run = self.leading_run(ids)
-        return sum(1 for b in ids[:run] if self.ring.home(b) == k)
+            return [t.leading_run(ids) for t in self.tiers]
+        held = [0] * len(self.drives)
+        for b in ids[:self.leading_run(ids)]:
+            held[self.ring.home(b)] += 1
+        return held
 
     def leading_run(self, ids) -> int:
         run = 0
@@ -475,12 +477,12 @@ def _route_prefix(tiers, store, ids, i: int, K: int) -> int:
     """The instance holding the most of the request's prefix (its HBM and DRAM leading runs,
     and what it would serve from its own drive), as Mooncake's scheduler routes; ties go in
     round-robin order from i mod K."""
+    on_drive = store.holds(ids) if store is not None else [0] * K
     best, best_held = i % K, -1
     for step in range(K):
         k = (i + step) % K
-        held = max(tiers[k]["hbm"].leading_run(ids), tiers[k]["dram"].leading_run(ids))
-        if store is not None:
-            held = max(held, store.holds(k, ids))
+        held = max(tiers[k]["hbm"].leading_run(ids), tiers[k]["dram"].leading_run(ids),
+                   on_drive[k])
         if held > best_held:
             best, best_held = k, held
     return best

@@ -131,8 +131,6 @@ def crossover(requests, profile, model, quant, caps, instances: int, setup: dict
     """TTFT p50 and p99 with and without the drive at prefill rates around the replay's own
     (model mode, the same setup): where the lines cross, recompute has caught up with
     loading.  own: the model-mode report at the replay's own rate, reused."""
-    import dataclasses
-
     from ssdemu.replay import replay_model
 
     points = []

@@ -116,7 +116,7 @@ def expand(data, base_dir: str = ".") -> list[Cell]:
         raise SpecError("traces: a spec needs at least one trace")
     lists = {}
     for key, (field, default) in DIMENSIONS.items():
-        lists[field] = [str(x) if field not in ("instances",) else x
+        lists[field] = [x if field == "instances" else str(x)
                         for x in _as_list(key, data.get(key, default))]
     lists["trace"] = [t if os.path.isabs(t) else os.path.normpath(os.path.join(base_dir, t))
                       for t in lists["trace"]]
