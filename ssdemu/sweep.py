@@ -122,7 +122,7 @@ def run_sweep(spec_path: str, out: str, address: str | None = None, plot: bool =
                 try:
                     r = ray.get(ready[0])
                 except Exception as e:  # the worker died: the cell fails, not the sweep
-                    r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:500]}"}
+                    r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
                 _save(out, c, r)
                 results[c.id] = r
                 ran += 1
