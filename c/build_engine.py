@@ -20,7 +20,7 @@ HEADERS = [HERE / name for name in ("sde_engine.h", "sde_queue.h", "sde_model.h"
                                     "sde_dev.h", "sde_client_loop.h")]
 SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c",
            "sde_store.c", "sde_hash_avx2.c", "sde_budget.c", "sde_fw.c", "sde_fault.c",
-           "sde_undo.c", "sde_gaps.c"]
+           "sde_undo.c", "sde_gaps.c", "sde_ftl.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )

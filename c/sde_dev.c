@@ -1865,6 +1865,8 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
             dev->stats.undo_failures++;
         if (st == SDE_SC_SUCCESS)
             st = zero_range(dev, c->opcode, off, c->length);
+        if (st == SDE_SC_SUCCESS && c->opcode == SDE_CMD_DEALLOCATE && dev->model)
+            sde_model_trim(dev->model, off, c->length); /* the FTL forgets the range */
         finish(dev, qp, cls, c->cid, st, st ? 0 : c->length, c->length, t0);
         return 0;
     case SDE_CMD_KV_STORE:
@@ -2192,9 +2194,22 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
     return 0;
 }
 
+/* A range the store freed is a trim to the FTL (a delete or an overwrite no longer keeps
+ * its old value's units valid for GC). */
+static void trim_freed(void *ctx, uint64_t off, uint64_t nbytes)
+{
+    sde_dev *dev = ctx;
+    if (dev->model)
+        sde_model_trim(dev->model, off, nbytes);
+}
+
 int sde_dev_attach_store(sde_dev *dev, sde_store *st)
 {
     pthread_mutex_lock(&dev->lock);
+    if (dev->store && dev->store != st)
+        sde_store_on_free(dev->store, NULL, NULL);
+    if (st)
+        sde_store_on_free(st, trim_freed, dev);
     dev->store = st;
     pthread_mutex_unlock(&dev->lock);
     return 0;

@@ -5,14 +5,74 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A chunk is skipped when its longest gap is shorter than the stage by more than SKIP_SLACK:
- * the stage's end, start + duration, is rounded, and a gap of end - start a hair under the
- * duration can still hold it when the sum rounds down onto the end.  Below SKIP_LIMIT ns
- * (11.6 days of virtual time) a double's rounding is under 0.125 ns, so a 1 ns slack keeps
- * the skip exact: the stage lands in the gap a scan of every gap would give it.  Past it,
- * no chunk is skipped. */
-#define SKIP_LIMIT_NS 1e15
-#define SKIP_SLACK_NS 1.0
+/* A stage fits a gap when the gap's length from the stage's start, gap end - start, is at
+ * least its duration (its end is then start + duration, clamped to the gap's end against
+ * rounding).  The rule compares lengths as a chunk's longest gap does, so a chunk whose
+ * longest gap is shorter than the stage is skipped exactly.  (With `start + duration <= end`
+ * instead, a gap exactly as long as the stage, left by a transfer of the same size, could not
+ * hold it by half an ulp, and every such gap cost a scan of its chunk.) */
+
+static void tree_set(sde_gaps *g, uint32_t c)
+{
+    if (!g->tree)
+        return;
+    uint32_t i = g->tsize + c;
+    g->tree[i] = g->maxlen[c];
+    for (i /= 2; i; i /= 2)
+        g->tree[i] = g->tree[2 * i] > g->tree[2 * i + 1] ? g->tree[2 * i] : g->tree[2 * i + 1];
+}
+
+/* After chunks were inserted or removed: the tree again (O(chunks), once per 64 gaps). */
+static void tree_rebuild(sde_gaps *g)
+{
+    uint32_t size = 1;
+    while (size < g->nchunks)
+        size *= 2;
+    if (size != g->tsize || !g->tree) {
+        double *t = realloc(g->tree, 2 * size * sizeof(double));
+        if (!t) {
+            free(g->tree);
+            g->tree = NULL; /* without it, fit scans the chunks */
+            g->tsize = 0;
+            return;
+        }
+        g->tree = t;
+        g->tsize = size;
+    }
+    for (uint32_t i = 0; i < size; i++)
+        g->tree[size + i] = i < g->nchunks ? g->maxlen[i] : -1.0;
+    for (uint32_t i = size - 1; i; i--)
+        g->tree[i] = g->tree[2 * i] > g->tree[2 * i + 1] ? g->tree[2 * i] : g->tree[2 * i + 1];
+}
+
+/* The first chunk at or after `from` whose longest gap is at least `len`, or nchunks. */
+static uint32_t tree_first(const sde_gaps *g, uint32_t from, double len)
+{
+    if (from >= g->nchunks)
+        return g->nchunks;
+    if (!g->tree) {
+        while (from < g->nchunks && g->maxlen[from] < len)
+            from++;
+        return from;
+    }
+    uint32_t i = g->tsize + from;
+    if (g->tree[i] >= len)
+        return from;
+    /* climb until a right sibling holds one, then descend to its leftmost */
+    for (;;) {
+        if (i == 1)
+            return g->nchunks;
+        if (!(i & 1) && g->tree[i + 1] >= len) {
+            i++;
+            break;
+        }
+        i /= 2;
+    }
+    while (i < g->tsize)
+        i = g->tree[2 * i] >= len ? 2 * i : 2 * i + 1;
+    uint32_t c = i - g->tsize;
+    return c < g->nchunks ? c : g->nchunks;
+}
 
 static void summarize(sde_gaps *g, uint32_t c)
 {
@@ -23,6 +83,7 @@ static void summarize(sde_gaps *g, uint32_t c)
             m = k->g[i].end - k->g[i].start;
     g->maxlen[c] = m;
     g->last[c] = k->g[k->n - 1].end;
+    tree_set(g, c);
 }
 
 static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
@@ -48,7 +109,9 @@ static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
     memmove(&g->last[at + 1], &g->last[at], tail * sizeof(*g->last));
     memmove(&g->maxlen[at + 1], &g->maxlen[at], tail * sizeof(*g->maxlen));
     g->chunk[at] = k;
+    g->maxlen[at] = 0.0;
     g->nchunks++;
+    tree_rebuild(g);
     return 0;
 }
 
@@ -61,6 +124,7 @@ static void remove_chunks(sde_gaps *g, uint32_t at, uint32_t count)
     memmove(&g->last[at], &g->last[at + count], tail * sizeof(*g->last));
     memmove(&g->maxlen[at], &g->maxlen[at + count], tail * sizeof(*g->maxlen));
     g->nchunks -= count;
+    tree_rebuild(g);
 }
 
 void sde_gaps_free(sde_gaps *g)
@@ -70,6 +134,7 @@ void sde_gaps_free(sde_gaps *g)
     free(g->chunk);
     free(g->last);
     free(g->maxlen);
+    free(g->tree);
     memset(g, 0, sizeof(*g));
 }
 
@@ -88,8 +153,10 @@ int sde_gaps_append(sde_gaps *g, double start, double end)
     }
     uint32_t c = g->nchunks - 1;
     k->g[k->n++] = (struct sde_gap){start, end};
-    if (k->n == 1 || end - start > g->maxlen[c])
+    if (k->n == 1 || end - start > g->maxlen[c]) {
         g->maxlen[c] = end - start;
+        tree_set(g, c);
+    }
     g->last[c] = end;
     g->n++;
     return 0;
@@ -146,10 +213,12 @@ int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
         else
             hi = mid;
     }
-    int may_skip = g->nchunks && g->last[g->nchunks - 1] < SKIP_LIMIT_NS;
     for (uint32_t c = lo; c < g->nchunks; c++) {
-        if (may_skip && g->maxlen[c] + SKIP_SLACK_NS < duration)
-            continue;
+        if (g->maxlen[c] < duration) {
+            c = tree_first(g, c + 1, duration);
+            if (c == g->nchunks)
+                break;
+        }
         const struct sde_gap_chunk *k = g->chunk[c];
         uint32_t i = 0;
         if (c == lo) { /* ...and its first gap ending after it */
@@ -165,8 +234,10 @@ int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
         }
         for (; i < k->n; i++) {
             double start = k->g[i].start > ready ? k->g[i].start : ready;
-            double end = start + duration;
-            if (end <= k->g[i].end) {
+            if (k->g[i].end - start >= duration) {
+                double end = start + duration;
+                if (end > k->g[i].end)
+                    end = k->g[i].end;
                 take(g, c, i, start, end);
                 *done = end;
                 return 1;

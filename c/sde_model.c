@@ -7,6 +7,7 @@
  * that end before the latest submission can no longer be used and are forgotten.
  */
 #include "sde_model.h"
+#include "sde_ftl.h"
 #include "sde_gaps.h"
 
 #include <errno.h>
@@ -33,11 +34,11 @@ static inline void res_ends(struct sde_resource *r)
 
 struct sde_model {
     sde_model_params p;
-    uint32_t nplanes;
+    uint32_t ndies;
     /* PCIe is full duplex: device-to-host (reads, transfers) and host-to-device (writes,
      * receives) are separate links of the same bandwidth */
-    struct sde_resource *cores, *planes, *channels, link, link_in;
-    double ns_per_link_byte, ns_per_channel_byte;
+    struct sde_resource *cores, *dies, *channels, link, link_in, prog_path;
+    double ns_per_link_byte, ns_per_channel_byte, ns_per_prog_byte;
     double horizon;
     uint64_t nand_read, nand_written, link_bytes;
     /* scratch of the bulk path: pages, bytes and stage times per channel */
@@ -49,6 +50,12 @@ struct sde_model {
     struct cached { double leaves; uint64_t bytes; } *cache;
     uint32_t ncache, cap_cache;
     uint64_t cache_bytes;
+    /* the FTL, when the params ask for one: 4 KiB units, upr of them per multi-plane row */
+    sde_ftl *ftl;
+    uint32_t upr, unit;
+    uint64_t padding, gc_programmed_rows, host_programmed_rows;
+    double gc_ns;
+    uint64_t last_rows_bytes; /* the rows the last FTL write completed (for the cache) */
 };
 
 static void res_init(struct sde_resource *r) { memset(r, 0, sizeof(*r)); }
@@ -87,20 +94,40 @@ int sde_model_new(const sde_model_params *p, sde_model **out)
     if (!m)
         return -ENOMEM;
     m->p = *p;
-    m->nplanes = p->channels * p->dies_per_channel * p->planes_per_die;
+    /* Dies, with their planes, are the unit that senses and programs: a die senses or
+     * programs the pages of its planes at once (a multi-plane operation), so the model's
+     * page is a die-row of planes_per_die pages, and rows stripe channel-first over dies. */
+    m->p.page_bytes = p->page_bytes * p->planes_per_die;
+    m->p.planes_per_die = 1;
+    m->ndies = p->channels * p->dies_per_channel;
     m->cores = calloc(p->cores, sizeof(*m->cores));
-    m->planes = calloc(m->nplanes, sizeof(*m->planes));
+    m->dies = calloc(m->ndies, sizeof(*m->dies));
     m->channels = calloc(p->channels, sizeof(*m->channels));
     m->ch_pages = calloc(p->channels, sizeof(uint32_t));
     m->ch_bytes = calloc(p->channels, sizeof(uint64_t));
     m->ch_ready = calloc(p->channels, sizeof(double));
     m->ch_last = calloc(p->channels, sizeof(double));
-    if (!m->cores || !m->planes || !m->channels || !m->ch_pages || !m->ch_bytes || !m->ch_ready || !m->ch_last) {
+    if (!m->cores || !m->dies || !m->channels || !m->ch_pages || !m->ch_bytes || !m->ch_ready || !m->ch_last) {
         sde_model_free(m);
         return -ENOMEM;
     }
     res_init(&m->link);
     res_init(&m->link_in);
+    res_init(&m->prog_path);
+    m->ns_per_prog_byte = p->program_bytes_per_s > 0 ? 1e9 / p->program_bytes_per_s : 0.0;
+    if (p->ftl_logical_bytes) {
+        m->unit = p->ftl_unit_bytes ? p->ftl_unit_bytes : 4096;
+        m->upr = m->p.page_bytes / m->unit;
+        uint64_t upl = (uint64_t)m->upr * m->ndies * p->ftl_rows_per_die;
+        int r = m->upr && m->p.page_bytes % m->unit == 0 && upl < UINT32_MAX
+                    ? sde_ftl_new(p->ftl_logical_bytes / m->unit, p->ftl_lines, (uint32_t)upl,
+                                  p->ftl_gc_free_lines, &m->ftl)
+                    : -EINVAL;
+        if (r < 0) {
+            sde_model_free(m);
+            return r;
+        }
+    }
     m->ns_per_link_byte = 1e9 / p->link_bytes_per_s;
     m->ns_per_channel_byte = 1e9 / p->channel_bytes_per_s;
     *out = m;
@@ -113,20 +140,22 @@ void sde_model_free(sde_model *m)
         return;
     for (uint32_t i = 0; m->cores && i < m->p.cores; i++)
         res_fini(&m->cores[i]);
-    for (uint32_t i = 0; m->planes && i < m->nplanes; i++)
-        res_fini(&m->planes[i]);
+    for (uint32_t i = 0; m->dies && i < m->ndies; i++)
+        res_fini(&m->dies[i]);
     for (uint32_t i = 0; m->channels && i < m->p.channels; i++)
         res_fini(&m->channels[i]);
     res_fini(&m->link);
     res_fini(&m->link_in);
+    res_fini(&m->prog_path);
     free(m->cores);
-    free(m->planes);
+    free(m->dies);
     free(m->channels);
     free(m->cache);
     free(m->ch_pages);
     free(m->ch_bytes);
     free(m->ch_ready);
     free(m->ch_last);
+    sde_ftl_free(m->ftl);
     free(m);
 }
 
@@ -250,7 +279,7 @@ static double read_bulk(sde_model *m, double t, uint64_t offset, uint64_t nbytes
     }
     FOR_BULK_PLANES(m, b, {
         (void)i;
-        double done = hold(m, &m->planes[plane], t, k * m->p.t_read_ns);
+        double done = hold(m, &m->dies[plane], t, k * m->p.t_read_ns);
         double first = done - (k - 1) * m->p.t_read_ns;
         if (first < m->ch_ready[c])
             m->ch_ready[c] = first;
@@ -297,7 +326,7 @@ static double write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t
     uint32_t C = m->p.channels;
     FOR_BULK_PLANES(m, b, {
         double ready = m->ch_ready[c] + (i / C + 1) * xfer;
-        double prog = hold(m, &m->planes[plane], ready, k * m->p.t_prog_ns);
+        double prog = hold(m, &m->dies[plane], ready, k * m->p.t_prog_ns);
         if (prog > programmed)
             programmed = prog;
     });
@@ -311,12 +340,29 @@ static int use_bulk(const sde_model *m, uint64_t offset, uint64_t nbytes)
     return m->p.bulk_pages && pages >= m->p.bulk_pages;
 }
 
+static double page_programs(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes);
+
 /* The NAND half of a write of data in the controller at `arrived`: channel transfers and
  * programs; returns when the last page is programmed. */
 static double program_stages(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
 {
-    if (use_bulk(m, offset, nbytes))
-        return write_bulk(m, arrived, offset, nbytes);
+    double floor = arrived;
+    if (m->ns_per_prog_byte > 0) {
+        /* the controller's program path (its power budget and write datapath) moves the data
+         * at program_bytes_per_s; each page goes on to its channel as it leaves */
+        double dur = (double)nbytes * m->ns_per_prog_byte;
+        double piped = hold(m, &m->prog_path, arrived, dur);
+        uint64_t first = nbytes < m->p.page_bytes ? nbytes : m->p.page_bytes;
+        arrived = piped - dur + (double)first * m->ns_per_prog_byte;
+        floor = piped + m->p.t_prog_ns;
+    }
+    double done = use_bulk(m, offset, nbytes) ? write_bulk(m, arrived, offset, nbytes)
+                                              : page_programs(m, arrived, offset, nbytes);
+    return done > floor ? done : floor;
+}
+
+static double page_programs(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
+{
     double programmed = arrived;
     uint64_t page = m->p.page_bytes;
     uint64_t end = offset + nbytes;
@@ -325,7 +371,7 @@ static double program_stages(sde_model *m, double arrived, uint64_t offset, uint
         uint32_t plane, ch;
         locate(m, p, &plane, &ch);
         double moved = hold(m, &m->channels[ch], arrived, (double)n * m->ns_per_channel_byte);
-        double prog = hold(m, &m->planes[plane], moved, m->p.t_prog_ns);
+        double prog = hold(m, &m->dies[plane], moved, m->p.t_prog_ns);
         if (prog > programmed)
             programmed = prog;
     }
@@ -346,7 +392,7 @@ static double read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbyt
         uint64_t n = page_part(p, page, offset, end);
         uint32_t plane, ch;
         locate(m, p, &plane, &ch);
-        double sensed = hold(m, &m->planes[plane], t, m->p.t_read_ns);
+        double sensed = hold(m, &m->dies[plane], t, m->p.t_read_ns);
         double moved = hold(m, &m->channels[ch], sensed, (double)n * m->ns_per_channel_byte);
         double over = with_link ? hold(m, &m->link, moved, (double)n * m->ns_per_link_byte)
                                 : moved;
@@ -355,6 +401,205 @@ static double read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbyt
     }
     return done;
 }
+
+/* ---- the FTL ------------------------------------------------------------------------------
+ * With an FTL (sde_ftl.h) a logical 4 KiB unit lives where its last write was appended, and
+ * the stages above run on physical addresses: physical unit f at byte f * unit of a physical
+ * space laid out on the dies as logical space is without one.  Writes append units; a row
+ * (the multi-plane page of one die) is programmed once all its units have arrived, so small
+ * writes are packed as a drive's write buffer packs them; a flush programs the partial row
+ * (padding).  GC runs when a write point opens a line and free lines are at the threshold:
+ * the victim's valid units are sensed, appended to the GC write point and programmed, and the
+ * line is erased on every die, all booked from the triggering write's arrival, so that GC
+ * competes with host I/O for dies and channels. */
+
+
+/* Runs of completed rows, programmed from `ready`: consecutive rows are one run (a stream of
+ * appends is a sequential physical stream, so a large write still takes the bulk path). */
+struct rows {
+    uint64_t first, n;
+    double programmed;
+    uint64_t bytes;
+};
+
+static void rows_flush(sde_model *m, struct rows *r, double ready)
+{
+    if (!r->n)
+        return;
+    uint64_t row = m->p.page_bytes;
+    double done = program_stages(m, ready, r->first * row, r->n * row);
+    if (done > r->programmed)
+        r->programmed = done;
+    r->bytes += r->n * row;
+    r->n = 0;
+}
+
+/* Unit f was just appended: when it completes its row, the row joins the run. */
+static void rows_add(sde_model *m, struct rows *r, uint32_t f, double ready)
+{
+    if ((f + 1) % m->upr)
+        return;
+    uint64_t row = f / m->upr;
+    if (r->n && row != r->first + r->n)
+        rows_flush(m, r, ready);
+    if (!r->n)
+        r->first = row;
+    r->n++;
+}
+
+static double dies_busy(const sde_model *m)
+{
+    double b = 0;
+    for (uint32_t i = 0; i < m->ndies; i++)
+        b += m->dies[i].busy;
+    return b;
+}
+
+/* Senses a run of physical units [f0, f0 + n) for GC, from t; returns when they are in the
+ * controller. */
+static double gc_sense(sde_model *m, double t, uint32_t f0, uint32_t n)
+{
+    return read_stages(m, t, (uint64_t)f0 * m->unit, (uint64_t)n * m->unit, 0);
+}
+
+static void gc(sde_model *m, double t)
+{
+    double before = dies_busy(m);
+    sde_ftl_stats st;
+    sde_ftl_get_stats(m->ftl, &st);
+    uint32_t upl = (uint32_t)st.units_per_line;
+    while (sde_ftl_gc_needed(m->ftl)) {
+        int64_t victim = sde_ftl_victim(m->ftl);
+        if (victim < 0)
+            break;
+        struct rows r = {0};
+        double sensed_all = t;
+        uint32_t base = (uint32_t)victim * upl, run = 0;
+        for (uint32_t s = 0; s <= upl; s++) {
+            uint32_t owner = s < upl ? sde_ftl_owner(m->ftl, base + s) : SDE_FTL_UNMAPPED;
+            if (owner != SDE_FTL_UNMAPPED) {
+                run++;
+                continue;
+            }
+            if (!run)
+                continue;
+            uint32_t f0 = base + s - run;
+            double sensed = gc_sense(m, t, f0, run);
+            if (sensed > sensed_all)
+                sensed_all = sensed;
+            for (uint32_t k = 0; k < run; k++) {
+                uint32_t u = sde_ftl_owner(m->ftl, f0 + k);
+                uint32_t f = sde_ftl_append(m->ftl, 1, u);
+                if (f == SDE_FTL_UNMAPPED)
+                    break; /* no free line at all: cannot happen with the FTL's sizing */
+                rows_add(m, &r, f, sensed);
+            }
+            rows_flush(m, &r, sensed);
+            run = 0;
+        }
+        m->gc_programmed_rows += r.bytes / m->p.page_bytes;
+        double erase = m->p.t_erase_ns * m->p.ftl_erase_share;
+        for (uint32_t d = 0; d < m->ndies; d++)
+            hold(m, &m->dies[d], sensed_all, erase);
+        sde_ftl_erase(m->ftl, (uint32_t)victim);
+    }
+    m->gc_ns += dies_busy(m) - before;
+}
+
+/* Append the units of [offset, offset + nbytes) at the host write point (logical units wrap
+ * at the FTL's logical size) and program the rows they complete from `arrived`; returns the
+ * last row's program time (`arrived` when none completed) and the bytes of the rows in
+ * *rows_bytes. */
+static double ftl_write(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes,
+                        uint64_t *rows_bytes)
+{
+    sde_ftl_stats st;
+    sde_ftl_get_stats(m->ftl, &st);
+    struct rows r = {.programmed = arrived};
+    uint64_t u0 = offset / m->unit, u1 = (offset + nbytes + m->unit - 1) / m->unit;
+    for (uint64_t u = u0; u < u1; u++) {
+        if (sde_ftl_next_slot(m->ftl, 0) % st.units_per_line == 0 && sde_ftl_gc_needed(m->ftl)) {
+            rows_flush(m, &r, arrived);
+            gc(m, arrived);
+        }
+        uint32_t f = sde_ftl_append(m->ftl, 0, u % st.logical_units);
+        if (f == SDE_FTL_UNMAPPED)
+            break;
+        rows_add(m, &r, f, arrived);
+    }
+    rows_flush(m, &r, arrived);
+    m->host_programmed_rows += r.bytes / m->p.page_bytes;
+    *rows_bytes = r.bytes;
+    return r.programmed;
+}
+
+/* Program the host write point's partial row now (a flush, or a write without the cache):
+ * the rest of the row is padding. */
+static double ftl_pad(sde_model *m, double ready)
+{
+    uint32_t next = sde_ftl_next_slot(m->ftl, 0);
+    if (next % m->upr == 0)
+        return ready;
+    uint32_t left = m->upr - next % m->upr;
+    m->padding += (uint64_t)left * m->unit;
+    uint64_t row = next / m->upr;
+    sde_ftl_skip(m->ftl, 0, left);
+    m->host_programmed_rows++;
+    return program_stages(m, ready, row * m->p.page_bytes, m->p.page_bytes);
+}
+
+/* The NAND half of reading [offset, offset + nbytes) with an FTL: each run of units that are
+ * contiguous where they live (a never-written unit is read where its offset says). */
+static double ftl_read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbytes,
+                              int with_link)
+{
+    uint64_t end = offset + nbytes, run_at = 0, run_len = 0;
+    double done = t;
+    sde_ftl_stats st;
+    sde_ftl_get_stats(m->ftl, &st);
+    for (uint64_t at = offset; at < end;) {
+        uint64_t u = at / m->unit, take = (u + 1) * m->unit - at;
+        if (take > end - at)
+            take = end - at;
+        uint32_t f = sde_ftl_lookup(m->ftl, u % st.logical_units);
+        uint64_t where = f == SDE_FTL_UNMAPPED ? at : (uint64_t)f * m->unit + at % m->unit;
+        if (run_len && where != run_at + run_len) {
+            double d = read_stages(m, t, run_at, run_len, with_link);
+            done = d > done ? d : done;
+            run_len = 0;
+        }
+        if (!run_len)
+            run_at = where;
+        run_len += take;
+        at += take;
+    }
+    if (run_len) {
+        double d = read_stages(m, t, run_at, run_len, with_link);
+        done = d > done ? d : done;
+    }
+    return done;
+}
+
+static double nand_read(sde_model *m, double t, uint64_t offset, uint64_t nbytes, int with_link)
+{
+    return m->ftl ? ftl_read_stages(m, t, offset, nbytes, with_link)
+                  : read_stages(m, t, offset, nbytes, with_link);
+}
+
+void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes)
+{
+    if (!m->ftl)
+        return;
+    sde_ftl_stats st;
+    sde_ftl_get_stats(m->ftl, &st);
+    uint64_t u0 = (offset + m->unit - 1) / m->unit, u1 = (offset + nbytes) / m->unit;
+    if (u1 - u0 > st.logical_units)
+        u1 = u0 + st.logical_units;
+    for (uint64_t u = u0; u < u1; u++)
+        sde_ftl_trim(m->ftl, u % st.logical_units);
+}
+
+/* ---- commands ----------------------------------------------------------------------------- */
 
 double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
 {
@@ -365,7 +610,8 @@ double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nby
         m->link_bytes += nbytes;
         return submit + m->p.fixed_read_ns;
     }
-    double done = read_stages(m, controller(m, submit), offset, nbytes, 1);
+    double t = controller(m, submit) + m->p.read_latency_ns;
+    double done = nand_read(m, t, offset, nbytes, 1);
     m->nand_read += nbytes;
     m->link_bytes += nbytes;
     return done + m->p.link_latency_ns;
@@ -378,7 +624,7 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
     m->nand_read += nbytes;
     if (m->p.fixed)
         return submit + m->p.fixed_read_ns;
-    return read_stages(m, controller(m, submit), offset, nbytes, 0);
+    return nand_read(m, controller(m, submit) + m->p.read_latency_ns, offset, nbytes, 0);
 }
 
 /* Continuations start at `ready`, which a caller derives from its command's submission: never
@@ -408,13 +654,30 @@ double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
     return hold(m, &m->link_in, controller(m, submit), (double)nbytes * m->ns_per_link_byte);
 }
 
+/* The NAND half of a write whose data is in the controller at `ready`: when its programs are
+ * done.  With an FTL and the write cache, rows left partial wait for later writes (their
+ * time is the rows completed so far); without the cache the partial row is padded. */
+static double nand_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
+{
+    if (!m->ftl)
+        return program_stages(m, ready, offset, nbytes);
+    uint64_t rows_bytes;
+    double done = ftl_write(m, ready, offset, nbytes, &rows_bytes);
+    m->last_rows_bytes = rows_bytes;
+    if (!m->p.write_cache) {
+        double pad = ftl_pad(m, ready);
+        done = pad > done ? pad : done;
+    }
+    return done;
+}
+
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
 {
     ready = not_before_horizon(m, ready);
     m->nand_written += nbytes;
     if (m->p.fixed)
         return ready + m->p.fixed_write_ns;
-    return program_stages(m, ready, offset, nbytes);
+    return nand_program(m, ready, offset, nbytes);
 }
 
 static void cache_pop(sde_model *m)
@@ -467,6 +730,11 @@ static int cache_push(sde_model *m, double leaves, uint64_t bytes)
  * to make room (a write larger than the whole cache waits for its own program). */
 double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes)
 {
+    /* what the last program booked: with an FTL, the rows it completed (a write that leaves
+     * its row partial stays in the cache until a later write completes the row, whose
+     * program then takes the row's bytes out); without one, the write itself */
+    uint64_t leaving = m->ftl ? m->last_rows_bytes : nbytes;
+    m->last_rows_bytes = 0;
     uint64_t cap = m->p.write_cache_bytes;
     if (!cap)
         return arrived;
@@ -480,7 +748,7 @@ double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint
             ack = m->cache[0].leaves;
         cache_pop(m);
     }
-    if (cache_push(m, programmed, nbytes) < 0)
+    if (leaving && cache_push(m, programmed, leaving) < 0)
         return programmed > ack ? programmed : ack; /* untracked: write-through, pessimistic */
     return ack;
 }
@@ -496,11 +764,14 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
     }
     double t = controller(m, submit);
     double arrived = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
-    double programmed = program_stages(m, arrived, offset, nbytes);
+    double programmed = nand_program(m, arrived, offset, nbytes);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
-    double ack = m->p.write_cache ? sde_model_cache_ack(m, arrived, programmed, nbytes)
-                                  : programmed;
+    /* the firmware's write latency is that of acknowledging from the cache; without it the
+     * completion waits for the program */
+    double ack = m->p.write_cache
+                     ? sde_model_cache_ack(m, arrived, programmed, nbytes) + m->p.write_latency_ns
+                     : programmed;
     return ack + m->p.link_latency_ns;
 }
 
@@ -511,9 +782,11 @@ double sde_model_flush(sde_model *m, double submit)
     if (m->p.fixed)
         return submit + m->p.fixed_other_ns;
     double t = controller(m, submit);
-    for (uint32_t i = 0; i < m->nplanes; i++)
-        if (m->planes[i].next_free > t)
-            t = m->planes[i].next_free;
+    if (m->ftl)
+        ftl_pad(m, t);
+    for (uint32_t i = 0; i < m->ndies; i++)
+        if (m->dies[i].next_free > t)
+            t = m->dies[i].next_free;
     return t + m->p.link_latency_ns;
 }
 
@@ -536,9 +809,9 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
     out->link_in_busy_ns = m->link_in.busy;
     for (uint32_t i = 0; i < m->p.channels; i++)
         out->channel_busy_ns += m->channels[i].busy;
-    for (uint32_t i = 0; i < m->nplanes; i++) {
-        out->plane_busy_ns += m->planes[i].busy;
-        out->gaps += m->planes[i].gaps.n;
+    for (uint32_t i = 0; i < m->ndies; i++) {
+        out->die_busy_ns += m->dies[i].busy;
+        out->gaps += m->dies[i].gaps.n;
     }
     for (uint32_t i = 0; i < m->p.channels; i++)
         out->gaps += m->channels[i].gaps.n;
@@ -552,20 +825,39 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
                                                             : m->link_in.next_free;
     for (uint32_t i = 0; i < m->p.channels; i++)
         until = m->channels[i].next_free > until ? m->channels[i].next_free : until;
-    for (uint32_t i = 0; i < m->nplanes; i++)
-        until = m->planes[i].next_free > until ? m->planes[i].next_free : until;
+    for (uint32_t i = 0; i < m->ndies; i++)
+        until = m->dies[i].next_free > until ? m->dies[i].next_free : until;
     for (uint32_t i = 0; i < m->p.cores; i++)
         until = m->cores[i].next_free > until ? m->cores[i].next_free : until;
     out->busy_until_ns = until;
+    if (m->ftl) {
+        sde_ftl_stats st;
+        sde_ftl_get_stats(m->ftl, &st);
+        out->ftl_logical_bytes = st.logical_units * m->unit;
+        out->ftl_lines = st.lines;
+        out->ftl_free_lines = st.free_lines;
+        out->host_bytes_programmed = m->host_programmed_rows * m->p.page_bytes;
+        out->gc_bytes_programmed = m->gc_programmed_rows * m->p.page_bytes;
+        out->padding_bytes = m->padding;
+        out->erases = st.erases;
+        out->trimmed_bytes = st.trimmed_units * m->unit;
+        out->ftl_valid_bytes = st.valid_units * m->unit;
+        out->write_amplification =
+            out->host_bytes_programmed
+                ? (double)(out->host_bytes_programmed + out->gc_bytes_programmed) /
+                      (double)out->host_bytes_programmed
+                : 1.0;
+        out->gc_ns = m->gc_ns;
+    }
 }
 
 uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max)
 {
-    uint32_t n = 0, total = m->p.cores + m->nplanes + m->p.channels + 2;
+    uint32_t n = 0, total = m->p.cores + m->ndies + m->p.channels + 2;
     for (uint32_t i = 0; i < m->p.cores && n < max; i++)
         out[n++] = m->cores[i].next_free;
-    for (uint32_t i = 0; i < m->nplanes && n < max; i++)
-        out[n++] = m->planes[i].next_free;
+    for (uint32_t i = 0; i < m->ndies && n < max; i++)
+        out[n++] = m->dies[i].next_free;
     for (uint32_t i = 0; i < m->p.channels && n < max; i++)
         out[n++] = m->channels[i].next_free;
     if (n < max)
@@ -573,6 +865,78 @@ uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max)
     if (n < max)
         out[n++] = m->link_in.next_free;
     return total;
+}
+
+/* ---- a closed loop ------------------------------------------------------------------------ */
+
+static void heap_push(double *h, uint32_t *n, double v)
+{
+    uint32_t i = (*n)++;
+    h[i] = v;
+    while (i && h[(i - 1) / 2] > h[i]) {
+        double t = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static double heap_pop(double *h, uint32_t *n)
+{
+    double top = h[0];
+    h[0] = h[--(*n)];
+    for (uint32_t i = 0;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, s = i;
+        if (l < *n && h[l] < h[s])
+            s = l;
+        if (r < *n && h[r] < h[s])
+            s = r;
+        if (s == i)
+            break;
+        double t = h[i];
+        h[i] = h[s];
+        h[s] = t;
+        i = s;
+    }
+    return top;
+}
+
+double sde_model_closed_loop(sde_model *m, int write, uint32_t qd, uint64_t n, uint64_t nbytes,
+                             uint64_t span, uint64_t seed, double start, double *marks,
+                             uint32_t nmarks)
+{
+    if (!qd || !n || !nbytes || span < nbytes || start < m->horizon)
+        return -1.0;
+    double *heap = malloc(qd * sizeof(double));
+    if (!heap)
+        return -1.0;
+    uint64_t slots = span / nbytes, next = 0, x = seed ? seed : 1, submitted = 0, done = 0;
+    uint32_t nh = 0, mark = 0;
+    double last = start;
+#define NEXT_OFFSET()                                                                      \
+    (seed ? (x ^= x << 13, x ^= x >> 7, x ^= x << 17, (x % slots) * nbytes)                \
+          : (next++ % slots) * nbytes)
+    for (; submitted < n && submitted < qd; submitted++) {
+        uint64_t off = NEXT_OFFSET();
+        heap_push(heap, &nh, write ? sde_model_write(m, start, off, nbytes)
+                                   : sde_model_read(m, start, off, nbytes));
+    }
+    while (nh) {
+        double t = heap_pop(heap, &nh);
+        last = t;
+        done++;
+        while (mark < nmarks && done * nmarks >= (mark + 1) * n)
+            marks[mark++] = t;
+        if (submitted < n) {
+            uint64_t off = NEXT_OFFSET();
+            heap_push(heap, &nh, write ? sde_model_write(m, t, off, nbytes)
+                                       : sde_model_read(m, t, off, nbytes));
+            submitted++;
+        }
+    }
+#undef NEXT_OFFSET
+    free(heap);
+    return last;
 }
 
 /* ---- one resource, for tests --------------------------------------------------------------- */

@@ -33,6 +33,30 @@ typedef struct sde_model_params {
      * data is in the cache, and the cache holds this many bytes not yet programmed; a write
      * that finds it full waits for programs to make room (0: no bound) */
     uint64_t write_cache_bytes;
+    /* firmware latency per command (NVMeVirt's FW_4KB_READ_LATENCY and write-buffer latency):
+     * a read's NAND work starts this long after its controller stage; a write is
+     * acknowledged this long after its data is in the cache.  A pipeline delay, not a held
+     * resource: it adds to latency, not to a core's occupancy. */
+    double read_latency_ns;
+    double write_latency_ns;
+    /* the controller's program path: data goes to the NAND at most this fast (its power
+     * budget and write datapath: a drive cannot program every die at once; 0: no limit) */
+    double program_bytes_per_s;
+    /* block erase (tBERS), charged to every die when GC erases a line */
+    double t_erase_ns;
+    /* The FTL (0 logical bytes: none; writes land where their offset says, as on a drive
+     * that never fills).  It maps ftl_logical_bytes in 4 KiB units onto ftl_lines lines
+     * (superblocks: ftl_rows_per_die multi-plane rows on every die) in units of
+     * ftl_unit_bytes, GC below
+     * ftl_gc_free_lines free lines.  A declared scale: a line at scale holds fewer rows than
+     * a real block, so an erase is charged ftl_erase_share of t_erase_ns (rows at scale /
+     * pages per real block), which keeps erase time per programmed byte. */
+    uint64_t ftl_logical_bytes;
+    uint32_t ftl_unit_bytes; /* the mapping unit: 4 KiB, or more at scale (at most a row) */
+    uint32_t ftl_lines;
+    uint32_t ftl_rows_per_die;
+    uint32_t ftl_gc_free_lines;
+    double ftl_erase_share;
 } sde_model_params;
 
 typedef struct sde_model_stats {
@@ -40,13 +64,24 @@ typedef struct sde_model_stats {
     double link_busy_ns;      /* device to host (reads) */
     double link_in_busy_ns;   /* host to device (writes): PCIe is full duplex */
     double channel_busy_ns;   /* summed over channels */
-    double plane_busy_ns;     /* summed over planes */
+    double die_busy_ns;       /* summed over dies */
     double controller_busy_ns;
     uint64_t nand_bytes_read;
     uint64_t nand_bytes_written;
     uint64_t link_bytes;
     uint64_t gaps;            /* idle gaps kept over all resources (the model's own cost) */
     double busy_until_ns;     /* the latest time any resource is booked until */
+    /* the FTL (all 0 without one) */
+    uint64_t ftl_logical_bytes;
+    uint64_t ftl_lines, ftl_free_lines;
+    uint64_t host_bytes_programmed; /* host data (and KV stores) written to NAND */
+    uint64_t gc_bytes_programmed;   /* data GC relocated */
+    uint64_t padding_bytes;         /* row space a flush or a write-through left unfilled */
+    uint64_t erases;                /* lines erased (each on every die) */
+    uint64_t trimmed_bytes;
+    uint64_t ftl_valid_bytes;       /* mapped units, in bytes */
+    double write_amplification;     /* NAND bytes programmed / host bytes programmed */
+    double gc_ns;                   /* die time GC booked (senses, programs, erases), summed */
 } sde_model_stats;
 
 typedef struct sde_model sde_model;
@@ -71,12 +106,25 @@ double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t n
  * `programmed` may be acknowledged (the cache's room, as for a write). */
 double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);
 double sde_model_nop(sde_model *m, double submit);
+/* Forget the whole 4 KiB units in [offset, offset + nbytes) (a deallocate, a KV delete): the
+ * FTL no longer relocates them (whole mapping units).  No time (the map changes in the controller's DRAM). */
+void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes);
 void sde_model_get_stats(const sde_model *m, sde_model_stats *out);
 /* The latest submission seen (what get_stats reports, without its walk over every plane). */
 double sde_model_horizon(const sde_model *m);
-/* Every resource's next-free time, in the order controller cores, planes, channels, link;
+/* Every resource's next-free time, in the order controller cores, dies, channels, link;
  * returns how many (call with max 0 to count). */
 uint32_t sde_model_next_free(const sde_model *m, double *out, uint32_t max);
+
+/* A closed loop in virtual time (fio's iodepth against the model): `qd` commands always in
+ * flight from `start` on, each completion submitting the next at its completion time; n
+ * commands of nbytes (write: 1, else reads), sequential from 0 wrapping at span (seed 0) or
+ * at uniformly random nbytes-aligned offsets below span (xorshift64 from seed).  marks[i]
+ * gets the time by which (i + 1) * n / nmarks commands had completed (the rate over any
+ * interval of the run); returns the last completion, or -1 on a bad argument. */
+double sde_model_closed_loop(sde_model *m, int write, uint32_t qd, uint64_t n, uint64_t nbytes,
+                             uint64_t span, uint64_t seed, double start, double *marks,
+                             uint32_t nmarks);
 
 /* One resource alone (for tests of the gap rule). */
 typedef struct sde_resource sde_resource;

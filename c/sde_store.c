@@ -179,6 +179,9 @@ struct sde_store {
     uint64_t nbits;
     uint64_t cursor;
     uint64_t free_blocks;
+    /* told of every freed range (the device's timing model trims it from its FTL) */
+    void (*on_free)(void *ctx, uint64_t off, uint64_t nbytes);
+    void *on_free_ctx;
     uint64_t logical, physical;
     uint64_t entries;     /* checkpoint entries the index needs: a key, and its pieces */
     struct rec *ld_pieces; /* at open: the pieces read before their OP_PUT */
@@ -392,9 +395,18 @@ static uint64_t alloc_blocks(sde_store *st, uint64_t n)
     return UINT64_MAX;
 }
 
+void sde_store_on_free(sde_store *st, void (*fn)(void *ctx, uint64_t off, uint64_t nbytes),
+                       void *ctx)
+{
+    st->on_free = fn;
+    st->on_free_ctx = ctx;
+}
+
 static void free_blocks_at(sde_store *st, uint64_t b, uint64_t n)
 {
     set_bits(st, b, n, 0);
+    if (st->on_free)
+        st->on_free(st->on_free_ctx, st->sb.d_off + b * st->block, n * st->block);
     if (b < st->cursor)
         st->cursor = b;
 }

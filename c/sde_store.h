@@ -135,5 +135,9 @@ int sde_store_ns_delete(sde_store *st, uint32_t nsid);
 /* 0 and the namespace, or -ENOENT. */
 int sde_store_ns_get(const sde_store *st, uint32_t nsid, sde_ns_info *out);
 /* CDEF-END */
+/* fn(ctx, media offset, bytes) for every range the store frees (a delete, an overwrite's old
+ * value): the device trims it from its timing model's FTL.  C only. */
+void sde_store_on_free(sde_store *st, void (*fn)(void *ctx, uint64_t off, uint64_t nbytes),
+                       void *ctx);
 
 #endif

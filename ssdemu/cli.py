@@ -342,8 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     hb.add_argument("--json", action="store_true", help="print one JSON object")
 
     dv = bsub.add_parser("device", help="the timing model in virtual time against the "
-                         "profile's analytical figures")
+                         "figures its profile is calibrated to (fresh and steady state)")
     dv.add_argument("--profile", default="star2000d")
+    dv.add_argument("--precondition", action="store_true",
+                    help="run the read and latency phases on the preconditioned drive (filled "
+                    "twice, then random-overwritten to steady state) instead of a fresh one")
+    dv.add_argument("--logical", type=_size_arg, default=None,
+                    help="the FTL's logical space at scale (default: four write caches, at "
+                    "least 8G)")
     dv.add_argument("--json", action="store_true", help="print one JSON object")
 
     rb = bsub.add_parser("replay", help="model-mode replay of a whole trace (the CLI call) "
@@ -477,7 +483,8 @@ def _cmd_ctl(args) -> int:
 def _cmd_bench_device(args) -> int:
     from bench.device import bench_device, format_table
 
-    report = bench_device(args.profile)
+    report = bench_device(args.profile, logical_bytes=args.logical,
+                          do_precondition=args.precondition)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 

@@ -114,8 +114,9 @@ class Daemon:
         lib.sde_dev_set_client_quota(self.dev, self.max_inflight)
         self.timing, self.clock = timing, clock
         if timing != "off":
-            r = lib.sde_dev_set_model(self.dev, model_params(profile, fixed=timing == "fixed"),
-                                      int(clock == "virtual"))
+            # the drive's FTL maps the whole media (at a declared scale past 64 GiB)
+            params = model_params(profile, fixed=timing == "fixed", ftl_bytes=media.size)
+            r = lib.sde_dev_set_model(self.dev, params, int(clock == "virtual"))
             if r < 0:
                 raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
         self.store = open_store(media, format_media, not profile.write_cache.enabled,

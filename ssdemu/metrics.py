@@ -100,7 +100,7 @@ def families(page: dict) -> list:
     for key, doc in (("link_busy_ns", "host link busy, device to host"),
                      ("link_in_busy_ns", "host link busy, host to device"),
                      ("channel_busy_ns", "NAND channels "
-                     "busy, summed"), ("plane_busy_ns", "NAND planes busy, summed")):
+                     "busy, summed"), ("die_busy_ns", "NAND dies busy, summed")):
         out.append(CounterMetricFamily(f"ssdemu_model_{key[:-3]}_seconds",
                                        f"timing model: {doc}", value=model[key] / 1e9))
     return out

@@ -36,18 +36,41 @@ class Nand:
     t_prog_ns: float
     t_erase_ns: float
     channel_bytes_per_s: float
+    pages_per_block: int   # per plane: a block's pages (its erase unit)
+    blocks_per_plane: int
 
 
 @dataclass(frozen=True)
 class Controller:
     cores: int
     command_overhead_ns: float  # per command, on one core
+    read_latency_ns: float   # firmware latency before a read's NAND work (not a held core)
+    write_latency_ns: float  # firmware latency of a write's acknowledgement from the cache
+    program_bytes_per_s: float  # the most the controller can have programmed (power, datapath)
 
 
 @dataclass(frozen=True)
 class WriteCache:
     enabled: bool  # volatile: with it, flush makes writes durable; without, completion does
     bytes: int
+
+
+@dataclass(frozen=True)
+class Ftl:
+    user_capacity_bytes: int  # what the host sees; raw NAND beyond it is over-provisioning
+    gc_free_lines: int        # GC runs while this many free lines (superblocks) or fewer are left
+    reserved_fraction: float  # raw NAND the FTL does not use for data (parity, bad blocks, map)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure the profile is calibrated to: a value or a [low, high] range, and where it
+    comes from (`assumed` when no public source gives it)."""
+    name: str
+    low: float
+    high: float
+    source: str
+    assumed: bool
 
 
 @dataclass(frozen=True)
@@ -82,16 +105,38 @@ class Profile:
     compute: Compute
     queue: QueueConfig
     kv: KvConfig
+    ftl: Ftl
+    calibration: tuple[Figure, ...] = ()
 
+    @property
+    def raw_bytes(self) -> int:
+        n = self.nand
+        return (n.channels * n.dies_per_channel * n.planes_per_die * n.blocks_per_plane
+                * n.pages_per_block * n.page_bytes)
+
+    @property
+    def overprovisioning(self) -> float:
+        """The NAND GC can use beyond the user capacity (raw less the reserved fraction), as
+        a fraction of the user capacity."""
+        return self.raw_bytes * (1 - self.ftl.reserved_fraction) / self.ftl.user_capacity_bytes - 1
+
+
+# The figures `ssdemu bench device` measures, by name (units in the names).
+FIGURES = ("seq_read_bytes_per_s", "seq_write_bytes_per_s", "rand_read_4k_iops",
+           "rand_write_4k_iops_fresh", "rand_write_4k_iops_steady", "qd1_read_4k_latency_ns",
+           "qd1_write_4k_latency_ns")
 
 SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
-            "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig}
+            "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig,
+            "ftl": Ftl}
 # upper bounds that catch unit mistakes (a latency in seconds, a size in GB)
-_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
+_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11, "program_bytes_per_s": 1e12,
            "memory_bytes_per_s": 1e13, "tops": 1e4, "max_queue_pairs": 256,
            "max_entries": 65536, "io_depth": 4096, "channels": 256, "cores": 256,
            "units": 1024, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
-           "max_value_bytes": 1 << 31}
+           "max_value_bytes": 1 << 31, "pages_per_block": 1 << 16, "blocks_per_plane": 1 << 20,
+           "read_latency_ns": 1e7, "write_latency_ns": 1e7, "gc_free_lines": 64,
+           "user_capacity_bytes": 1 << 60}
 
 
 def available() -> list[str]:
@@ -120,7 +165,8 @@ def _section(where: str, data, cls):
             raise ProfileError(f"{where}.{name} must be a finite number, got {v!r}")
         elif f.type == "int" and int(v) != v:
             raise ProfileError(f"{where}.{name} must be a whole number, got {v!r}")
-        elif v <= 0 and not (name == "bytes" or name == "latency_ns"):
+        elif v <= 0 and not (name in ("bytes", "reserved_fraction")
+                             or name.endswith("latency_ns")):
             raise ProfileError(f"{where}.{name} must be positive, got {v!r}")
         elif v < 0:
             raise ProfileError(f"{where}.{name} must not be negative, got {v!r}")
@@ -149,7 +195,7 @@ def load(name_or_path: str) -> Profile:
 def parse(data, where: str = "profile") -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where} must be a mapping")
-    unknown = set(data) - {"name", "description", *SECTIONS}
+    unknown = set(data) - {"name", "description", "calibration", *SECTIONS}
     if unknown:
         raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
     name = data.get("name")
@@ -160,4 +206,43 @@ def parse(data, where: str = "profile") -> Profile:
     q = sections["queue"]
     if q.max_entries & (q.max_entries - 1):
         raise ProfileError(f"{where}: queue.max_entries must be a power of two")
-    return Profile(name=name, description=str(data.get("description", "")), **sections)
+    profile = Profile(name=name, description=str(data.get("description", "")),
+                      calibration=_calibration(where, data.get("calibration", [])), **sections)
+    if profile.ftl.reserved_fraction >= 1:
+        raise ProfileError(f"{where}: ftl.reserved_fraction must be below 1")
+    if profile.overprovisioning <= 0:
+        raise ProfileError(f"{where}: ftl.user_capacity_bytes {profile.ftl.user_capacity_bytes} "
+                           f"is not below the raw NAND less its reserve "
+                           f"({profile.raw_bytes} bytes): no room for GC")
+    return profile
+
+
+def _calibration(where: str, items) -> tuple[Figure, ...]:
+    """calibration: a list of {figure, value | range: [low, high], source | assumed: why}."""
+    if not isinstance(items, list):
+        raise ProfileError(f"{where}: calibration must be a list")
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}: calibration[{i}]"
+        if not isinstance(item, dict) or set(item) - {"figure", "value", "range", "source",
+                                                       "assumed"}:
+            raise ProfileError(f"{at}: fields are figure, value or range, source or assumed")
+        name = item.get("figure")
+        if name not in FIGURES:
+            raise ProfileError(f"{at}: figure {name!r} is none of {', '.join(FIGURES)}")
+        if ("value" in item) == ("range" in item):
+            raise ProfileError(f"{at}: give one of value or range")
+        lo_hi = item["range"] if "range" in item else [item["value"]] * 2
+        if (not isinstance(lo_hi, list) or len(lo_hi) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and math.isfinite(v) and v > 0 for v in lo_hi)
+                or lo_hi[0] > lo_hi[1]):
+            raise ProfileError(f"{at}: a value is a positive number, a range [low, high]")
+        if ("source" in item) == ("assumed" in item):
+            raise ProfileError(f"{at}: give one of source (where the figure comes from) or "
+                               f"assumed (why no source gives it)")
+        why = item.get("source") or item.get("assumed")
+        if not isinstance(why, str) or not why.strip():
+            raise ProfileError(f"{at}: source or assumed must say something")
+        out.append(Figure(name, float(lo_hi[0]), float(lo_hi[1]), why, "assumed" in item))
+    return tuple(out)

@@ -83,8 +83,9 @@ class ModelDrive:
         self.stored = model.stored_block_bytes(quant)
         self.raw = model.block_bytes
         self.elements = model.block_bytes // model.element_bytes
-        page = profile.nand.page_bytes
-        self.slot = -(-self.stored // page) * page
+        # 4 KiB-aligned slots in order of first store: where a drive's FTL appends them
+        # (data mode's daemon), so that both modes lay blocks out alike
+        self.slot = -(-self.stored // 4096) * 4096
         self.offsets: dict[int, int] = {}
         self.track_stores = False  # admission control on: stores_in_flight is asked
         self._in_flight: list[float] = []  # completion times of the stores booked

@@ -32,7 +32,9 @@ planes / t_read, cores / overhead).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import math
 from dataclasses import dataclass
 
 from ssdemu import _engine
@@ -69,16 +71,70 @@ def unloaded_latencies(profile: Profile) -> tuple[float, float, float]:
 
 
 def default_bulk_pages(profile: Profile) -> int:
-    """Transfers of a full stripe (a page on every plane) or more take the model's bulk path."""
+    """Transfers of a full stripe (a row on every die) or more take the model's bulk path.  The
+    model's page is a die-row: a page on each of a die's planes, sensed or programmed at once."""
     n = profile.nand
-    return n.channels * n.dies_per_channel * n.planes_per_die
+    return n.channels * n.dies_per_channel
+
+
+# The FTL at a declared scale: enough lines (superblocks) for greedy GC to choose among, and no
+# more state than this machine holds comfortably (a 64 TB drive is 16G units of 4 KiB).
+FTL_TARGET_LINES = 256
+FTL_MAX_UNITS = 1 << 24  # 64 MiB of map each way; past 64 GiB the mapping unit grows
+
+
+@dataclass(frozen=True)
+class FtlScale:
+    """How the FTL runs for a logical size: `logical_bytes` mapped (offsets wrap past it)
+    in units of `unit_bytes` (4 KiB, or up to a die-row past 64 GiB); `lines` superblocks
+    of `rows_per_die` multi-plane rows on every die; GC below `gc_free_lines` free ones;
+    `scale` = logical / the profile's user capacity; `block_scale` = rows per die at scale /
+    pages per real block (an erase is charged that share of tBERS, which keeps erase time
+    per programmed byte); `overprovisioning` as modelled."""
+    logical_bytes: int
+    unit_bytes: int
+    lines: int
+    rows_per_die: int
+    gc_free_lines: int
+    scale: float
+    block_scale: float
+    overprovisioning: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def ftl_scale(profile: Profile, logical_bytes: int) -> FtlScale:
+    """The FTL for `logical_bytes` of user space: the profile's over-provisioning, lines as
+    many as FTL_TARGET_LINES allows with at least one row per die and at most a real block."""
+    n = profile.nand
+    row = n.page_bytes * n.planes_per_die
+    unit = 4096
+    while logical_bytes > FTL_MAX_UNITS * unit and unit * 2 <= row:
+        unit *= 2
+    logical_bytes = min(int(logical_bytes), FTL_MAX_UNITS * unit) // unit * unit
+    if logical_bytes <= 0:
+        raise ValueError("the FTL needs at least 4 KiB of logical space")
+    dies = n.channels * n.dies_per_channel
+    row_units = row // unit
+    phys_units = logical_bytes // unit * (1 + profile.overprovisioning)
+    rows = int(phys_units // (dies * row_units * FTL_TARGET_LINES))
+    rows = max(1, min(n.pages_per_block, rows))
+    upl = dies * row_units * rows
+    gc_free = profile.ftl.gc_free_lines
+    lines = max(math.ceil(phys_units / upl), -(-logical_bytes // unit // upl) + gc_free + 3)
+    return FtlScale(logical_bytes, unit, lines, rows, gc_free,
+                    logical_bytes / profile.ftl.user_capacity_bytes, rows / n.pages_per_block,
+                    lines * upl * unit / logical_bytes - 1)
 
 
 def model_params(profile: Profile, fixed: bool = False, times=(None, None, None),
-                 bulk_pages: int | None = None):
+                 bulk_pages: int | None = None, ftl_bytes: int = 0):
+    """ftl_bytes: the FTL's logical size (0: no FTL, writes land where their offsets say)."""
     n, link, c = profile.nand, profile.host_link, profile.controller
     if bulk_pages is None:
         bulk_pages = default_bulk_pages(profile)
+    ftl = ftl_scale(profile, ftl_bytes) if ftl_bytes else None
     if fixed:
         defaults = unloaded_latencies(profile)
         times = [t if t is not None else d for t, d in zip(times, defaults, strict=True)]
@@ -94,19 +150,28 @@ def model_params(profile: Profile, fixed: bool = False, times=(None, None, None)
         "channel_bytes_per_s": n.channel_bytes_per_s, "cores": c.cores,
         "command_overhead_ns": c.command_overhead_ns,
         "write_cache": int(profile.write_cache.enabled), "bulk_pages": bulk_pages,
-        "write_cache_bytes": int(profile.write_cache.bytes)})
+        "write_cache_bytes": int(profile.write_cache.bytes),
+        "read_latency_ns": c.read_latency_ns, "write_latency_ns": c.write_latency_ns,
+        "t_erase_ns": n.t_erase_ns, "program_bytes_per_s": c.program_bytes_per_s,
+        "ftl_logical_bytes": ftl.logical_bytes if ftl else 0,
+        "ftl_unit_bytes": ftl.unit_bytes if ftl else 0,
+        "ftl_lines": ftl.lines if ftl else 0, "ftl_rows_per_die": ftl.rows_per_die if ftl else 0,
+        "ftl_gc_free_lines": ftl.gc_free_lines if ftl else 0,
+        "ftl_erase_share": ftl.block_scale if ftl else 0.0})
 
 
 class DeviceModel:
     """The detailed model of one profile (c/sde_model.c, the one definition the daemon's data
     plane uses too)."""
 
-    def __init__(self, profile: Profile, bulk_pages: int | None = None):
+    def __init__(self, profile: Profile, bulk_pages: int | None = None, ftl_bytes: int = 0):
         """bulk_pages: transfers of this many pages or more are booked in bulk (0: never;
-        default: a full stripe)."""
+        default: a full stripe); ftl_bytes: the FTL's logical size (0: none)."""
         self.p = profile
+        self.ftl = ftl_scale(profile, ftl_bytes) if ftl_bytes else None
         out = ffi.new("sde_model **")
-        if lib.sde_model_new(model_params(profile, bulk_pages=bulk_pages), out) < 0:
+        if lib.sde_model_new(model_params(profile, bulk_pages=bulk_pages, ftl_bytes=ftl_bytes),
+                             out) < 0:
             raise ValueError(f"profile {profile.name} does not make a model")
         self._m = ffi.gc(out[0], lib.sde_model_free)
 
@@ -144,6 +209,23 @@ class DeviceModel:
 
     def nop(self, submit: float) -> float:
         return self._check(lib.sde_model_nop(self._m, submit), submit)
+
+    def closed_loop(self, op: str, qd: int, commands: int, nbytes: int, span: int,
+                    seed: int = 0, start: float | None = None, marks: int = 0):
+        """`qd` commands always in flight (in C: c/sde_model.h), sequential (seed 0) or
+        uniformly random over [0, span).  Returns (last completion, the times by which each
+        1/marks of the commands had completed)."""
+        start = lib.sde_model_horizon(self._m) if start is None else start
+        out = ffi.new("double[]", max(marks, 1))
+        last = lib.sde_model_closed_loop(self._m, int(op == "write"), qd, commands, nbytes,
+                                         span, seed, start, out, marks)
+        if last < 0:
+            raise ValueError("closed loop: bad arguments or a start before an earlier submission")
+        return last, list(out)[:marks]
+
+    def trim(self, offset: int, nbytes: int) -> None:
+        """The whole 4 KiB units of the range are no longer valid (deallocate, KV delete)."""
+        lib.sde_model_trim(self._m, offset, nbytes)
 
     def next_free_times(self) -> list[float]:
         n = lib.sde_model_next_free(self._m, ffi.NULL, 0)
@@ -186,17 +268,17 @@ class Analytical:
 def analytical(profile: Profile, seq_bytes: int = 1 << 20) -> Analytical:
     """The bottleneck formulas of the module doc."""
     n, link, c = profile.nand, profile.host_link, profile.controller
-    planes = n.channels * n.dies_per_channel * n.planes_per_die
+    dies = n.channels * n.dies_per_channel
     seq = {
         "host link": link.bandwidth_bytes_per_s,
         "channels": n.channels * n.channel_bytes_per_s,
-        "die-planes": planes * n.page_bytes / (n.t_read_ns * 1e-9),
+        "dies": dies * n.planes_per_die * n.page_bytes / (n.t_read_ns * 1e-9),
         "controller": c.cores / (c.command_overhead_ns * 1e-9) * seq_bytes,
     }
     rnd = {
         "host link": link.bandwidth_bytes_per_s / 4096,
         "channels": n.channels * n.channel_bytes_per_s / 4096,
-        "die-planes": planes / (n.t_read_ns * 1e-9),
+        "dies": dies / (n.t_read_ns * 1e-9),
         "controller": c.cores / (c.command_overhead_ns * 1e-9),
     }
     s = min(seq, key=seq.get)

@@ -43,8 +43,16 @@ def daemon(tmp_path):
     assert d.terminate()[0] == 0
 
 
-def _close(a, b):
-    return abs(a - b) <= TOLERANCE * abs(b) + 1e-9
+# A load's p99 is a single slow load: data mode's store packs values at 512 B, so two values
+# can share a 4 KiB unit of the drive's FTL, and the second one's write moves the shared
+# unit away from the first value's other units (a read-modify-write, as a drive's FTL
+# does): a later load of the first value senses one more row.  Model mode gives every block
+# its own units.
+LOAD_P99_TOLERANCE = 0.05
+
+
+def _close(a, b, tolerance=TOLERANCE):
+    return abs(a - b) <= tolerance * abs(b) + 1e-9
 
 
 @pytest.mark.parametrize("quant,capacity", [
@@ -71,7 +79,8 @@ def test_data_mode_agrees_with_model_mode(daemon, quant, capacity):
     for q in ("p50", "p99", "mean"):
         for side in ("with_drive", "without_drive"):
             assert _close(data["ttft_s"][side][q], model["ttft_s"][side][q]), (side, q)
-        assert _close(data["drive_load_ms"][q], model["drive_load_ms"][q]), q
+        assert _close(data["drive_load_ms"][q], model["drive_load_ms"][q],
+                      LOAD_P99_TOLERANCE if q == "p99" else TOLERANCE), q
     for k in ("link", "nand_channels", "compute"):
         assert _close(data["drive_utilization"][k], model["drive_utilization"][k]), k
 

@@ -47,7 +47,10 @@ def test_model_reaches_the_analytical_figures(name):
     elapsed, _ = closed_loop(DeviceModel(p), "read", 32, 1024, MIB, _sequential())
     bw = 1024 * MIB / (elapsed * 1e-9)
     assert abs(bw / a.seq_read_bytes_per_s - 1) <= 0.02
-    elapsed, _ = closed_loop(DeviceModel(p), "read", 256, 60_000, 4096, _scattered(3))
+    # QD512: at QD256 star2000d's 57 us reads (firmware latency included) leave the link
+    # short of work when dies collide; datasheets quote random reads at the depth that
+    # saturates the drive
+    elapsed, _ = closed_loop(DeviceModel(p), "read", 512, 60_000, 4096, _scattered(3))
     iops = 60_000 / (elapsed * 1e-9)
     assert abs(iops / a.rand_read_4k_iops - 1) <= 0.02
 
@@ -58,10 +61,10 @@ def test_star2000d_matches_its_claims():
     assert abs(a.rand_read_4k_iops / 3.5e6 - 1) <= 0.05
 
 
-def test_pcie4_tlc_matches_the_970_pro():
+def test_pcie4_tlc_matches_the_pm9a3():
     a = analytical(load("pcie4-tlc"))
-    assert a.seq_read_bytes_per_s == pytest.approx(3.5e9)
-    assert a.rand_read_4k_iops == pytest.approx(500e3)
+    assert a.seq_read_bytes_per_s == pytest.approx(6.5e9)
+    assert a.rand_read_4k_iops == pytest.approx(900e3, rel=1e-3)
 
 
 ops = st.lists(st.tuples(st.sampled_from(["read", "write", "flush", "nop"]),
@@ -123,8 +126,8 @@ class _FlatGaps:
             if e <= ready:
                 continue
             start = max(s, ready)
-            done = start + duration
-            if done <= e:
+            if e - start >= duration:  # lengths compared, the end clamped (sde_gaps.c)
+                done = min(start + duration, e)
                 parts = ([(s, start)] if start > s else []) + ([(done, e)] if done < e else [])
                 self.gaps[i:i + 1] = parts
                 return done
@@ -212,7 +215,7 @@ def test_bulk_path_agrees_with_the_page_path(name, op, write_cache, pages, head,
         b = getattr(paged, op)(submit, off, nbytes)
         assert abs(a - b) <= 0.02 * (b - submit), (i, a, b)
     sa, sb = bulk.stats(), paged.stats()
-    for k in ("link_busy_ns", "link_in_busy_ns", "channel_busy_ns", "plane_busy_ns",
+    for k in ("link_busy_ns", "link_in_busy_ns", "channel_busy_ns", "die_busy_ns",
               "link_bytes"):
         assert sa[k] == pytest.approx(sb[k], rel=1e-9)
     if op == "write":  # a flush waits for the same programs
@@ -221,9 +224,10 @@ def test_bulk_path_agrees_with_the_page_path(name, op, write_cache, pages, head,
 
 def test_bulk_path_is_the_default_from_a_full_stripe():
     p = load("star2000d")
-    stripe = p.nand.channels * p.nand.dies_per_channel * p.nand.planes_per_die
-    small = stripe * p.nand.page_bytes - p.nand.page_bytes
-    for nbytes, same in ((small, True), (stripe * p.nand.page_bytes, False)):
+    stripe = p.nand.channels * p.nand.dies_per_channel  # a row on every die
+    row = p.nand.page_bytes * p.nand.planes_per_die
+    small = stripe * row - row
+    for nbytes, same in ((small, True), (stripe * row, False)):
         default, paged = DeviceModel(p), DeviceModel(p, bulk_pages=0)
         for i in range(4):  # queued reads: the paths interleave stages differently
             a, b = default.read(0.0, i * nbytes, nbytes), paged.read(0.0, i * nbytes, nbytes)
@@ -241,7 +245,8 @@ def test_stages_compose_to_the_whole_commands(name):
         arrived = staged.receive(1e6, 4096)
         programmed = staged.program(arrived, 1 << 20, 4096)
         done = whole.write(1e6, 1 << 20, 4096)
-        assert done == (arrived if cache else programmed) + p.host_link.latency_ns
+        assert done == ((arrived + p.controller.write_latency_ns) if cache
+                        else programmed) + p.host_link.latency_ns
         for k in ("link_bytes", "nand_bytes_read", "nand_bytes_written", "link_busy_ns",
                   "link_in_busy_ns"):
             assert staged.stats()[k] == whole.stats()[k], k
@@ -354,6 +359,7 @@ def test_the_host_link_is_full_duplex(name):
 def _tiny_geometry():
     data = yaml.safe_load((PROFILE_DIR / "star2000d.yaml").read_text())
     data["nand"].update(channels=3, dies_per_channel=2, planes_per_die=2, page_bytes=4096)
+    data["ftl"]["user_capacity_bytes"] = 1 << 20
     return parse(data)
 
 
@@ -361,12 +367,13 @@ def _tiny_geometry():
 @given(first_page=st.integers(0, 40), head=st.integers(0, 4095), pages=st.integers(1, 40),
        tail=st.integers(0, 4095))
 def test_bulk_bookings_are_the_page_layout_exactly(first_page, head, pages, tail):
-    """The bulk path lays a transfer out in closed form (pages per plane, each plane's first
-    page's place in its channel, bytes per channel); on a fresh model each resource's free
-    time shows what it booked, and it equals a page-by-page count of the same layout."""
+    """The bulk path lays a transfer out in closed form (rows per die, each die's first row's
+    place in its channel, bytes per channel); on a fresh model each resource's free time
+    shows what it booked, and it equals a row-by-row count of the same layout.  The model's
+    page is a die-row (a page on each plane of a die, sensed or programmed at once)."""
     p = _tiny_geometry()
     n = p.nand
-    C, D, P, page = n.channels, n.dies_per_channel, n.planes_per_die, n.page_bytes
+    C, D, P, page = n.channels, n.dies_per_channel, 1, n.page_bytes * n.planes_per_die
     offset = first_page * page + head
     nbytes = max(1, pages * page - head - tail)
     end = offset + nbytes
@@ -388,14 +395,16 @@ def test_bulk_bookings_are_the_page_layout_exactly(first_page, head, pages, tail
     t = m.sense(0.0, offset, nbytes)
     free = m.next_free_times()
     ctrl = p.controller.command_overhead_ns
-    for plane in range(planes):
-        want = ctrl + k[plane] * n.t_read_ns if plane in k else 0.0
+    for plane in range(planes):  # the NAND work starts after the firmware's read latency
+        want = (ctrl + p.controller.read_latency_ns + k[plane] * n.t_read_ns
+                if plane in k else 0.0)
         assert free[cores + plane] == pytest.approx(want, rel=1e-12), plane
     assert t > 0
 
     m = DeviceModel(p, bulk_pages=1)
-    ready = 1000.0
-    m.program(ready, offset, nbytes)
+    # the data reaches the channels once its first row has left the program path
+    ready = 1000.0 + min(nbytes, page) * 1e9 / p.controller.program_bytes_per_s
+    m.program(1000.0, offset, nbytes)
     free = m.next_free_times()
     for c in range(C):
         want = ready + ch_bytes[c] * ns_ch if ch_pages[c] else 0.0
