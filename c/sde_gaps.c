@@ -196,10 +196,12 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
     memcpy(&k->g[i], parts, m * sizeof(*parts));
     k->n += m - 1;
     g->n += m - 1;
-    if (k->n)
-        summarize(g, c);
-    else
+    if (!k->n)
         remove_chunks(g, c, 1);
+    else if (was.end - was.start < g->maxlen[c])
+        g->last[c] = k->g[k->n - 1].end; /* the longest gap is another one: it stays */
+    else
+        summarize(g, c);
 }
 
 int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)

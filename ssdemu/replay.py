@@ -70,22 +70,29 @@ def budget_of(profile: Profile) -> TopsBudget:
 
 class ModelDrive:
     """Model mode's drive: the timing model and the TOPS budget, on sizes alone.  Blocks get
-    media slots in order of first store (a page-aligned slot each); an evicted block keeps its
-    slot for when it comes back."""
+    media slots in order of first store (4 KiB-aligned).  An unbounded drive has no FTL (no
+    capacity pressure: an evicted block keeps its slot); a drive of `capacity_blocks` blocks
+    is that much user capacity of the model's FTL: an evicted block's slot is trimmed and
+    taken by the next new block, and GC runs as the drive fills."""
 
     def __init__(self, profile: Profile, model: ModelConfig, quant: str | None,
-                 bulk_pages: int | None = None, dequant: str = "drive"):
+                 bulk_pages: int | None = None, dequant: str = "drive",
+                 capacity_blocks: int | None = None):
         self.profile = profile
         self.dequant = dequant
-        self.device = DeviceModel(profile, bulk_pages=bulk_pages)
-        self.budget = budget_of(profile)
-        self.scheme = quant or None
         self.stored = model.stored_block_bytes(quant)
-        self.raw = model.block_bytes
-        self.elements = model.block_bytes // model.element_bytes
         # 4 KiB-aligned slots in order of first store: where a drive's FTL appends them
         # (data mode's daemon), so that both modes lay blocks out alike
         self.slot = -(-self.stored // 4096) * 4096
+        self.bounded = capacity_blocks is not None
+        self.device = DeviceModel(profile, bulk_pages=bulk_pages,
+                                  ftl_bytes=capacity_blocks * self.slot if self.bounded else 0)
+        self._free_slots: list[int] = []  # offsets evicted blocks gave back (bounded)
+        self._slots = 0  # slots handed out
+        self.budget = budget_of(profile)
+        self.scheme = quant or None
+        self.raw = model.block_bytes
+        self.elements = model.block_bytes // model.element_bytes
         self.offsets: dict[int, int] = {}
         self.track_stores = False  # admission control on: stores_in_flight is asked
         self._in_flight: list[float] = []  # completion times of the stores booked
@@ -124,7 +131,8 @@ class ModelDrive:
         for b in ids:
             off = self.offsets.get(b)
             if off is None:
-                off = self.offsets[b] = len(self.offsets) * self.slot
+                off = self.offsets[b] = (self._free_slots.pop() if self._free_slots
+                                         else self._next_slot())
             if self.scheme:
                 arrived = self.device.receive(t_ns, self.raw)
                 _, ready = self.budget.charge("quantize", self.quant_cost, arrived)
@@ -140,8 +148,20 @@ class ModelDrive:
             heapq.heappop(self._in_flight)
         return len(self._in_flight)
 
+    def _next_slot(self) -> int:
+        self._slots += 1
+        return (self._slots - 1) * self.slot
+
     def evict(self, ids) -> None:
-        pass  # nothing to free: the slot stays the block's
+        """An unbounded drive keeps evicted blocks' slots (nothing presses); a bounded one
+        trims them (its FTL no longer relocates them) and gives them to new blocks."""
+        if not self.bounded:
+            return
+        for b in ids:
+            off = self.offsets.pop(b, None)
+            if off is not None:
+                self.device.trim(off, self.stored)
+                self._free_slots.append(off)
 
     def counters(self) -> dict:
         st = self.device.stats()
@@ -152,6 +172,15 @@ class ModelDrive:
                 "nand_bytes": st["nand_bytes_read"] + st["nand_bytes_written"],
                 "busy_until_ns": max(st["busy_until_ns"], *self.budget.busy_until_ns),
                 "host_lag": 0}  # virtual time in this process: the host never lags
+
+    def ftl_report(self) -> dict | None:
+        """The FTL of a bounded drive: its scale, write amplification, GC time, erases."""
+        if not self.bounded:
+            return None
+        st = self.device.stats()
+        return {"write_amplification": st["write_amplification"], "gc_ns": st["gc_ns"],
+                "erases": st["erases"], "free_lines": st["ftl_free_lines"],
+                "trimmed_bytes": st["trimmed_bytes"], "scale": self.device.ftl.as_dict()}
 
 
 def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float,
@@ -468,7 +497,9 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
                         "host_lag": c["host_lag"],
                         "utilization": _utilization(profile, c, {}, work_ns, K),
                         "utilization_span_s": work_ns / 1e9,
-                        "utilization_over_time": util}
+                        "utilization_over_time": util,
+                        # a bounded model-mode drive's FTL, per drive (None: unbounded)
+                        "ftl": [d.ftl_report() for d in drives if hasattr(d, "ftl_report")]}
     if progress is not None:
         progress(len(requests))
     return out
@@ -558,6 +589,7 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
         "gpu_dequant_bytes_per_s": (pool or {}).get("gpu_dequant_bytes_per_s"),
         "fabric_bytes": with_drive["fabric_bytes"],
         "fabric": dataclasses.asdict((pool or {}).get("fabric") or FabricSpec()),
+        "drive_ftl": [f for f in drive.get("ftl") or [] if f] or None,
         "per_instance": _per_instance(with_drive, without),
         "warnings": warnings,
         "host_lag": drive["host_lag"],
@@ -593,8 +625,8 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     requests = list(requests)
     t0 = time.perf_counter()
-    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant) for _ in range(instances)]
-              if capacities["drive"] != 0 else None)
+    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant, capacities["drive"])
+               for _ in range(instances)] if capacities["drive"] != 0 else None)
     setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric,
              "dequant": dequant, "gpu_dequant_bytes_per_s": gpu_dequant_bytes_per_s,
              "store_when": store_when, "store_queue": store_queue}

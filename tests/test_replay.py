@@ -368,3 +368,22 @@ def test_admission_control_drops_stores_past_its_queue():
         {k: v for k, v in free.items() if k not in drop}
     with pytest.raises(ValueError, match="at least one store"):
         replay_model(reqs[:5], p, llama, "int8_g64", caps, store_queue=0)
+
+
+def test_a_bounded_drive_is_its_ftls_user_capacity():
+    """A finite drive capacity is the FTL's user capacity: evicted blocks are trimmed, their
+    slots reused, GC runs as the drive fills; an unbounded drive has no FTL (no pressure)."""
+    trace = generate(400, seed=11, share=0.5, prefixes=8, prefix_blocks=6,
+                     mean_input_tokens=4000)
+    p = load("star2000d")
+    bounded = replay_model(trace, p, TINY, "int8_g64", _caps_tiny("drive=blocks:60"))
+    unbounded = replay_model(trace, p, TINY, "int8_g64", _caps_tiny("drive=unbounded"))
+    assert unbounded["drive_ftl"] is None
+    (ftl,) = bounded["drive_ftl"]
+    evicted = bounded["evictions"]["drive"]
+    slot = -(-TINY.stored_block_bytes("int8_g64") // 4096) * 4096
+    # each evicted block that reached the drive gives back its whole units (a block evicted
+    # before its store was booked had none)
+    assert evicted > 0 and evicted * slot // 2 <= ftl["trimmed_bytes"] <= evicted * slot
+    assert ftl["scale"]["logical_bytes"] == 60 * slot
+    assert ftl["write_amplification"] >= 1.0 and ftl["erases"] > 0
