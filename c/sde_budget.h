@@ -3,11 +3,16 @@
  * those costs into device time: the one definition (the daemon's data plane charges it; the
  * Python side, firmware/cost.py, wraps it for model-mode replay and reports).
  *
- * Costs are formulas of a kernel's input shape: ops (elementary integer or floating-point
- * operations, the unit of TOPS) and bytes (read and written in device memory); the formulas
- * are documented in firmware/cost.py.  One call runs on the compute unit that frees up first:
- * start = max(submit, unit's busy-until), device time = max(ops / per-unit rate, bytes /
- * memory bandwidth), busy-until = start + device time.
+ * Costs are formulas of a kernel's input shape, by the class of hardware that runs them
+ * (documented in firmware/cost.py): scalar ops on the controller's embedded cores (hashing,
+ * bookkeeping), vector ops on their SIMD lanes (quantizing, packing), MAC ops on the MAC
+ * array the TOPS rating counts (scoring, dot products), dependent DRAM probes (index
+ * lookups), and bytes moved in the controller's DRAM.  One call runs on the unit (an embedded
+ * core) that frees up first: start = max(submit, its busy-until); its compute takes
+ * scalar / core rate + vector / (core rate x lanes) + MAC / (TOPS / units) + probes x probe
+ * latency; its bytes take the DRAM, which NAND and PCIe DMA share when the budget is tied to
+ * a timing model (sde_budget_share_dram): device time = max(compute, DRAM), busy-until =
+ * start + device time.
  */
 #ifndef SDE_BUDGET_H
 #define SDE_BUDGET_H
@@ -27,8 +32,11 @@
 #define SDE_SCHEME_FP8 3
 
 typedef struct sde_kernel_cost {
-    uint64_t ops;
-    uint64_t bytes;
+    uint64_t ops;        /* scalar ops on an embedded core */
+    uint64_t bytes;      /* moved in the controller's DRAM */
+    uint64_t vector_ops; /* element-wise ops, simd_lanes at a time */
+    uint64_t mac_ops;    /* multiply-accumulates on the MAC array (the TOPS rating) */
+    uint64_t probes;     /* dependent DRAM probes, one after another */
 } sde_kernel_cost;
 
 typedef struct sde_kernel_stats {
@@ -44,8 +52,12 @@ typedef struct sde_budget {
     double tops;
     uint32_t units;
     double memory_bytes_per_s;
-    double unit_ops_per_ns;
+    double unit_ops_per_ns;      /* MAC ops per ns per unit: TOPS / units */
     double memory_bytes_per_ns;
+    double core_ops_per_ns;      /* scalar ops per ns per core */
+    double vector_ops_per_ns;    /* element-wise ops per ns per core: x simd lanes */
+    double probe_ns;
+    void *dram;                  /* the sde_model whose DRAM the kernels share, or NULL */
     double busy_until_ns[64];
     double busy_ns[64];
     sde_kernel_stats kernels[5];
@@ -60,7 +72,12 @@ sde_kernel_cost sde_cost_prefix_match(uint64_t keys_probed);
 sde_kernel_cost sde_cost_index_insert(uint64_t keys);
 
 /* 0, or -EINVAL for a figure that is not positive and finite or too many units. */
-int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_bytes_per_s);
+int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_bytes_per_s,
+                    double core_ops_per_s, uint32_t simd_lanes, double probe_ns);
+/* Kernels' bytes are booked on this timing model's DRAM (sde_model_dram), beside the NAND and
+ * PCIe DMA it books there; NULL: the DRAM is the kernels' alone. */
+void sde_budget_share_dram(sde_budget *b, void *model);
+/* A call's device time on an idle device (its DRAM uncontended). */
 double sde_budget_device_ns(const sde_budget *b, sde_kernel_cost c);
 /* Account one call submitted at submit_ns (device clock): returns its end, *start its
  * start (may be NULL). */

@@ -98,6 +98,8 @@ struct dev_ctx {
     uint32_t klen;
     uint32_t nsid;       /* the key's namespace */
     double msubmit;      /* the modelled submission */
+    double sensed;       /* a dequantized retrieve: when its last piece is sensed */
+    uint32_t pieces;     /* ... and in how many pieces it streams */
     double ready;        /* the modelled time the kernel's input is ready, then its output */
     uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
     uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
@@ -752,6 +754,10 @@ static void model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op
     model_verdict(dev, submit, done, due, dtime); /* done < 0 cannot happen: in time order */
 }
 
+/* Kernels and DMA share the controller's DRAM (sde_model_params.dram_bytes_per_s, which the
+ * daemon leaves 0 on the virtual clock: ssdemu/daemon.py). */
+static void share_dram(sde_dev *dev) { sde_budget_share_dram(&dev->budget, dev->model); }
+
 int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time)
 {
     sde_model *m = NULL;
@@ -765,6 +771,7 @@ int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time)
     dev->model = m;
     dev->write_cache = p ? p->write_cache : 0;
     dev->virtual_time = virtual_time;
+    share_dram(dev);
     dev->origin = now_ns();
     dev->vclock = 0;
     pthread_mutex_unlock(&dev->lock);
@@ -1393,8 +1400,11 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     }
     x->copy_to = b->addr + c->buf_offset;
     x->copy_len = c->length;
-    if (dev->model)
-        x->ready = sde_model_sense(dev->model, x->msubmit, off, x->vlen);
+    if (dev->model) { /* the kernel starts on the first piece sensed (the stages stream) */
+        x->sensed = sde_model_sense(dev->model, x->msubmit, off, x->vlen);
+        x->pieces = sde_model_pieces(dev->model, x->vlen);
+        x->ready = x->msubmit + (x->sensed - x->msubmit) / x->pieces;
+    }
     value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
 }
 
@@ -1498,14 +1508,22 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
         kv_put_value(dev, x, NULL, x->bounce, (uint64_t)j->ret, SDE_KV_STORE_ANY, -1, 1);
         return;
     case CTX_DQ_GET: {
-        double done = charge(dev, SDE_KERNEL_DEQUANTIZE,
-                             sde_cost_dequantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
-                                                 (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
-                                                 (int)info[SDE_FW_INFO_KIND],
-                                                 (uint32_t)info[SDE_FW_INFO_GROUP], x->vlen),
-                             x->ready, j->host_ns);
-        if (dev->model) /* the dequantized block crosses the link */
-            done = sde_model_transfer(dev->model, done, (uint64_t)j->ret);
+        double start;
+        double done = sde_budget_charge(
+            &dev->budget, SDE_KERNEL_DEQUANTIZE,
+            sde_cost_dequantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
+                                (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
+                                (int)info[SDE_FW_INFO_KIND], (uint32_t)info[SDE_FW_INFO_GROUP],
+                                x->vlen),
+            x->ready, (double)j->host_ns, &start);
+        if (dev->model) { /* streamed: the kernel ends after the last piece sensed, the
+                           * dequantized block crosses the link from its first piece */
+            double piece = (done - start) / x->pieces;
+            if (x->sensed + piece > done)
+                done = x->sensed + piece;
+            done = sde_model_transfer_streamed(dev->model, start + piece, done, x->pieces,
+                                               (uint64_t)j->ret);
+        }
         model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
         x->result = (uint64_t)j->ret;
         kv_finish(dev, x, SDE_SC_SUCCESS, (uint64_t)j->ret);
@@ -2270,13 +2288,13 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
 /* ---- the firmware and its budget ------------------------------------------------------ */
 
 int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
-                         uint64_t hash_chain, uint32_t threads, double tops, uint32_t units,
-                         double memory_bytes_per_s)
+                         uint64_t hash_chain, uint32_t threads, const sde_budget *budget)
 {
-    sde_budget b;
-    int r = sde_budget_init(&b, tops, units, memory_bytes_per_s);
-    if (r < 0)
-        return r;
+    /* the budget as the profile built it (ssdemu.timing.budget_of), idle */
+    if (!budget || !budget->units || budget->units > SDE_MAX_UNITS)
+        return -EINVAL;
+    sde_budget b = *budget;
+    int r;
     sde_fw_entry e = {(sde_fw_quantize_fn)(uintptr_t)quantize,
                       (sde_fw_dequantize_fn)(uintptr_t)dequantize,
                       (sde_fw_hash_fn)(uintptr_t)hash_chain};
@@ -2291,6 +2309,7 @@ int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
         dev->fw = fw;
         dev->fw_entry = e;
         dev->budget = b;
+        share_dram(dev);
     }
     pthread_mutex_unlock(&dev->lock);
     sde_fw_free(busy ? fw : old);

@@ -37,8 +37,8 @@ struct sde_model {
     uint32_t ndies;
     /* PCIe is full duplex: device-to-host (reads, transfers) and host-to-device (writes,
      * receives) are separate links of the same bandwidth */
-    struct sde_resource *cores, *dies, *channels, link, link_in, prog_path;
-    double ns_per_link_byte, ns_per_channel_byte, ns_per_prog_byte;
+    struct sde_resource *cores, *dies, *channels, link, link_in, prog_path, dram;
+    double ns_per_link_byte, ns_per_channel_byte, ns_per_prog_byte, ns_per_dram_byte;
     double horizon;
     uint64_t nand_read, nand_written, link_bytes;
     /* scratch of the bulk path: pages, bytes and stage times per channel */
@@ -114,6 +114,8 @@ int sde_model_new(const sde_model_params *p, sde_model **out)
     res_init(&m->link);
     res_init(&m->link_in);
     res_init(&m->prog_path);
+    res_init(&m->dram);
+    m->ns_per_dram_byte = p->dram_bytes_per_s > 0 ? 1e9 / p->dram_bytes_per_s : 0.0;
     m->ns_per_prog_byte = p->program_bytes_per_s > 0 ? 1e9 / p->program_bytes_per_s : 0.0;
     if (p->ftl_logical_bytes) {
         m->unit = p->ftl_unit_bytes ? p->ftl_unit_bytes : 4096;
@@ -147,6 +149,7 @@ void sde_model_free(sde_model *m)
     res_fini(&m->link);
     res_fini(&m->link_in);
     res_fini(&m->prog_path);
+    res_fini(&m->dram);
     free(m->cores);
     free(m->dies);
     free(m->channels);
@@ -342,6 +345,20 @@ static int use_bulk(const sde_model *m, uint64_t offset, uint64_t nbytes)
 
 static double page_programs(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes);
 
+/* nbytes through the DRAM from ready (ready itself without a DRAM) */
+static double dram(sde_model *m, double ready, uint64_t nbytes)
+{
+    if (m->ns_per_dram_byte <= 0 || !nbytes)
+        return ready;
+    return hold(m, &m->dram, ready, (double)nbytes * m->ns_per_dram_byte);
+}
+
+double sde_model_dram(void *model, double ready, uint64_t nbytes)
+{
+    sde_model *m = model; /* never before the latest submission: older gaps are gone */
+    return dram(m, ready > m->horizon ? ready : m->horizon, nbytes);
+}
+
 /* The NAND half of a write of data in the controller at `arrived`: channel transfers and
  * programs; returns when the last page is programmed. */
 static double program_stages(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
@@ -356,6 +373,10 @@ static double program_stages(sde_model *m, double arrived, uint64_t offset, uint
         arrived = piped - dur + (double)first * m->ns_per_prog_byte;
         floor = piped + m->p.t_prog_ns;
     }
+    /* the data leaves the DRAM write cache as the program path takes it */
+    double out = dram(m, arrived, nbytes) + m->p.t_prog_ns;
+    if (out > floor)
+        floor = out;
     double done = use_bulk(m, offset, nbytes) ? write_bulk(m, arrived, offset, nbytes)
                                               : page_programs(m, arrived, offset, nbytes);
     return done > floor ? done : floor;
@@ -624,7 +645,10 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
     m->nand_read += nbytes;
     if (m->p.fixed)
         return submit + m->p.fixed_read_ns;
-    return nand_read(m, controller(m, submit) + m->p.read_latency_ns, offset, nbytes, 0);
+    double t = controller(m, submit) + m->p.read_latency_ns;
+    double sensed = nand_read(m, t, offset, nbytes, 0);
+    double landed = dram(m, t, nbytes); /* into the DRAM, for the firmware */
+    return sensed > landed ? sensed : landed;
 }
 
 /* Continuations start at `ready`, which a caller derives from its command's submission: never
@@ -640,8 +664,26 @@ double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes)
     m->link_bytes += nbytes;
     if (m->p.fixed)
         return ready;
-    return hold(m, &m->link, ready, (double)nbytes * m->ns_per_link_byte) +
-           m->p.link_latency_ns;
+    double over = hold(m, &m->link, ready, (double)nbytes * m->ns_per_link_byte);
+    double out = dram(m, ready, nbytes); /* out of the DRAM */
+    return (over > out ? over : out) + m->p.link_latency_ns;
+}
+
+uint32_t sde_model_pieces(const sde_model *m, uint64_t nbytes)
+{
+    uint64_t rows = (nbytes + m->p.page_bytes - 1) / m->p.page_bytes;
+    uint64_t n = rows / m->p.channels;
+    return n < 1 ? 1 : n > 64 ? 64 : (uint32_t)n;
+}
+
+double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
+                                   uint64_t nbytes)
+{
+    double done = sde_model_transfer(m, first, nbytes);
+    if (m->p.fixed || !pieces)
+        return done;
+    double tail = prev_end + (double)nbytes * m->ns_per_link_byte / pieces + m->p.link_latency_ns;
+    return done > tail ? done : tail;
 }
 
 double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
@@ -651,7 +693,10 @@ double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
     m->link_bytes += nbytes;
     if (m->p.fixed)
         return submit;
-    return hold(m, &m->link_in, controller(m, submit), (double)nbytes * m->ns_per_link_byte);
+    double t = controller(m, submit);
+    double in = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
+    double landed = dram(m, t, nbytes);
+    return in > landed ? in : landed;
 }
 
 /* The NAND half of a write whose data is in the controller at `ready`: when its programs are
@@ -764,6 +809,8 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
     }
     double t = controller(m, submit);
     double arrived = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
+    double landed = dram(m, t, nbytes); /* into the DRAM write cache as it arrives */
+    arrived = arrived > landed ? arrived : landed;
     double programmed = nand_program(m, arrived, offset, nbytes);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
@@ -818,6 +865,7 @@ void sde_model_get_stats(const sde_model *m, sde_model_stats *out)
     out->gaps += m->link.gaps.n + m->link_in.gaps.n;
     for (uint32_t i = 0; i < m->p.cores; i++)
         out->controller_busy_ns += m->cores[i].busy;
+    out->dram_busy_ns = m->dram.busy;
     out->nand_bytes_read = m->nand_read;
     out->nand_bytes_written = m->nand_written;
     out->link_bytes = m->link_bytes;

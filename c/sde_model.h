@@ -42,6 +42,11 @@ typedef struct sde_model_params {
     /* the controller's program path: data goes to the NAND at most this fast (its power
      * budget and write datapath: a drive cannot program every die at once; 0: no limit) */
     double program_bytes_per_s;
+    /* The controller's DRAM (0: not modelled): host writes and a quantized store's input land
+     * in it, programs and dequantized results leave from it, sensed blocks the firmware
+     * transforms land in it, and the firmware's kernels move their bytes in it (the budget,
+     * sde_budget_share_dram).  Plain reads stream through the controller's SRAM. */
+    double dram_bytes_per_s;
     /* block erase (tBERS), charged to every die when GC erases a line */
     double t_erase_ns;
     /* The FTL (0 logical bytes: none; writes land where their offset says, as on a drive
@@ -66,6 +71,7 @@ typedef struct sde_model_stats {
     double channel_busy_ns;   /* summed over channels */
     double die_busy_ns;       /* summed over dies */
     double controller_busy_ns;
+    double dram_busy_ns;
     uint64_t nand_bytes_read;
     uint64_t nand_bytes_written;
     uint64_t link_bytes;
@@ -102,10 +108,21 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
 double sde_model_receive(sde_model *m, double submit, uint64_t nbytes);
 double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
+/* Streaming (a dequantized retrieve: sensed, dequantized and sent piece by piece, as a
+ * controller does): a transfer of nbytes in `pieces` pieces whose first piece is ready at
+ * `first` and whose producer ends at `prev_end`: the link is booked from `first`, and the last
+ * piece leaves no earlier than the producer's end plus one piece's time on the link.  pieces:
+ * sde_model_pieces, a row per channel at a time (at most 64). */
+double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
+                                   uint64_t nbytes);
+uint32_t sde_model_pieces(const sde_model *m, uint64_t nbytes);
 /* With the write cache: when nbytes that arrived at `arrived` and are programmed at
  * `programmed` may be acknowledged (the cache's room, as for a write). */
 double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);
 double sde_model_nop(sde_model *m, double submit);
+/* nbytes through the controller's DRAM from `ready` on (its bandwidth shared with the DMA
+ * the model books there): when they are through; `ready` when it has no DRAM. */
+double sde_model_dram(void *m, double ready, uint64_t nbytes);
 /* Forget the whole 4 KiB units in [offset, offset + nbytes) (a deallocate, a KV delete): the
  * FTL no longer relocates them (whole mapping units).  No time (the map changes in the controller's DRAM). */
 void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes);

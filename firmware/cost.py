@@ -1,33 +1,36 @@
-"""What the firmware's kernels cost on the emulated device, and the TOPS budget that turns
+"""What the firmware's kernels cost on the emulated device, and the budget that turns
 those costs into device time.
 
-Every kernel declares its cost as formulas of its input shape: `ops` (elementary integer or
-floating-point operations, the unit of TOPS) and `bytes` (what it reads and writes in device
-memory).  The formulas count the work of the algorithm as written in firmware/, per element
-or per block:
+Every kernel declares its cost as formulas of its input shape, by the class of hardware a
+controller runs it on (c/sde_budget.h): `ops`, scalar operations on an embedded core
+(hashing, bookkeeping); `vector_ops`, element-wise operations on the cores' SIMD lanes
+(quantizing, packing); `mac_ops`, multiply-accumulates on the MAC array the TOPS rating counts
+(scoring, dot products: none of today's kernels); `probes`, dependent probes of a table in
+the controller's DRAM; and `bytes`, what the kernel reads and writes in that DRAM.  The
+formulas count the work of the algorithm as written in firmware/, per element or per block:
 
-- quantize, int / KIVI: 8 ops per element (convert, min, max, subtract, multiply, add,
+- quantize, int / KIVI: 8 vector ops per element (convert, min, max, subtract, multiply, add,
   round, store) + 6 per group (scale, reciprocal, zero point), KIVI + 1 per element
   (transpose); bytes = input + compressed output.
-- dequantize, int / KIVI: 4 per element (unpack, multiply, add, convert) + 1 per group;
-  bytes = compressed input + output.
+- dequantize, int / KIVI: 4 vector ops per element (unpack, multiply, add, convert) + 1 per
+  group; bytes = compressed input + output.
 - quantize, fp8: 7 per element (convert, abs, max, multiply, clamp, round, sign) + 2 per
   scale; dequantize, fp8: 3 per element (table lookup, multiply, convert).
-- prefix hash: 1,400 per 128-byte BLAKE2b compression (12 rounds x 8 G functions x 14 ops,
-  plus setup and finalisation); bytes = message + 16 per key.
-- prefix match: 20 per key probed (mix 10, compare 4, step and test 6); 48 bytes per key
-  (the key and a 32-byte slot).
-- index insert: 40 per key (probe, slot and LRU updates); 112 bytes per key.
+- prefix hash: 1,400 scalar ops per 128-byte BLAKE2b compression (12 rounds x 8 G functions
+  x 14 ops, plus setup and finalisation); bytes = message + 16 per key.
+- prefix match: 20 scalar ops per key probed (mix 10, compare 4, step and test 6) and one
+  DRAM probe; 48 bytes per key (the key and a 32-byte slot).
+- index insert: 40 scalar ops per key (probe, slot and LRU updates) and two probes; 112 bytes.
 
 The formulas and the budget are defined once, in C (c/sde_budget.c), where the daemon's
 data plane charges them; this module is their Python face, for model-mode replay, reports and
-tests.  The budget holds a profile's figures: TOPS, compute units and device-memory
-bandwidth.  One call runs on the compute unit that frees up first: start = max(submit time,
-unit's busy-until), device time = max(ops / per-unit rate, bytes / memory bandwidth),
-busy-until = start + device time.  Memory bandwidth is not split between units: a
-simplification that over-estimates throughput when every unit streams at once.  Each call
-also records the host time the real kernel took, so that the daemon can tell when this host
-is slower than the device it emulates (`host_lag_calls`).
+tests; ssdemu.timing.budget_of builds the budget from a profile.  A unit is an embedded core.
+One call runs on the unit that frees up first: start = max(submit time, unit's busy-until);
+compute = ops / core rate + vector_ops / (core rate x SIMD lanes) + mac_ops / (TOPS / units)
++ probes x probe latency; its bytes go through the controller's DRAM, shared with the NAND
+and PCIe DMA when the budget is tied to a timing model (share_dram); the call ends when both
+are done.  Each call also records the host time the real kernel took, so that the daemon can
+tell when this host is slower than the device it emulates (`host_lag_calls`).
 """
 
 from __future__ import annotations
@@ -43,17 +46,34 @@ ffi, lib = _engine.ffi, _engine.lib
 
 @dataclass(frozen=True)
 class KernelCost:
+    """By class of hardware: scalar ops on an embedded core, bytes in the DRAM, element-wise
+    vector ops (simd_lanes at a time), MAC ops on the array the TOPS rating counts, and
+    dependent DRAM probes."""
     ops: int
     bytes: int
+    vector_ops: int = 0
+    mac_ops: int = 0
+    probes: int = 0
 
     def __post_init__(self):
-        if self.ops <= 0 or self.bytes <= 0:
+        work = self.ops + self.vector_ops + self.mac_ops + self.probes
+        if min(self.ops, self.vector_ops, self.mac_ops, self.probes) < 0 or work <= 0 \
+                or self.bytes <= 0:
             # a kernel charged nothing would run in zero device time: always a bug
             raise ValueError(f"a kernel cost must be positive, got {self}")
 
+    @property
+    def total_ops(self) -> int:
+        return self.ops + self.vector_ops + self.mac_ops
+
+    def c(self):
+        return {"ops": self.ops, "bytes": self.bytes, "vector_ops": self.vector_ops,
+                "mac_ops": self.mac_ops, "probes": self.probes}
+
 
 def _cost(c) -> KernelCost:
-    return KernelCost(int(c.ops), int(c.bytes))
+    return KernelCost(int(c.ops), int(c.bytes), int(c.vector_ops), int(c.mac_ops),
+                      int(c.probes))
 
 
 def _scheme(scheme: Scheme | str) -> tuple[int, int]:
@@ -107,9 +127,13 @@ class ComputeProfile:
     tops: float
     compute_units: int
     device_memory_bytes_per_s: float
+    core_ops_per_s: float = 8.2e9
+    simd_lanes: int = 8
+    dram_probe_ns: float = 100.0
 
     def __post_init__(self):
-        if self.tops <= 0 or self.compute_units <= 0 or self.device_memory_bytes_per_s <= 0:
+        if min(self.tops, self.compute_units, self.device_memory_bytes_per_s,
+               self.core_ops_per_s, self.simd_lanes) <= 0 or self.dram_probe_ns < 0:
             raise ValueError(f"compute profile figures must be positive: {self}")
 
 
@@ -143,7 +167,8 @@ class TopsBudget:
         self.profile = profile
         self._b = ffi.new("sde_budget *")
         r = lib.sde_budget_init(self._b, profile.tops, profile.compute_units,
-                                profile.device_memory_bytes_per_s)
+                                profile.device_memory_bytes_per_s, profile.core_ops_per_s,
+                                profile.simd_lanes, profile.dram_probe_ns)
         if r < 0:
             raise ValueError(f"compute profile figures must be positive and finite, with 1 to "
                              f"{lib.SDE_MAX_UNITS} units: {profile}")
@@ -160,14 +185,26 @@ class TopsBudget:
     def kernels(self) -> dict[str, KernelStats]:
         return kernel_stats(self._b)
 
+    def share_dram(self, model) -> None:
+        """Book kernels' bytes on this timing model's DRAM (ssdemu.timing.DeviceModel), where
+        NAND and PCIe DMA book theirs."""
+        self._dram_model = model  # kept alive as long as the budget uses it
+        lib.sde_budget_share_dram(self._b, model._m)
+
+    @property
+    def struct(self):
+        """The C budget (for the daemon's data plane to copy)."""
+        return self._b
+
     def device_ns(self, cost: KernelCost) -> float:
-        return lib.sde_budget_device_ns(self._b, (cost.ops, cost.bytes))
+        """On an idle device (its DRAM uncontended)."""
+        return lib.sde_budget_device_ns(self._b, cost.c())
 
     def charge(self, kernel: str, cost: KernelCost, submit_ns: float,
                host_ns: float = 0.0) -> tuple[float, float]:
         """Account one call submitted at submit_ns (device clock); returns (start, done)."""
         start = ffi.new("double *")
-        done = lib.sde_budget_charge(self._b, KERNEL_IDS[kernel], (cost.ops, cost.bytes),
+        done = lib.sde_budget_charge(self._b, KERNEL_IDS[kernel], cost.c(),
                                      submit_ns, host_ns, start)
         return start[0], done
 

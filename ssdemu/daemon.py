@@ -33,7 +33,7 @@ from ssdemu.admin import Admin, Outcome
 from ssdemu.media import Media
 from ssdemu.profile import Profile
 from ssdemu.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreError, probe
-from ssdemu.timing import model_params
+from ssdemu.timing import budget_of, model_params
 from ssdemu_wire import control
 from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, STATUS
 
@@ -114,8 +114,15 @@ class Daemon:
         lib.sde_dev_set_client_quota(self.dev, self.max_inflight)
         self.timing, self.clock = timing, clock
         if timing != "off":
-            # the drive's FTL maps the whole media (at a declared scale past 64 GiB)
-            params = model_params(profile, fixed=timing == "fixed", ftl_bytes=media.size)
+            # the drive's FTL maps the whole media (at a declared scale past 64 GiB).  The
+            # controller's DRAM, which kernels share with the NAND and PCIe DMA, only on the
+            # real clock: the data plane books a kernel's bytes (and a dequantized result's
+            # transfer, a quantized store's program) when a firmware thread hands it back, so
+            # where they fall among other commands' DMA follows this host's thread timing, and
+            # a virtual-time run would not repeat itself.  Model-mode replay and bench device
+            # model it.
+            params = model_params(profile, fixed=timing == "fixed", ftl_bytes=media.size,
+                                  dram=clock != "virtual")
             r = lib.sde_dev_set_model(self.dev, params, int(clock == "virtual"))
             if r < 0:
                 raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
@@ -135,8 +142,8 @@ class Daemon:
         # of this host (more would only take turns)
         c = profile.compute
         threads = max(1, min(c.units, os.cpu_count() or 1, lib.SDE_FW_MAX_THREADS))
-        r = lib.sde_dev_set_firmware(self.dev, *entry.addresses(), threads, c.tops, c.units,
-                                     c.memory_bytes_per_s)
+        r = lib.sde_dev_set_firmware(self.dev, *entry.addresses(), threads,
+                                     budget_of(profile).struct)
         if r < 0:
             raise OSError(-r, f"cannot start the firmware: {os.strerror(-r)}")
         self.admin = Admin(self)

@@ -75,9 +75,12 @@ class Figure:
 
 @dataclass(frozen=True)
 class Compute:
-    tops: float
-    units: int
-    memory_bytes_per_s: float
+    tops: float                # the MAC array (scoring, dot products)
+    units: int                 # embedded cores that run the firmware's kernels
+    memory_bytes_per_s: float  # the controller's DRAM, shared with NAND and PCIe DMA
+    core_ops_per_s: float      # scalar ops per second per core (hashing, bookkeeping)
+    simd_lanes: int            # element-wise ops a core does at once (quantizing, packing)
+    dram_probe_ns: float       # a dependent probe of a table in the DRAM
 
 
 @dataclass(frozen=True)
@@ -130,13 +133,14 @@ SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
             "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig,
             "ftl": Ftl}
 # upper bounds that catch unit mistakes (a latency in seconds, a size in GB)
-_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11, "program_bytes_per_s": 1e12,
-           "memory_bytes_per_s": 1e13, "tops": 1e4, "max_queue_pairs": 256,
-           "max_entries": 65536, "io_depth": 4096, "channels": 256, "cores": 256,
-           "units": 1024, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
+_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
+           "program_bytes_per_s": 1e12, "memory_bytes_per_s": 1e13, "tops": 1e4,
+           "max_queue_pairs": 256, "max_entries": 65536, "io_depth": 4096, "channels": 256,
+           "cores": 256, "units": 1024, "core_ops_per_s": 1e12, "simd_lanes": 256,
+           "dram_probe_ns": 1e5, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
            "max_value_bytes": 1 << 31, "pages_per_block": 1 << 16, "blocks_per_plane": 1 << 20,
            "read_latency_ns": 1e7, "write_latency_ns": 1e7, "gc_free_lines": 64,
-           "user_capacity_bytes": 1 << 60}
+           "user_capacity_bytes": 1 << 60, "reserved_fraction": 1}
 
 
 def available() -> list[str]:

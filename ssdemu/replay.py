@@ -42,8 +42,6 @@ import time
 import numpy as np
 
 from firmware.cost import (
-    ComputeProfile,
-    TopsBudget,
     dequantize_cost,
     prefix_match_cost,
     quantize_cost,
@@ -51,7 +49,7 @@ from firmware.cost import (
 from ssdemu.pool import POOLS, ROUTES, Fabric, FabricSpec, HashRing
 from ssdemu.profile import Profile
 from ssdemu.serving import BLOCK_TOKENS, TIERS, LRUTier, ModelConfig
-from ssdemu.timing import DeviceModel
+from ssdemu.timing import DeviceModel, budget_of
 
 DEFAULT_HOST_LINK_BYTES_PER_S = 50e9  # DRAM -> GPU over PCIe 5.0 x16
 UTILIZATION_SAMPLES = 100  # points of the utilization-over-time series
@@ -63,11 +61,6 @@ def _pcts(values) -> dict:
             "mean": float(a.mean())}
 
 
-def budget_of(profile: Profile) -> TopsBudget:
-    c = profile.compute
-    return TopsBudget(ComputeProfile(c.tops, c.units, c.memory_bytes_per_s))
-
-
 class ModelDrive:
     """Model mode's drive: the timing model and the TOPS budget, on sizes alone.  Blocks get
     media slots in order of first store (4 KiB-aligned).  An unbounded drive has no FTL (no
@@ -77,7 +70,7 @@ class ModelDrive:
 
     def __init__(self, profile: Profile, model: ModelConfig, quant: str | None,
                  bulk_pages: int | None = None, dequant: str = "drive",
-                 capacity_blocks: int | None = None):
+                 capacity_blocks: int | None = None, dram: bool = True):
         self.profile = profile
         self.dequant = dequant
         self.stored = model.stored_block_bytes(quant)
@@ -86,10 +79,13 @@ class ModelDrive:
         self.slot = -(-self.stored // 4096) * 4096
         self.bounded = capacity_blocks is not None
         self.device = DeviceModel(profile, bulk_pages=bulk_pages,
-                                  ftl_bytes=capacity_blocks * self.slot if self.bounded else 0)
+                                  ftl_bytes=capacity_blocks * self.slot if self.bounded else 0,
+                                  dram=dram)
         self._free_slots: list[int] = []  # offsets evicted blocks gave back (bounded)
         self._slots = 0  # slots handed out
         self.budget = budget_of(profile)
+        if dram:
+            self.budget.share_dram(self.device)  # kernels, NAND and PCIe DMA share the DRAM
         self.scheme = quant or None
         self.raw = model.block_bytes
         self.elements = model.block_bytes // model.element_bytes
@@ -117,9 +113,15 @@ class ModelDrive:
         done = t_ns
         for b in ids:
             if self.scheme and self.dequant == "drive":
+                # streamed, as the daemon does (c/sde_dev.c): the kernel starts on the first
+                # piece sensed and ends after the last; the link starts on its first piece
                 sensed = self.device.sense(t_ns, self.offsets[b], self.stored)
-                _, ready = self.budget.charge("dequantize", self.dequant_cost, sensed)
-                d = self.device.transfer(ready, self.raw)
+                pieces = self.device.pieces(self.stored)
+                start, ready = self.budget.charge("dequantize", self.dequant_cost,
+                                                  t_ns + (sensed - t_ns) / pieces)
+                piece = (ready - start) / pieces
+                ready = max(ready, sensed + piece)
+                d = self.device.transfer_streamed(start + piece, ready, pieces, self.raw)
             else:
                 d = self.device.read(t_ns, self.offsets[b], self.stored)
             done = max(done, d)
@@ -618,14 +620,17 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
                  pool: str = "private", route: str = "round-robin",
                  fabric: FabricSpec | None = None, dequant: str = "drive",
                  gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S,
-                 store_when: str = "arrival", store_queue: int | None = None) -> dict:
+                 store_when: str = "arrival", store_queue: int | None = None,
+                 dram: bool = True) -> dict:
     """Model mode.  bulk_pages: the timing model's bulk threshold (DeviceModel; 0: page by
-    page).  instances, pool, route, fabric: as replay().  dequant: where the drive's blocks
-    are dequantized, in the drive or on the GPU (host) at gpu_dequant_bytes_per_s."""
+    page).  dram: model the controller's DRAM (False: as the virtual-clock daemon, for
+    comparisons with data mode).  instances, pool, route, fabric: as replay().  dequant:
+    where the drive's blocks are dequantized, in the drive or on the GPU (host) at
+    gpu_dequant_bytes_per_s."""
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     requests = list(requests)
     t0 = time.perf_counter()
-    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant, capacities["drive"])
+    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant, capacities["drive"], dram)
                for _ in range(instances)] if capacities["drive"] != 0 else None)
     setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric,
              "dequant": dequant, "gpu_dequant_bytes_per_s": gpu_dequant_bytes_per_s,

@@ -37,6 +37,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from firmware.cost import ComputeProfile, TopsBudget
 from ssdemu import _engine
 from ssdemu.profile import Profile
 
@@ -62,6 +63,14 @@ class Resource:
     @property
     def next_free(self) -> float:
         return lib.sde_resource_next_free(self._r)
+
+
+def budget_of(profile: Profile) -> TopsBudget:
+    """The firmware's budget from a profile: the one place it is built (the daemon copies it
+    into its data plane; model-mode replay charges it)."""
+    c = profile.compute
+    return TopsBudget(ComputeProfile(c.tops, c.units, c.memory_bytes_per_s, c.core_ops_per_s,
+                                     c.simd_lanes, c.dram_probe_ns))
 
 
 def unloaded_latencies(profile: Profile) -> tuple[float, float, float]:
@@ -129,8 +138,9 @@ def ftl_scale(profile: Profile, logical_bytes: int) -> FtlScale:
 
 
 def model_params(profile: Profile, fixed: bool = False, times=(None, None, None),
-                 bulk_pages: int | None = None, ftl_bytes: int = 0):
-    """ftl_bytes: the FTL's logical size (0: no FTL, writes land where their offsets say)."""
+                 bulk_pages: int | None = None, ftl_bytes: int = 0, dram: bool = True):
+    """ftl_bytes: the FTL's logical size (0: no FTL, writes land where their offsets say);
+    dram: model the controller's DRAM (shared by DMA and kernels)."""
     n, link, c = profile.nand, profile.host_link, profile.controller
     if bulk_pages is None:
         bulk_pages = default_bulk_pages(profile)
@@ -153,6 +163,7 @@ def model_params(profile: Profile, fixed: bool = False, times=(None, None, None)
         "write_cache_bytes": int(profile.write_cache.bytes),
         "read_latency_ns": c.read_latency_ns, "write_latency_ns": c.write_latency_ns,
         "t_erase_ns": n.t_erase_ns, "program_bytes_per_s": c.program_bytes_per_s,
+        "dram_bytes_per_s": profile.compute.memory_bytes_per_s if dram else 0.0,
         "ftl_logical_bytes": ftl.logical_bytes if ftl else 0,
         "ftl_unit_bytes": ftl.unit_bytes if ftl else 0,
         "ftl_lines": ftl.lines if ftl else 0, "ftl_rows_per_die": ftl.rows_per_die if ftl else 0,
@@ -164,14 +175,16 @@ class DeviceModel:
     """The detailed model of one profile (c/sde_model.c, the one definition the daemon's data
     plane uses too)."""
 
-    def __init__(self, profile: Profile, bulk_pages: int | None = None, ftl_bytes: int = 0):
+    def __init__(self, profile: Profile, bulk_pages: int | None = None, ftl_bytes: int = 0,
+                 dram: bool = True):
         """bulk_pages: transfers of this many pages or more are booked in bulk (0: never;
-        default: a full stripe); ftl_bytes: the FTL's logical size (0: none)."""
+        default: a full stripe); ftl_bytes: the FTL's logical size (0: none); dram: model the
+        controller's DRAM (the virtual-clock daemon does not: c/sde_dev.c)."""
         self.p = profile
         self.ftl = ftl_scale(profile, ftl_bytes) if ftl_bytes else None
         out = ffi.new("sde_model **")
-        if lib.sde_model_new(model_params(profile, bulk_pages=bulk_pages, ftl_bytes=ftl_bytes),
-                             out) < 0:
+        params = model_params(profile, bulk_pages=bulk_pages, ftl_bytes=ftl_bytes, dram=dram)
+        if lib.sde_model_new(params, out) < 0:
             raise ValueError(f"profile {profile.name} does not make a model")
         self._m = ffi.gc(out[0], lib.sde_model_free)
 
@@ -194,6 +207,16 @@ class DeviceModel:
     def sense(self, submit: float, offset: int, nbytes: int) -> float:
         """A read's NAND half: when the bytes are in the controller (no link)."""
         return self._check(lib.sde_model_sense(self._m, submit, offset, nbytes), submit)
+
+    def pieces(self, nbytes: int) -> int:
+        """How many pieces a transformed block streams through the controller in."""
+        return lib.sde_model_pieces(self._m, nbytes)
+
+    def transfer_streamed(self, first: float, prev_end: float, pieces: int,
+                          nbytes: int) -> float:
+        """A transfer whose first piece is ready at `first`, its producer ending at
+        `prev_end` (c/sde_model.h)."""
+        return lib.sde_model_transfer_streamed(self._m, first, prev_end, pieces, nbytes)
 
     def receive(self, submit: float, nbytes: int) -> float:
         """A write's link half: when the bytes are in the controller (no NAND)."""

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 import hostlib
-from firmware.cost import ComputeProfile, TopsBudget, quantize_cost
+from firmware.cost import quantize_cost
 from firmware.quant import dequantize
 from hostlib.prefix_hash import chain_keys, root_key
 from ssdemu.daemon_process import DaemonProcess
 from ssdemu.profile import load
+from ssdemu.timing import budget_of
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +62,7 @@ def test_quantize_in_drive_round_trip(dev, scheme):
 def test_in_drive_compute_time_is_the_cost_models(dev):
     x = block(seed=1)
     profile = load("star2000d")
-    budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
-                                       profile.compute.memory_bytes_per_s))
+    budget = budget_of(profile)
     size = dev.kv_put_quantized(b"timed", x, "fp16", "int8_g64")
     cost = quantize_cost(x.size, 2, "int8_g64", size)
     assert dev.qp.last_device_ns == int(budget.device_ns(cost))  # the units were idle

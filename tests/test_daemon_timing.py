@@ -118,7 +118,8 @@ def test_bad_clock_is_refused(tmp_path, clock):
 def test_kv_and_compute_commands_include_nand_time(tmp_path):
     import numpy as np
 
-    from firmware.cost import ComputeProfile, TopsBudget, quantize_cost
+    from firmware.cost import quantize_cost
+    from ssdemu.timing import budget_of
 
     profile = load("star2000d")
     d = _daemon(tmp_path)
@@ -145,8 +146,7 @@ def test_kv_and_compute_commands_include_nand_time(tmp_path):
             written = dev.log()["model"]["nand_bytes_written"]
             size = dev.kv_put_quantized(b"q", x, "fp16", "int8_g64")
             assert dev.log()["model"]["nand_bytes_written"] - written >= size  # programmed
-            budget = TopsBudget(ComputeProfile(profile.compute.tops, profile.compute.units,
-                                               profile.compute.memory_bytes_per_s))
+            budget = budget_of(profile)
             compute_ns = budget.device_ns(quantize_cost(x.size, 2, "int8_g64", size))
             # the raw block crossed the link, then the firmware ran
             receive_ns = x.nbytes / profile.host_link.bandwidth_bytes_per_s * 1e9

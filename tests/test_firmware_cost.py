@@ -24,7 +24,7 @@ SCHEMES = ["int8_g64", "int4_g32", "int4_g128_sym", "kivi4_g32_r128", "fp8_tenso
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_every_kernel_is_charged(kernel):
     cost = KERNELS[kernel]()
-    assert cost.ops > 0 and cost.bytes > 0
+    assert cost.total_ops + cost.probes > 0 and cost.bytes > 0
 
 
 def test_zero_cost_is_refused():
@@ -42,8 +42,10 @@ def test_quantization_costs_follow_the_shape(tokens, layers, heads, dim, scheme)
     q = quantize_cost(shape.elements, 2, scheme, comp)
     d = dequantize_cost(shape.elements, 2, scheme, comp)
     assert q.bytes == d.bytes == shape.nbytes(0) + comp
-    assert q.ops >= 7 * shape.elements and d.ops >= 3 * shape.elements
-    assert quantize_cost(2 * shape.elements, 2, scheme, comp).ops > q.ops
+    # element-wise work: on the cores' SIMD lanes, not the MAC array
+    assert q.vector_ops >= 7 * shape.elements and d.vector_ops >= 3 * shape.elements
+    assert q.mac_ops == d.mac_ops == 0
+    assert quantize_cost(2 * shape.elements, 2, scheme, comp).vector_ops > q.vector_ops
 
 
 @given(blocks=st.integers(1, 100), block=st.sampled_from([16, 256, 512]))
@@ -52,27 +54,42 @@ def test_hash_cost_counts_blake2b_compressions(blocks, block):
     compressions = {16: 1, 256: 9, 512: 17}[block]  # (16 + 4 * block) bytes in 128-byte blocks
     assert c.ops == blocks * compressions * 1400
     assert prefix_match_cost(blocks).ops == 20 * blocks
+    assert prefix_match_cost(blocks).probes == blocks  # a dependent DRAM probe per key
     assert index_insert_cost(blocks).bytes == 112 * blocks
 
 
-PROFILE = ComputeProfile(tops=8.0, compute_units=4, device_memory_bytes_per_s=64e9)
+PROFILE = ComputeProfile(tops=8.0, compute_units=4, device_memory_bytes_per_s=64e9,
+                         core_ops_per_s=8e9, simd_lanes=8, dram_probe_ns=100.0)
 
 
-def test_device_time_is_the_slower_of_compute_and_memory():
+def _mac(n):
+    return KernelCost(0, 64, mac_ops=n)
+
+
+def test_each_class_of_work_runs_at_its_own_rate():
+    """Per unit: the MAC array's 2 TOPS (2,000 ops/ns), a core's 8 scalar ops/ns, 64 vector
+    ops/ns on 8 lanes, 100 ns a probe; memory 64 bytes/ns; the slower of compute and memory."""
     b = TopsBudget(PROFILE)
-    # per unit: 2 TOPS = 2000 ops/ns; memory 64 bytes/ns
-    assert b.device_ns(KernelCost(2_000_000, 64)) == pytest.approx(1000.0)  # compute bound
-    assert b.device_ns(KernelCost(2000, 64_000)) == pytest.approx(1000.0)  # memory bound
+    assert b.device_ns(_mac(2_000_000)) == pytest.approx(1000.0)
+    assert b.device_ns(KernelCost(8000, 64)) == pytest.approx(1000.0)
+    assert b.device_ns(KernelCost(0, 64, vector_ops=64_000)) == pytest.approx(1000.0)
+    assert b.device_ns(KernelCost(0, 64, probes=10)) == pytest.approx(1000.0)
+    assert b.device_ns(KernelCost(8000, 64, probes=10)) == pytest.approx(2000.0)  # in series
+    assert b.device_ns(KernelCost(0, 64_000, mac_ops=2000)) == \
+        pytest.approx(1000.0)  # memory bound
+    # hashing at an embedded core's rate, far from the TOPS rating: 1,400 ops per 128 bytes
+    hashed = prefix_hash_cost(1000, 512)
+    assert 0.1e9 < 1000 * (16 + 4 * 512) / (b.device_ns(hashed) * 1e-9) < 2e9
 
 
 def test_units_run_in_parallel_then_queue():
     b = TopsBudget(PROFILE)
-    cost = KernelCost(2_000_000, 64)  # 1 us on one unit
+    cost = _mac(2_000_000)  # 1 us on one unit
     spans = [b.charge("quantize", cost, submit_ns=0) for _ in range(5)]
     assert [s for s, _ in spans[:4]] == [0, 0, 0, 0]
     assert spans[4] == (pytest.approx(1000.0), pytest.approx(2000.0))
     assert b.utilization(2000.0) == pytest.approx(5000.0 / (4 * 2000.0))
-    assert b.kernels["quantize"].calls == 5 and b.kernels["quantize"].ops == 5 * cost.ops
+    assert b.kernels["quantize"].calls == 5 and b.kernels["quantize"].ops == 5 * cost.total_ops
 
 
 @given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 10**7)), max_size=40))
@@ -88,8 +105,8 @@ def test_busy_until_never_decreases_and_nothing_starts_before_submission(calls):
 
 def test_host_lag_is_recorded():
     b = TopsBudget(PROFILE)
-    b.charge("dequantize", KernelCost(2000, 64), 0, host_ns=5.0)  # device 1 ns: host slower
-    b.charge("dequantize", KernelCost(2_000_000, 64), 0, host_ns=5.0)  # device 1 us
+    b.charge("dequantize", _mac(2000), 0, host_ns=5.0)  # device 1 ns: host slower
+    b.charge("dequantize", _mac(2_000_000), 0, host_ns=5.0)  # device 1 us
     assert b.kernels["dequantize"].host_lag_calls == 1 and b.host_lag_calls == 1
     assert b.kernels["dequantize"].host_ns == 10.0
 
@@ -112,3 +129,27 @@ def test_run_times_a_real_kernel():
     assert blob.nbytes == comp
     assert done == pytest.approx(100.0 + b.device_ns(cost))
     assert b.kernels["quantize"].host_ns > 0
+
+
+def test_kernels_share_the_dram_with_the_nand_and_pcie_dma():
+    """A memory-bound kernel tied to a timing model's DRAM takes longer while writes stream
+    through the DRAM write cache to the NAND than on an idle drive."""
+    from ssdemu.profile import load
+    from ssdemu.timing import DeviceModel, budget_of
+
+    p = load("pcie4-tlc")
+    cost = dequantize_cost(16 << 20, 2, "int8_g64", (16 << 20) + (1 << 19))
+    times = []
+    for busy in (False, True):
+        model, budget = DeviceModel(p), budget_of(p)
+        budget.share_dram(model)
+        if busy:  # 1 GiB of writes arriving from t = 0: host DMA in, NAND DMA out
+            for i in range(256):
+                model.write(0.0, i << 22, 4 << 20)
+        start, done = budget.charge("dequantize", cost, 0.0)
+        times.append(done - start)
+    idle = TopsBudget(ComputeProfile(p.compute.tops, p.compute.units,
+                                     p.compute.memory_bytes_per_s, p.compute.core_ops_per_s,
+                                     p.compute.simd_lanes, p.compute.dram_probe_ns))
+    assert times[0] == pytest.approx(idle.device_ns(cost))  # an idle DRAM: as unshared
+    assert times[1] > 1.5 * times[0]

@@ -124,11 +124,16 @@ def test_a_sweep_on_local_ray_is_its_single_replays(tmp_path, trace):
         want = _as_csv(flat)
         got = {k: r[k] for k in want}
         if r["cell.mode"] == "data":
-            # two single data-mode runs of one cell differ in the 7th digit of the drive's
-            # utilization span (when the store's journal groups commit follows real time);
-            # every hit, byte, TTFT and check is exact
-            for k in [k for k in want if k.startswith("drive_utilization")]:
-                assert float(got.pop(k)) == pytest.approx(float(want.pop(k)), rel=1e-5), k
+            # two single data-mode runs of one cell differ in their times: a compute command's
+            # later stages (a quantized store's program, a dequantized block's transfer) are
+            # booked when its kernel comes back, among other commands' first stages as this
+            # host's threads time them, and dies are shared by senses and programs (the
+            # utilization span also follows the store's journal group commits); every hit,
+            # byte and check is exact
+            timed = ("drive_utilization", "drive_load_ms", "ttft_s.with_drive",
+                     "per_instance.0.ttft_s.with_drive")
+            for k in [k for k in want if k.startswith(timed)]:
+                assert float(got.pop(k)) == pytest.approx(float(want.pop(k)), rel=0.05), k
         assert got == want, r["cell.id"]
         compared += 1
     assert compared == 4 and {r["cell.mode"] for r in rows if not r["error"]} == \
