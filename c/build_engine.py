@@ -16,11 +16,11 @@ from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
 HEADERS = [HERE / name for name in ("sde_engine.h", "sde_queue.h", "sde_model.h", "sde_store.h",
-                                    "sde_budget.h", "sde_fw.h", "sde_fault.h", "sde_undo.h",
-                                    "sde_dev.h", "sde_client_loop.h")]
+                                    "sde_budget.h", "sde_recipe.h", "sde_fw.h", "sde_fault.h",
+                                    "sde_undo.h", "sde_dev.h", "sde_client_loop.h")]
 SOURCES = ["sde_engine.c", "sde_ring.c", "sde_dev.c", "sde_client_loop.c", "sde_model.c",
            "sde_store.c", "sde_hash_avx2.c", "sde_budget.c", "sde_fw.c", "sde_fault.c",
-           "sde_undo.c", "sde_gaps.c", "sde_ftl.c"]
+           "sde_undo.c", "sde_gaps.c", "sde_ftl.c", "sde_recipe.c"]
 MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
@@ -59,15 +59,15 @@ ffibuilder.cdef(
 )
 ffibuilder.set_source(
     "ssdemu._engine",
-    '#include "sde_engine.h"\n#include "sde_queue.h"\n#include "sde_dev.h"\n'
-    '#include "sde_model.h"\n#include "sde_store.h"\n#include "sde_budget.h"\n'
-    '#include "sde_fw.h"\n#include "sde_fault.h"\n#include "sde_undo.h"\n'
-    '#include "sde_client_loop.h"',
+    # the headers the declarations came from, so that the wrappers see every prototype
+    "".join(f'#include "{h.name}"\n' for h in HEADERS),
     # relative to the project root, where setuptools runs the build
     sources=[os.path.relpath(HERE / name) for name in SOURCES],
     include_dirs=[str(HERE)],
     libraries=["uring"],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                        # a call without a prototype returns an int: never let one through
+                        "-Werror=implicit-function-declaration"],
 )
 
 if not have_liburing():

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "sde_budget.h"
+#include "sde_recipe.h"
 #include "sde_engine.h"
 #include "sde_fw.h"
 #include "sde_ring.h"
@@ -1400,11 +1401,9 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     }
     x->copy_to = b->addr + c->buf_offset;
     x->copy_len = c->length;
-    if (dev->model) { /* the kernel starts on the first piece sensed (the stages stream) */
-        x->sensed = sde_model_sense(dev->model, x->msubmit, off, x->vlen);
-        x->pieces = sde_model_pieces(dev->model, x->vlen);
-        x->ready = x->msubmit + (x->sensed - x->msubmit) / x->pieces;
-    }
+    if (dev->model) /* the kernel starts on the first piece sensed (the stages stream) */
+        x->ready = sde_recipe_dq_sense(dev->model, x->msubmit, off, x->vlen, &x->sensed,
+                                       &x->pieces);
     value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
 }
 
@@ -1508,22 +1507,13 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
         kv_put_value(dev, x, NULL, x->bounce, (uint64_t)j->ret, SDE_KV_STORE_ANY, -1, 1);
         return;
     case CTX_DQ_GET: {
-        double start;
-        double done = sde_budget_charge(
-            &dev->budget, SDE_KERNEL_DEQUANTIZE,
+        double done = sde_recipe_dq_finish(
+            dev->model, &dev->budget, x->ready, x->sensed, x->pieces,
             sde_cost_dequantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
                                 (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
                                 (int)info[SDE_FW_INFO_KIND], (uint32_t)info[SDE_FW_INFO_GROUP],
                                 x->vlen),
-            x->ready, (double)j->host_ns, &start);
-        if (dev->model) { /* streamed: the kernel ends after the last piece sensed, the
-                           * dequantized block crosses the link from its first piece */
-            double piece = (done - start) / x->pieces;
-            if (x->sensed + piece > done)
-                done = x->sensed + piece;
-            done = sde_model_transfer_streamed(dev->model, start + piece, done, x->pieces,
-                                               (uint64_t)j->ret);
-        }
+            (double)j->host_ns, (uint64_t)j->ret);
         model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
         x->result = (uint64_t)j->ret;
         kv_finish(dev, x, SDE_SC_SUCCESS, (uint64_t)j->ret);

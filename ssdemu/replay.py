@@ -46,6 +46,7 @@ from firmware.cost import (
     prefix_match_cost,
     quantize_cost,
 )
+from ssdemu import _engine
 from ssdemu.pool import POOLS, ROUTES, Fabric, FabricSpec, HashRing
 from ssdemu.profile import Profile
 from ssdemu.serving import BLOCK_TOKENS, TIERS, LRUTier, ModelConfig
@@ -53,6 +54,9 @@ from ssdemu.timing import DeviceModel, budget_of
 
 DEFAULT_HOST_LINK_BYTES_PER_S = 50e9  # DRAM -> GPU over PCIe 5.0 x16
 UTILIZATION_SAMPLES = 100  # points of the utilization-over-time series
+
+
+ffi, lib = _engine.ffi, _engine.lib
 
 
 def _pcts(values) -> dict:
@@ -97,9 +101,12 @@ class ModelDrive:
         # what a load hands the host per block: dequantized, or as stored (dequant host)
         self.delivered_bytes = (self.stored if self.scheme and dequant == "host"
                                 else self.raw)
+        # the C recipes take the costs as structs (an unquantized drive charges nothing)
+        self._dequant_c = self._quant_c = {"ops": 0, "bytes": 0}
         if self.scheme:
             self.dequant_cost = dequantize_cost(self.elements, 2, self.scheme, self.stored)
             self.quant_cost = quantize_cost(self.elements, 2, self.scheme, self.stored)
+            self._dequant_c, self._quant_c = self.dequant_cost.c(), self.quant_cost.c()
 
     def match(self, t_ns: int, ids, expected: int) -> int:
         probed = max(1, min(expected + 1, len(ids)))
@@ -109,40 +116,36 @@ class ModelDrive:
     def load(self, t_ns: int, ids) -> int:
         """Each block sensed, dequantized as it arrives, the result over the link (a plain
         read without quantization, or with dequant host: the compressed block is read as it
-        is and the GPU dequantizes it)."""
-        done = t_ns
-        for b in ids:
-            if self.scheme and self.dequant == "drive":
-                # streamed, as the daemon does (c/sde_dev.c): the kernel starts on the first
-                # piece sensed and ends after the last; the link starts on its first piece
-                sensed = self.device.sense(t_ns, self.offsets[b], self.stored)
-                pieces = self.device.pieces(self.stored)
-                start, ready = self.budget.charge("dequantize", self.dequant_cost,
-                                                  t_ns + (sensed - t_ns) / pieces)
-                piece = (ready - start) / pieces
-                ready = max(ready, sensed + piece)
-                d = self.device.transfer_streamed(start + piece, ready, pieces, self.raw)
-            else:
-                d = self.device.read(t_ns, self.offsets[b], self.stored)
-            done = max(done, d)
-        return int(done)
+        is and the GPU dequantizes it).  The recipe is the daemon's (c/sde_recipe.c), a
+        request's blocks in one call."""
+        if not ids:
+            return t_ns
+        offs = ffi.new("uint64_t[]", [self.offsets[b] for b in ids])
+        in_drive = bool(self.scheme) and self.dequant == "drive"
+        done = lib.sde_recipe_load_blocks(self.device.handle, self.budget.struct, t_ns, offs,
+                                          len(ids), self.stored, self.raw, int(in_drive),
+                                          self._dequant_c)
+        return int(max(done, t_ns))
 
     def store(self, t_ns: int, ids) -> None:
         """Each block over the link as it is, quantized, the result programmed (in the
-        background: nothing waits)."""
+        background: nothing waits); the daemon's recipe (c/sde_recipe.c)."""
+        if not ids:
+            return
+        offs = []
         for b in ids:
             off = self.offsets.get(b)
             if off is None:
                 off = self.offsets[b] = (self._free_slots.pop() if self._free_slots
                                          else self._next_slot())
-            if self.scheme:
-                arrived = self.device.receive(t_ns, self.raw)
-                _, ready = self.budget.charge("quantize", self.quant_cost, arrived)
-                done = self.device.program(ready, off, self.stored)
-            else:
-                done = self.device.write(t_ns, off, self.stored)
-            if self.track_stores:
-                heapq.heappush(self._in_flight, done)
+            offs.append(off)
+        done = ffi.new("double[]", len(offs))
+        lib.sde_recipe_store_blocks(self.device.handle, self.budget.struct, t_ns,
+                                    ffi.new("uint64_t[]", offs), len(offs), self.stored,
+                                    self.raw, int(bool(self.scheme)), self._quant_c, done)
+        if self.track_stores:
+            for d in done:
+                heapq.heappush(self._in_flight, d)
 
     def stores_in_flight(self, t_ns: int) -> int:
         """Stores booked and not yet complete at t_ns (programmed, or acknowledged)."""

@@ -208,6 +208,11 @@ class DeviceModel:
         """A read's NAND half: when the bytes are in the controller (no link)."""
         return self._check(lib.sde_model_sense(self._m, submit, offset, nbytes), submit)
 
+    @property
+    def handle(self):
+        """The C model (for the recipes of c/sde_recipe.h)."""
+        return self._m
+
     def pieces(self, nbytes: int) -> int:
         """How many pieces a transformed block streams through the controller in."""
         return lib.sde_model_pieces(self._m, nbytes)
