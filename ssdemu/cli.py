@@ -13,6 +13,7 @@ from ssdemu.units import parse_size
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+MIN_BENCH_LOGICAL = 64 << 20  # bench device's smallest FTL logical space
 
 
 class _Parser(argparse.ArgumentParser):
@@ -483,6 +484,10 @@ def _cmd_ctl(args) -> int:
 def _cmd_bench_device(args) -> int:
     from bench.device import bench_device, format_table
 
+    if args.logical is not None and args.logical < MIN_BENCH_LOGICAL:
+        print(f"ssdemu: error: --logical {args.logical} is under 64M: the FTL's lines need "
+              "room (and the bench a write cache's worth of fresh writes)", file=sys.stderr)
+        return EXIT_USAGE
     report = bench_device(args.profile, logical_bytes=args.logical,
                           do_precondition=args.precondition)
     print(json.dumps(report) if args.json else format_table(report))

@@ -32,6 +32,17 @@ def test_bad_replay_values(args, code, says):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args,says", [
+    (["--logical", "1x"], "bad size"),
+    (["--logical", "1M"], "under 64M"),
+    (["--profile", "nope"], "no profile 'nope'"),
+])
+def test_bad_bench_device_values(args, says):
+    p = _run("bench", "device", *args)
+    assert p.returncode in (1, 2) and says in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
 def test_media_larger_than_the_host_can_hold(tmp_path):
     p = _run("serve", "--media", "mem:99999T", "--socket", str(tmp_path / "s"))
     assert p.returncode == 1 and "more than this host's memory" in p.stderr

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssdemu.profile import PROFILE_DIR, ProfileError, available, load, parse
+from ssdemu.profile import FIGURES, PROFILE_DIR, ProfileError, available, load, parse
 from ssdemu.timing import (
     DeviceModel,
     FixedLatencyModel,
@@ -413,3 +413,39 @@ def test_bulk_bookings_are_the_page_layout_exactly(first_page, head, pages, tail
         want = (ready + (first[plane] + 1) * xfer + k[plane] * n.t_prog_ns
                 if plane in k else 0.0)
         assert free[cores + plane] == pytest.approx(want, rel=1e-12), plane
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["calibration"].append({"figure": "nope", "value": 1, "source": "x"}),
+     "figure 'nope' is none of"),
+    (lambda d: d["calibration"].append({"figure": "seq_read_bytes_per_s", "value": 1,
+                                        "range": [1, 2], "source": "x"}), "one of value or range"),
+    (lambda d: d["calibration"].append({"figure": "seq_read_bytes_per_s", "range": [3, 2],
+                                        "source": "x"}), "a range"),
+    (lambda d: d["calibration"].append({"figure": "seq_read_bytes_per_s", "value": 1}),
+     "source .* or assumed"),
+    (lambda d: d["calibration"].append({"figure": "seq_read_bytes_per_s", "value": 1,
+                                        "source": " "}), "must say something"),
+    (lambda d: d["ftl"].update(reserved_fraction=1.0), "reserved_fraction must be below 1"),
+    (lambda d: d["ftl"].update(user_capacity_bytes=1 << 59), "no room for GC"),
+    (lambda d: d["controller"].update(program_bytes_per_s=0), "must be positive"),
+    (lambda d: d["compute"].update(simd_lanes=1.5), "whole number"),
+])
+def test_profile_calibration_and_ftl_fields_are_checked(change, message):
+    """A profile's calibration list and its new FTL, controller and compute fields are held
+    to the same one-line checks as the rest."""
+    data = yaml.safe_load((PROFILE_DIR / "star2000d.yaml").read_text())
+    change(data)
+    with pytest.raises(ProfileError, match=message):
+        parse(data)
+
+
+def test_shipped_profiles_cite_their_calibration():
+    """Every shipped profile declares the seven figures bench device measures, each with a
+    source or the reason it is assumed."""
+    for name in PROFILES:
+        p = load(name)
+        assert sorted(f.name for f in p.calibration) == sorted(FIGURES), name
+        assert all(f.source.strip() for f in p.calibration)
+        assert sum(not f.assumed for f in p.calibration) >= 5
+        assert 0 < p.overprovisioning < 1
