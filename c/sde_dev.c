@@ -99,8 +99,10 @@ struct dev_ctx {
     uint32_t klen;
     uint32_t nsid;       /* the key's namespace */
     double msubmit;      /* the modelled submission */
-    double sensed;       /* a dequantized retrieve: when its last piece is sensed */
+    double sensed;       /* a dequantized retrieve: when its last piece is sensed; a
+                          * quantized store: when its last piece is received */
     uint32_t pieces;     /* ... and in how many pieces it streams */
+    double first_out;    /* a quantized store: when its kernel's first piece is out */
     double ready;        /* the modelled time the kernel's input is ready, then its output */
     uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
     uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
@@ -1062,7 +1064,8 @@ static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wr
     }
     double done = x->ready;
     if (wrote && dev->model) {
-        double programmed = sde_model_program(dev->model, x->ready, off, len);
+        double programmed = sde_recipe_q_program(dev->model, x->first_out, x->ready,
+                                                 x->pieces, off, len);
         if (!dev->write_cache)
             done = programmed > done ? programmed : done;
         else /* the cache's room: a full cache waits for programs */
@@ -1366,8 +1369,9 @@ static void qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
         return;
     }
     memset(x->bounce + size, 0, nbytes - size); /* nothing past the value reaches the media */
-    if (dev->model)
-        x->ready = sde_model_receive(dev->model, x->msubmit, src_len);
+    if (dev->model) /* the kernel starts on the first piece received (the stages stream) */
+        x->ready = sde_recipe_q_receive(dev->model, x->msubmit, src_len, &x->sensed,
+                                        &x->pieces);
     fw_submit(dev, x, SDE_FW_QUANTIZE, src, (int64_t)src_len, x->bounce, (int64_t)size,
               x->req, 0);
 }
@@ -1495,17 +1499,20 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
         return;
     }
     switch (x->kind) {
-    case CTX_QSTORE:
-        x->ready = charge(dev, SDE_KERNEL_QUANTIZE,
-                          sde_cost_quantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
-                                            (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
-                                            (int)info[SDE_FW_INFO_KIND],
-                                            (uint32_t)info[SDE_FW_INFO_GROUP],
-                                            (uint64_t)j->ret),
-                          x->ready, j->host_ns);
+    case CTX_QSTORE: {
+        sde_kernel_cost cost = sde_cost_quantize(
+            (uint64_t)info[SDE_FW_INFO_ELEMENTS], (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
+            (int)info[SDE_FW_INFO_KIND], (uint32_t)info[SDE_FW_INFO_GROUP], (uint64_t)j->ret);
+        if (dev->model)
+            x->ready = sde_recipe_q_kernel(&dev->budget, x->ready, x->sensed, x->pieces, cost,
+                                           (double)j->host_ns, &x->first_out);
+        else
+            x->ready = x->first_out = charge(dev, SDE_KERNEL_QUANTIZE, cost, x->ready,
+                                             j->host_ns);
         x->result = (uint64_t)j->ret; /* the compressed size */
         kv_put_value(dev, x, NULL, x->bounce, (uint64_t)j->ret, SDE_KV_STORE_ANY, -1, 1);
         return;
+    }
     case CTX_DQ_GET: {
         double done = sde_recipe_dq_finish(
             dev->model, &dev->budget, x->ready, x->sensed, x->pieces,

@@ -686,6 +686,17 @@ double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, 
     return done > tail ? done : tail;
 }
 
+double sde_model_program_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
+                                  uint64_t offset, uint64_t nbytes)
+{
+    double done = sde_model_program(m, first, offset, nbytes);
+    if (m->p.fixed || !pieces)
+        return done;
+    /* the last piece leaves the kernel at prev_end: its program can end no sooner */
+    double tail = prev_end + m->p.t_prog_ns;
+    return done > tail ? done : tail;
+}
+
 double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
 {
     if (advance(m, submit) < 0)

@@ -116,6 +116,10 @@ double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t n
 double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
                                    uint64_t nbytes);
 uint32_t sde_model_pieces(const sde_model *m, uint64_t nbytes);
+/* The same for a program: nbytes from the controller programmed from `first` (its first
+ * piece ready) on, its last piece no earlier than the producer's end `prev_end`. */
+double sde_model_program_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
+                                  uint64_t offset, uint64_t nbytes);
 /* With the write cache: when nbytes that arrived at `arrived` and are programmed at
  * `programmed` may be acknowledged (the cache's room, as for a write). */
 double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);

@@ -27,11 +27,32 @@ double sde_recipe_dq_finish(sde_model *m, sde_budget *b, double ready, double se
     return sde_model_transfer_streamed(m, start + piece, done, pieces, out_bytes);
 }
 
-double sde_recipe_q_program(sde_model *m, sde_budget *b, double ready, sde_kernel_cost cost,
-                            double host_ns, uint64_t off, uint64_t stored, double *ended)
+double sde_recipe_q_receive(sde_model *m, double submit, uint64_t raw, double *received,
+                            uint32_t *pieces)
 {
-    *ended = sde_budget_charge(b, SDE_KERNEL_QUANTIZE, cost, ready, host_ns, NULL);
-    return m ? sde_model_program(m, *ended, off, stored) : *ended;
+    *received = sde_model_receive(m, submit, raw);
+    *pieces = sde_model_pieces(m, raw);
+    if (*received < 0)
+        return *received;
+    return submit + (*received - submit) / *pieces; /* the first piece is in */
+}
+
+double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_t pieces,
+                           sde_kernel_cost cost, double host_ns, double *first)
+{
+    double start;
+    double done = sde_budget_charge(b, SDE_KERNEL_QUANTIZE, cost, ready, host_ns, &start);
+    double piece = (done - start) / (pieces ? pieces : 1);
+    if (received + piece > done)
+        done = received + piece;
+    *first = start + piece;
+    return done;
+}
+
+double sde_recipe_q_program(sde_model *m, double first, double ended, uint32_t pieces,
+                            uint64_t off, uint64_t stored)
+{
+    return sde_model_program_streamed(m, first, ended, pieces, off, stored);
 }
 
 double sde_recipe_load_blocks(sde_model *m, sde_budget *b, double t, const uint64_t *offs,
@@ -61,9 +82,11 @@ void sde_recipe_store_blocks(sde_model *m, sde_budget *b, double t, const uint64
 {
     for (uint32_t i = 0; i < n; i++) {
         if (quantized) {
-            double ended;
-            double arrived = sde_model_receive(m, t, raw);
-            done[i] = sde_recipe_q_program(m, b, arrived, cost, 0.0, offs[i], stored, &ended);
+            double received, first;
+            uint32_t pieces;
+            double ready = sde_recipe_q_receive(m, t, raw, &received, &pieces);
+            double ended = sde_recipe_q_kernel(b, ready, received, pieces, cost, 0.0, &first);
+            done[i] = sde_recipe_q_program(m, first, ended, pieces, offs[i], stored);
         } else {
             done[i] = sde_model_write(m, t, offs[i], stored);
         }

@@ -24,11 +24,20 @@ double sde_recipe_dq_sense(sde_model *m, double submit, uint64_t off, uint64_t n
 double sde_recipe_dq_finish(sde_model *m, sde_budget *b, double ready, double sensed,
                             uint32_t pieces, sde_kernel_cost cost, double host_ns,
                             uint64_t out_bytes);
-/* A quantized store once its kernel has run: charged from `ready` (the input received), the
- * result (stored bytes at off) programmed from its end.  Returns when programmed; *ended
- * the kernel's end (the cache may acknowledge from there). */
-double sde_recipe_q_program(sde_model *m, sde_budget *b, double ready, sde_kernel_cost cost,
-                            double host_ns, uint64_t off, uint64_t stored, double *ended);
+/* A quantized store, at its submission: the raw block received into the controller; returns
+ * when the kernel may start (on the first of *pieces pieces); *received: when the last piece
+ * is in. */
+double sde_recipe_q_receive(sde_model *m, double submit, uint64_t raw, double *received,
+                            uint32_t *pieces);
+/* ...once the kernel has run: charged from `ready`, ending no earlier than the last piece
+ * received plus one piece of its work.  Returns its end; *first: when its first piece is out
+ * (the program may start). */
+double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_t pieces,
+                           sde_kernel_cost cost, double host_ns, double *first);
+/* ...and its result (stored bytes at off) programmed streaming from *first: when the last
+ * piece is programmed. */
+double sde_recipe_q_program(sde_model *m, double first, double ended, uint32_t pieces,
+                            uint64_t off, uint64_t stored);
 
 /* Model mode, a request's blocks at once (offs[n]), all submitted at t.  Loads: in_drive,
  * each sensed, dequantized and sent (raw bytes) streaming; otherwise a plain read of the

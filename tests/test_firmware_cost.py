@@ -153,3 +153,41 @@ def test_kernels_share_the_dram_with_the_nand_and_pcie_dma():
                                      p.compute.simd_lanes, p.compute.dram_probe_ns))
     assert times[0] == pytest.approx(idle.device_ns(cost))  # an idle DRAM: as unshared
     assert times[1] > 1.5 * times[0]
+
+
+def test_transformed_commands_stream_through_the_controller():
+    """The recipes (c/sde_recipe.c): a dequantized retrieve's kernel starts on the first piece
+    sensed and its result leaves from the first piece out, a quantized store's kernel starts on
+    the first piece received and its program from the first piece out; each stage ends no
+    earlier than the one before plus a piece, and the whole is sooner than the stages one
+    after another."""
+    from ssdemu import _engine
+    from ssdemu.profile import load
+    from ssdemu.timing import DeviceModel, budget_of
+
+    ffi, lib = _engine.ffi, _engine.lib
+    p = load("star2000d")
+    raw, stored = 64 << 20, 34 << 20
+    cost = quantize_cost(raw // 2, 2, "int8_g64", stored).c()
+    dcost = dequantize_cost(raw // 2, 2, "int8_g64", stored).c()
+    m, b = DeviceModel(p), budget_of(p)
+    got, pieces = ffi.new("double *"), ffi.new("uint32_t *")
+    first_in = lib.sde_recipe_q_receive(m.handle, 0.0, raw, got, pieces)
+    assert pieces[0] > 1 and 0 < first_in < got[0]
+    first_out = ffi.new("double *")
+    ended = lib.sde_recipe_q_kernel(b.struct, first_in, got[0], pieces[0], cost, 0.0, first_out)
+    assert ended > got[0] and first_in < first_out[0] < ended
+    programmed = lib.sde_recipe_q_program(m.handle, first_out[0], ended, pieces[0], 0, stored)
+    assert programmed >= ended + p.nand.t_prog_ns
+    # the same stages one after another, on a fresh drive
+    m2, b2 = DeviceModel(p), budget_of(p)
+    arrived = m2.receive(0.0, raw)
+    _, k_end = b2.charge("quantize", quantize_cost(raw // 2, 2, "int8_g64", stored), arrived)
+    assert programmed < m2.program(k_end, 0, stored)
+    t = programmed + 1e6
+    sensed = ffi.new("double *")
+    first = lib.sde_recipe_dq_sense(m.handle, t, 0, stored, sensed, pieces)
+    assert t < first < sensed[0]
+    done = lib.sde_recipe_dq_finish(m.handle, b.struct, first, sensed[0], pieces[0], dcost,
+                                    0.0, raw)
+    assert done > sensed[0] + raw / p.host_link.bandwidth_bytes_per_s * 1e9 / pieces[0]
