@@ -53,6 +53,8 @@ struct sde_model {
     /* the FTL, when the params ask for one: 4 KiB units, upr of them per multi-plane row */
     sde_ftl *ftl;
     uint32_t upr, unit;
+    uint32_t upl;           /* the FTL's units per line */
+    uint64_t ftl_units;     /* its logical units (offsets wrap past them) */
     uint64_t padding, gc_programmed_rows, host_programmed_rows;
     double gc_ns;
     uint64_t last_rows_bytes; /* the rows the last FTL write completed (for the cache) */
@@ -129,6 +131,8 @@ int sde_model_new(const sde_model_params *p, sde_model **out)
             sde_model_free(m);
             return r;
         }
+        m->upl = (uint32_t)upl;
+        m->ftl_units = p->ftl_logical_bytes / m->unit;
     }
     m->ns_per_link_byte = 1e9 / p->link_bytes_per_s;
     m->ns_per_channel_byte = 1e9 / p->channel_bytes_per_s;
@@ -486,9 +490,7 @@ static double gc_sense(sde_model *m, double t, uint32_t f0, uint32_t n)
 static void gc(sde_model *m, double t)
 {
     double before = dies_busy(m);
-    sde_ftl_stats st;
-    sde_ftl_get_stats(m->ftl, &st);
-    uint32_t upl = (uint32_t)st.units_per_line;
+    uint32_t upl = m->upl;
     while (sde_ftl_gc_needed(m->ftl)) {
         int64_t victim = sde_ftl_victim(m->ftl);
         if (victim < 0)
@@ -534,16 +536,14 @@ static void gc(sde_model *m, double t)
 static double ftl_write(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes,
                         uint64_t *rows_bytes)
 {
-    sde_ftl_stats st;
-    sde_ftl_get_stats(m->ftl, &st);
     struct rows r = {.programmed = arrived};
     uint64_t u0 = offset / m->unit, u1 = (offset + nbytes + m->unit - 1) / m->unit;
     for (uint64_t u = u0; u < u1; u++) {
-        if (sde_ftl_next_slot(m->ftl, 0) % st.units_per_line == 0 && sde_ftl_gc_needed(m->ftl)) {
+        if (sde_ftl_next_slot(m->ftl, 0) % m->upl == 0 && sde_ftl_gc_needed(m->ftl)) {
             rows_flush(m, &r, arrived);
             gc(m, arrived);
         }
-        uint32_t f = sde_ftl_append(m->ftl, 0, u % st.logical_units);
+        uint32_t f = sde_ftl_append(m->ftl, 0, u % m->ftl_units);
         if (f == SDE_FTL_UNMAPPED)
             break;
         rows_add(m, &r, f, arrived);
@@ -576,13 +576,11 @@ static double ftl_read_stages(sde_model *m, double t, uint64_t offset, uint64_t 
 {
     uint64_t end = offset + nbytes, run_at = 0, run_len = 0;
     double done = t;
-    sde_ftl_stats st;
-    sde_ftl_get_stats(m->ftl, &st);
     for (uint64_t at = offset; at < end;) {
         uint64_t u = at / m->unit, take = (u + 1) * m->unit - at;
         if (take > end - at)
             take = end - at;
-        uint32_t f = sde_ftl_lookup(m->ftl, u % st.logical_units);
+        uint32_t f = sde_ftl_lookup(m->ftl, u % m->ftl_units);
         uint64_t where = f == SDE_FTL_UNMAPPED ? at : (uint64_t)f * m->unit + at % m->unit;
         if (run_len && where != run_at + run_len) {
             double d = read_stages(m, t, run_at, run_len, with_link);
@@ -611,13 +609,11 @@ void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes)
 {
     if (!m->ftl)
         return;
-    sde_ftl_stats st;
-    sde_ftl_get_stats(m->ftl, &st);
     uint64_t u0 = (offset + m->unit - 1) / m->unit, u1 = (offset + nbytes) / m->unit;
-    if (u1 - u0 > st.logical_units)
-        u1 = u0 + st.logical_units;
+    if (u1 - u0 > m->ftl_units)
+        u1 = u0 + m->ftl_units;
     for (uint64_t u = u0; u < u1; u++)
-        sde_ftl_trim(m->ftl, u % st.logical_units);
+        sde_ftl_trim(m->ftl, u % m->ftl_units);
 }
 
 /* ---- commands ----------------------------------------------------------------------------- */

@@ -213,16 +213,6 @@ class DeviceModel:
         """The C model (for the recipes of c/sde_recipe.h)."""
         return self._m
 
-    def pieces(self, nbytes: int) -> int:
-        """How many pieces a transformed block streams through the controller in."""
-        return lib.sde_model_pieces(self._m, nbytes)
-
-    def transfer_streamed(self, first: float, prev_end: float, pieces: int,
-                          nbytes: int) -> float:
-        """A transfer whose first piece is ready at `first`, its producer ending at
-        `prev_end` (c/sde_model.h)."""
-        return lib.sde_model_transfer_streamed(self._m, first, prev_end, pieces, nbytes)
-
     def receive(self, submit: float, nbytes: int) -> float:
         """A write's link half: when the bytes are in the controller (no NAND)."""
         return self._check(lib.sde_model_receive(self._m, submit, nbytes), submit)
