@@ -13,7 +13,8 @@ group by group on that chunk; all outputs are preallocated by the caller.
 """
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from firmware.bits import fp16_bits_as_f32, u32_as_f32
 from firmware.convert import f32_to_bf16, f32_to_fp16
@@ -286,7 +287,68 @@ def quantize_int(src, dtype, group, bits, symmetric, scales, zeros, payload):
     """src: uint16[n] (fp16 dtype 0 / bf16 dtype 1) or float32[n] (dtype 2) -> per-group
     scales (and zeros when asymmetric) and payload: uint8 codes, one per element (int8) or
     two per byte (int4).  Returns the number of inf/NaN inputs (the caller refuses the block
-    when it is not 0)."""
+    when it is not 0).
+
+    A 16-bit block (every KV block a model sends) is quantized by one compiled function per
+    (dtype, bits, symmetric), each with the three as compile-time constants: compiled as one
+    function with them known only at run time, though its inner loops saw bits and
+    symmetric as literals, the kernel ran 1.4x slower (int8_g64 on fp16, interleaved runs:
+    0.72-0.75 vs 0.51-0.52 ns/element).  Each holds only the 16-bit path: with the float32
+    path beside it, one took minutes to compile."""
+    return _by_carrier(src, dtype, group, bits, symmetric, scales, zeros, payload)
+
+
+def _by_carrier(src, dtype, group, bits, symmetric, scales, zeros, payload):
+    """The quantizer for src's carrier type (an overload below: a uint16 block compiles the
+    eight 16-bit quantizers, a float32 one only the float32 kernel)."""
+    raise NotImplementedError("compiled code only")
+
+
+def _half_quantizer(dtype, bits, symmetric):
+    """_quantize_half compiled for one (dtype, bits, symmetric); Numba caches each closure
+    under its own constants."""
+    @njit(cache=True, nogil=True)
+    def quantize(src, group, scales, zeros, payload):
+        return _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload)
+    return quantize
+
+
+_FP16_8, _FP16_8S, _FP16_4, _FP16_4S = (_half_quantizer(0, b, s)
+                                        for b in (8, 4) for s in (False, True))
+_BF16_8, _BF16_8S, _BF16_4, _BF16_4S = (_half_quantizer(1, b, s)
+                                        for b in (8, 4) for s in (False, True))
+
+
+@overload(_by_carrier, jit_options={"nogil": True})
+def _by_carrier_typed(src, dtype, group, bits, symmetric, scales, zeros, payload):
+    if src.dtype == types.float32:
+        def by_float32(src, dtype, group, bits, symmetric, scales, zeros, payload):
+            return _quantize_float32(src, group, bits, symmetric, scales, zeros, payload)
+        return by_float32
+
+    def by_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
+        if dtype == 0:
+            if bits == 8:
+                if symmetric:
+                    return _FP16_8S(src, group, scales, zeros, payload)
+                return _FP16_8(src, group, scales, zeros, payload)
+            if symmetric:
+                return _FP16_4S(src, group, scales, zeros, payload)
+            return _FP16_4(src, group, scales, zeros, payload)
+        if bits == 8:
+            if symmetric:
+                return _BF16_8S(src, group, scales, zeros, payload)
+            return _BF16_8(src, group, scales, zeros, payload)
+        if symmetric:
+            return _BF16_4S(src, group, scales, zeros, payload)
+        return _BF16_4(src, group, scales, zeros, payload)
+    return by_half
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
+    """16-bit floats (fp16 dtype 0, bf16 dtype 1): per chunk, min and max from their bits,
+    then converted and quantized.  Inlined where dtype, bits and symmetric are constants."""
     n = src.shape[0]
     assert group == 32 or group == 64 or group == 128
     step = CHUNK  # even, so int4 chunks start on a byte boundary
@@ -297,38 +359,46 @@ def quantize_int(src, dtype, group, bits, symmetric, scales, zeros, payload):
     for c0 in range(0, n, step):
         c1 = min(c0 + step, n)
         m = c1 - c0
+        # int8 codes go straight into the payload; int4 codes are packed two per byte after
         target = payload[c0:c1] if bits == 8 else codes[:m]
-        if dtype != 2:
-            # 16-bit floats: min and max from their bits, then convert and quantize
-            part = src[c0:c1]
-            bad += _half_min_max_literal(part, m, group, dtype, lohi)
-            # converted into the float32 chunk buffer first (fp16: F16C; bf16: a shift).
-            # Converting inside the quantizing loop instead measured slower (0.73 vs 0.44
-            # ns/element, int8_g64): the mixed 16/32/8-bit loop vectorizes worse
-            if dtype == 0:
-                for i in range(m):
-                    buf[i] = fp16_bits_as_f32(part[i])
-            else:
-                for i in range(m):
-                    buf[i] = u32_as_f32(np.uint32(part[i]) << np.uint32(16))
-            if symmetric:
-                _quant_groups_literal(buf, m, c0, group, bits, True, scales, zeros, target,
-                                      lohi)
-            else:
-                _quant_groups_literal(buf, m, c0, group, bits, False, scales, zeros, target,
-                                      lohi)
-            if bits == 4:
-                _pack4(codes[:m], payload[c0 >> 1:(c1 + 1) >> 1])
-            continue
-        # float32: copied (and checked) into the chunk buffer.  Loops index slices from 0 (an
-        # offset index is not known to be non-negative, and Numba's wraparound for negative
-        # indices then keeps LLVM from vectorizing)
+        part = src[c0:c1]
+        bad += _half_min_max_literal(part, m, group, dtype, lohi)
+        # converted into the float32 chunk buffer first (fp16: F16C; bf16: a shift).
+        # Converting inside the quantizing loop instead measured slower (0.73 vs 0.44
+        # ns/element, int8_g64): the mixed 16/32/8-bit loop vectorizes worse
+        if dtype == 0:
+            for i in range(m):
+                buf[i] = fp16_bits_as_f32(part[i])
+        else:
+            for i in range(m):
+                buf[i] = u32_as_f32(np.uint32(part[i]) << np.uint32(16))
+        _quant_groups_literal(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
+        if bits == 4:
+            _pack4(codes[:m], payload[c0 >> 1:(c1 + 1) >> 1])
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _quantize_float32(src, group, bits, symmetric, scales, zeros, payload):
+    """float32 blocks: copied (and checked) into the chunk buffer, then quantized."""
+    n = src.shape[0]
+    assert group == 32 or group == 64 or group == 128
+    step = CHUNK
+    buf = np.empty(step, np.float32)
+    codes = np.empty(step, np.uint8)
+    lohi = np.empty(2 * (CHUNK // SUB), np.float32)
+    bad = 0
+    for c0 in range(0, n, step):
+        c1 = min(c0 + step, n)
+        m = c1 - c0
+        target = payload[c0:c1] if bits == 8 else codes[:m]
+        # loops index slices from 0 (an offset index is not known to be non-negative, and
+        # Numba's wraparound for negative indices then keeps LLVM from vectorizing)
         chunk = src[c0:c1]
         for i in range(m):
             v = chunk[i]
             bad += not np.isfinite(v)
             buf[i] = v
-        # int8 codes go straight into the payload; int4 codes are packed two per byte after
         if symmetric:
             _quant_chunk_literal(buf, m, c0, group, bits, True, scales, zeros, target, lohi)
         else:
