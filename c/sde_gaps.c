@@ -192,7 +192,8 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
             m--; /* the part after the stage is lost: pessimistic, still valid */
         }
     }
-    memmove(&k->g[i + m], &k->g[i + 1], (k->n - i - 1) * sizeof(*k->g));
+    if (m != 1) /* one part takes the gap's place: nothing moves */
+        memmove(&k->g[i + m], &k->g[i + 1], (k->n - i - 1) * sizeof(*k->g));
     memcpy(&k->g[i], parts, m * sizeof(*parts));
     k->n += m - 1;
     g->n += m - 1;

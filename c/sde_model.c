@@ -11,8 +11,12 @@
 #include "sde_gaps.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 struct sde_resource {
     sde_gaps gaps;
@@ -58,7 +62,21 @@ struct sde_model {
     uint64_t padding, gc_programmed_rows, host_programmed_rows;
     double gc_ns;
     uint64_t last_rows_bytes; /* the rows the last FTL write completed (for the cache) */
+    /* a batch (sde_model_read_batch, sde_model_defer_dies): each block's layout and times,
+     * and per block and channel the first and last sense (reads) or the channel's start
+     * (writes) */
+    struct batched *batch;
+    uint32_t nbatch, cap_batch, deferring;
+    uint64_t batch_bytes;
+    double *batch_first, *batch_last;
+    uint32_t threads;      /* 2: a helper thread books half of a batch's dies */
+    _Atomic uint32_t next_channel; /* a batch's next channel whose dies are to be booked */
+    struct helper *helper;
+    int helper_failed;
 };
+
+struct helper;
+static void helper_stop(struct helper *h);
 
 static void res_init(struct sde_resource *r) { memset(r, 0, sizeof(*r)); }
 
@@ -162,8 +180,17 @@ void sde_model_free(sde_model *m)
     free(m->ch_bytes);
     free(m->ch_ready);
     free(m->ch_last);
+    helper_stop(m->helper);
+    free(m->batch);
+    free(m->batch_first);
+    free(m->batch_last);
     sde_ftl_free(m->ftl);
     free(m);
+}
+
+void sde_model_set_threads(sde_model *m, uint32_t threads)
+{
+    m->threads = threads;
 }
 
 /* Commands come in time order and every stage is ready at or after its command's submission,
@@ -275,11 +302,313 @@ static struct bulk bulk_layout(sde_model *m, uint64_t offset, uint64_t nbytes)
         }                                                                                  \
     } while (0)
 
+static int use_bulk(const sde_model *m, uint64_t offset, uint64_t nbytes)
+{
+    uint64_t page = m->p.page_bytes;
+    uint64_t pages = (offset + nbytes + page - 1) / page - offset / page;
+    return m->p.bulk_pages && pages >= m->p.bulk_pages;
+}
+
+/* ---- batches -----------------------------------------------------------------------------
+ * A replay hands the model a request's blocks at one submission time, and each block books
+ * every die once (512 of them on star2000d).  Block by block, the dies' gap chunks fall out of
+ * the cache between one block and the next; in a batch the dies are booked die by die (a
+ * die's blocks in block order) and everything else block by block, as before.  A die's stage
+ * depends only on the die and on its ready time, which the stages before it give, and on a
+ * read or a program no stage before the dies depends on a die: so each resource sees the same
+ * stages in the same order, and every time is the one block-by-block booking gives
+ * (tests/test_timing.py compares the two on random states).  Only bulk transfers without an
+ * FTL batch (a page-path transfer books dies and channels alternately). */
+struct batched {
+    double t;    /* reads: the senses' ready time; writes: the block's arrival */
+    double xfer; /* writes: a page's time on its channel */
+    uint64_t off;
+    uint64_t base, extra, planes; /* the j-th die of the first stripe (j < planes) takes
+                                   * base + (j < extra) pages */
+    uint32_t q0mod, r0;           /* the first page's die row mod D, and its channel */
+};
+
+static int batch_reserve(sde_model *m, uint32_t n)
+{
+    if (n <= m->cap_batch)
+        return 0;
+    size_t per = (size_t)n * m->p.channels * sizeof(double);
+    struct batched *b = realloc(m->batch, n * sizeof(*b));
+    if (!b)
+        return -ENOMEM;
+    m->batch = b;
+    double *f, *l; /* a block's channels from a cache line's start: threads write them */
+    if (posix_memalign((void **)&f, 64, per))
+        return -ENOMEM;
+    free(m->batch_first);
+    m->batch_first = f;
+    if (posix_memalign((void **)&l, 64, per))
+        return -ENOMEM;
+    free(m->batch_last);
+    m->batch_last = l;
+    m->cap_batch = n;
+    return 0;
+}
+
+static struct batched *batch_slot(sde_model *m, uint32_t i, struct bulk b, double t)
+{
+    struct batched *x = &m->batch[i];
+    uint32_t C = m->p.channels, D = m->p.dies_per_channel;
+    x->t = t;
+    x->base = b.n / b.stripe;
+    x->extra = b.n % b.stripe;
+    x->planes = b.planes;
+    x->q0mod = (uint32_t)((b.p0 / C) % D);
+    x->r0 = (uint32_t)(b.p0 % C);
+    return x;
+}
+
+/* The place j in block x's first stripe of the die on channel ch, row die (pages go channel
+ * first, then die rows: page p0 + j is on channel (p0 + j) mod C, row ((p0 + j) / C) mod D).
+ * A channel before the first page's has its first page in the next row of channels. */
+static inline uint64_t batch_place(const struct batched *x, uint32_t ch, uint32_t die,
+                                   uint32_t C, uint32_t D)
+{
+    uint32_t next = ch < x->r0;
+    uint32_t q = x->q0mod + next;
+    if (q >= D)
+        q -= D;
+    uint32_t rows = die >= q ? die - q : die + D - q;
+    return (uint64_t)(next + rows) * C + ch - x->r0;
+}
+
+/* A batch's dies, a channel's at a time, the channels taken from m->next_channel until none
+ * is left: reads' senses (their first and last per block and channel into batch_first and
+ * batch_last), or the deferred programs (raising programmed[i]). */
+static void batch_dies(sde_model *m, int programs, double *programmed)
+{
+    uint32_t C = m->p.channels, D = m->p.dies_per_channel;
+    double t_read = m->p.t_read_ns, t_prog = m->p.t_prog_ns;
+    for (uint32_t c0; (c0 = atomic_fetch_add(&m->next_channel, 1)) < C;)
+    for (uint32_t d = c0 * D; d < (c0 + 1) * D; d++) {
+        uint32_t ch = d / D, die = d % D;
+        struct sde_resource *r = &m->dies[d];
+        for (uint32_t i = 0; i < m->nbatch; i++) {
+            const struct batched *x = &m->batch[i];
+            uint64_t j = batch_place(x, ch, die, C, D);
+            if (j >= x->planes)
+                continue;
+            double k = (double)(x->base + (j < x->extra));
+            size_t at = (size_t)i * C + ch;
+            if (programs) {
+                double ready = m->batch_first[at] + (double)(uint32_t)(j / C + 1) * x->xfer;
+                double prog = hold(m, r, ready, k * t_prog);
+                if (prog > programmed[i])
+                    programmed[i] = prog;
+            } else {
+                double done = hold(m, r, x->t, k * t_read);
+                double first = done - (k - 1) * t_read;
+                if (first < m->batch_first[at])
+                    m->batch_first[at] = first;
+                if (done > m->batch_last[at])
+                    m->batch_last[at] = done;
+            }
+        }
+    }
+}
+
+/* ---- the helper thread ---------------------------------------------------------------------
+ * Dies are independent resources, so a batch's dies split between two threads book exactly
+ * what one thread would: this thread and a helper take the channels one at a time, each
+ * channel's dies whole (the helper's programs' times into its own array, merged by max).  A
+ * fixed half each left one thread waiting for the other by a fifth of the time.  With two threads asked
+ * for (sde_model_set_threads) on a host with two or more CPUs, the helper is started on the
+ * first batch large enough.  Between batches it spins for up to HELPER_SPIN_NS and then
+ * sleeps: a replay's batches come ~0.1 ms apart, and waking a sleeping thread cost ~30 us
+ * per batch in a VM, which took all the gain. */
+#define HELPER_MIN_HOLDS 1024 /* smaller batches are not worth the handoff */
+#define HELPER_SPIN_NS 2000000.0
+
+struct helper {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic uint64_t posted, finished;
+    int stop, programs;
+    double *programmed;
+    uint32_t cap;
+    sde_model *m;
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* Spin until *word != value or HELPER_SPIN_NS have passed. */
+static void spin_while(_Atomic uint64_t *word, uint64_t value)
+{
+    double until = 0.0;
+    for (uint32_t spin = 1; atomic_load(word) == value; spin++) {
+        cpu_relax();
+        if (spin % 256 == 0) {
+            double t = now_ns();
+            if (until == 0.0)
+                until = t + HELPER_SPIN_NS;
+            else if (t > until)
+                return;
+        }
+    }
+}
+
+static void *helper_main(void *arg)
+{
+    struct helper *h = arg;
+    uint64_t seen = 0;
+    for (;;) {
+        spin_while(&h->posted, seen);
+        pthread_mutex_lock(&h->mu);
+        while (atomic_load(&h->posted) == seen && !h->stop)
+            pthread_cond_wait(&h->cv, &h->mu);
+        int stop = h->stop;
+        pthread_mutex_unlock(&h->mu);
+        if (stop)
+            return NULL;
+        seen = atomic_load(&h->posted);
+        batch_dies(h->m, h->programs, h->programmed);
+        pthread_mutex_lock(&h->mu);
+        atomic_store(&h->finished, seen);
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
+static struct helper *helper_start(sde_model *m)
+{
+    if (m->helper_failed || sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        return NULL;
+    struct helper *h = calloc(1, sizeof(*h));
+    if (!h || pthread_mutex_init(&h->mu, NULL) != 0) {
+        free(h);
+        m->helper_failed = 1;
+        return NULL;
+    }
+    pthread_cond_init(&h->cv, NULL);
+    h->m = m;
+    if (pthread_create(&h->thread, NULL, helper_main, h) != 0) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        m->helper_failed = 1;
+        return NULL;
+    }
+    return h;
+}
+
+static void helper_stop(struct helper *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->stop = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h->programmed);
+    free(h);
+}
+
+/* The batch's dies, on two threads when it is worth it. */
+static void batch_dies_all(sde_model *m, int programs, double *programmed)
+{
+    struct helper *h = NULL;
+    atomic_store(&m->next_channel, 0);
+    if (m->threads > 1 && m->p.channels > 1 && (uint64_t)m->nbatch * m->ndies >= HELPER_MIN_HOLDS) {
+        if (!m->helper)
+            m->helper = helper_start(m);
+        h = m->helper;
+    }
+    if (h && programs && h->cap < m->nbatch) {
+        double *p = realloc(h->programmed, m->nbatch * sizeof(double));
+        if (p) {
+            h->programmed = p;
+            h->cap = m->nbatch;
+        } else {
+            h = NULL;
+        }
+    }
+    if (!h) {
+        batch_dies(m, programs, programmed);
+        return;
+    }
+    if (programs)
+        memcpy(h->programmed, programmed, m->nbatch * sizeof(double));
+    h->programs = programs;
+    pthread_mutex_lock(&h->mu);
+    uint64_t job = atomic_load(&h->posted) + 1;
+    atomic_store(&h->posted, job);
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    batch_dies(m, programs, programmed);
+    if (atomic_load(&h->finished) != job)
+        spin_while(&h->finished, job - 1);
+    pthread_mutex_lock(&h->mu);
+    while (atomic_load(&h->finished) != job)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    for (uint32_t i = 0; programs && i < m->nbatch; i++)
+        if (h->programmed[i] > programmed[i])
+            programmed[i] = h->programmed[i];
+}
+
+static int batchable(const sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nbytes)
+{
+    if (m->p.fixed || m->ftl || m->deferring || !n || m->p.planes_per_die != 1)
+        return 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (!use_bulk(m, offs[i], nbytes))
+            return 0;
+    return batch_reserve(m, n) == 0;
+}
+
+/* The channels and the link of a bulk read whose senses are booked: first[c] and last[c],
+ * channel c's first and last sense (b's channel pages and bytes in m->ch_pages/ch_bytes). */
+static double read_bulk_channels(sde_model *m, double t, uint64_t nbytes, const double *first,
+                                 const double *last_sense, int with_link)
+{
+    double page = (double)(nbytes < m->p.page_bytes ? nbytes : m->p.page_bytes);
+    double link_ready = 1e300, last = t;
+    for (uint32_t c = 0; c < m->p.channels; c++) {
+        if (!m->ch_pages[c])
+            continue;
+        double dur = (double)m->ch_bytes[c] * m->ns_per_channel_byte;
+        double done = hold(m, &m->channels[c], first[c], dur);
+        double first_out = done - dur + page * m->ns_per_channel_byte;
+        double tail = last_sense[c] + page * m->ns_per_channel_byte;
+        if (tail > done)
+            done = tail;
+        if (first_out < link_ready)
+            link_ready = first_out;
+        if (done > last)
+            last = done;
+    }
+    if (!with_link)
+        return last;
+    double over = hold(m, &m->link, link_ready, (double)nbytes * m->ns_per_link_byte);
+    double tail = last + page * m->ns_per_link_byte;
+    return over > tail ? over : tail;
+}
+
 static double read_bulk(sde_model *m, double t, uint64_t offset, uint64_t nbytes,
                         int with_link)
 {
     struct bulk b = bulk_layout(m, offset, nbytes);
-    double page = (double)(nbytes < m->p.page_bytes ? nbytes : m->p.page_bytes);
     for (uint32_t c = 0; c < m->p.channels; c++) {
         m->ch_ready[c] = 1e300;
         m->ch_last[c] = 0.0;
@@ -293,26 +622,7 @@ static double read_bulk(sde_model *m, double t, uint64_t offset, uint64_t nbytes
         if (done > m->ch_last[c])
             m->ch_last[c] = done;
     });
-    double link_ready = 1e300, last = t;
-    for (uint32_t c = 0; c < m->p.channels; c++) {
-        if (!m->ch_pages[c])
-            continue;
-        double dur = (double)m->ch_bytes[c] * m->ns_per_channel_byte;
-        double done = hold(m, &m->channels[c], m->ch_ready[c], dur);
-        double first_out = done - dur + page * m->ns_per_channel_byte;
-        double tail = m->ch_last[c] + page * m->ns_per_channel_byte;
-        if (tail > done)
-            done = tail;
-        if (first_out < link_ready)
-            link_ready = first_out;
-        if (done > last)
-            last = done;
-    }
-    if (!with_link)
-        return last;
-    double over = hold(m, &m->link, link_ready, (double)nbytes * m->ns_per_link_byte);
-    double tail = last + page * m->ns_per_link_byte;
-    return over > tail ? over : tail;
+    return read_bulk_channels(m, t, nbytes, m->ch_ready, m->ch_last, with_link);
 }
 
 static double write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
@@ -330,6 +640,13 @@ static double write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t
         if (done + m->p.t_prog_ns > programmed)
             programmed = done + m->p.t_prog_ns;
     }
+    if (m->deferring && m->nbatch < m->cap_batch) { /* the dies later, die by die (sde_model_run_deferred) */
+        struct batched *x = batch_slot(m, m->nbatch++, b, arrived);
+        x->xfer = xfer;
+        memcpy(&m->batch_first[(size_t)(x - m->batch) * m->p.channels], m->ch_ready,
+               m->p.channels * sizeof(double));
+        return programmed;
+    }
     uint32_t C = m->p.channels;
     FOR_BULK_PLANES(m, b, {
         double ready = m->ch_ready[c] + (i / C + 1) * xfer;
@@ -338,13 +655,6 @@ static double write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t
             programmed = prog;
     });
     return programmed;
-}
-
-static int use_bulk(const sde_model *m, uint64_t offset, uint64_t nbytes)
-{
-    uint64_t page = m->p.page_bytes;
-    uint64_t pages = (offset + nbytes + page - 1) / page - offset / page;
-    return m->p.bulk_pages && pages >= m->p.bulk_pages;
 }
 
 static double page_programs(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes);
@@ -647,6 +957,65 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
     return sensed > landed ? sensed : landed;
 }
 
+/* Batched reads (the batches above): the controller and the senses of n blocks, die by die. */
+int sde_model_read_batch(sde_model *m, double submit, const uint64_t *offs, uint32_t n,
+                         uint64_t nbytes)
+{
+    if (submit < m->horizon || !batchable(m, offs, n, nbytes))
+        return -1;
+    advance(m, submit);
+    uint32_t C = m->p.channels, D = m->p.dies_per_channel;
+    for (uint32_t i = 0; i < n; i++) {
+        struct batched *x = batch_slot(m, i, bulk_layout(m, offs[i], nbytes),
+                                       controller(m, submit) + m->p.read_latency_ns);
+        x->off = offs[i];
+        for (uint32_t c = 0; c < C; c++) {
+            m->batch_first[(size_t)i * C + c] = 1e300;
+            m->batch_last[(size_t)i * C + c] = 0.0;
+        }
+    }
+    m->nbatch = n;
+    batch_dies_all(m, 0, NULL);
+    m->batch_bytes = nbytes;
+    return 0;
+}
+
+double sde_model_read_batched(sde_model *m, uint32_t i, int sense)
+{
+    if (i >= m->nbatch)
+        return -1.0;
+    const struct batched *x = &m->batch[i];
+    uint64_t nbytes = m->batch_bytes;
+    uint32_t C = m->p.channels;
+    bulk_layout(m, x->off, nbytes); /* the block's channel pages and bytes */
+    m->nand_read += nbytes;
+    double last = read_bulk_channels(m, x->t, nbytes, &m->batch_first[(size_t)i * C],
+                                     &m->batch_last[(size_t)i * C], !sense);
+    if (sense) {
+        double landed = dram(m, x->t, nbytes);
+        return last > landed ? last : landed;
+    }
+    m->link_bytes += nbytes;
+    return last + m->p.link_latency_ns;
+}
+
+int sde_model_defer_dies(sde_model *m, double submit, const uint64_t *offs, uint32_t n,
+                         uint64_t nbytes)
+{
+    if (submit < m->horizon || !batchable(m, offs, n, nbytes))
+        return -1;
+    m->deferring = 1;
+    m->nbatch = 0;
+    return 0;
+}
+
+void sde_model_run_deferred(sde_model *m, double *programmed)
+{
+    m->deferring = 0;
+    batch_dies_all(m, 1, programmed);
+    m->nbatch = 0;
+}
+
 /* Continuations start at `ready`, which a caller derives from its command's submission: never
  * before the latest submission (the gaps before it are gone). */
 static double not_before_horizon(const sde_model *m, double ready)
@@ -805,6 +1174,31 @@ double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint
     return ack;
 }
 
+double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
+                                  uint64_t nbytes, double *arrived)
+{
+    if (advance(m, submit) < 0)
+        return -1.0;
+    double t = controller(m, submit);
+    double in = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
+    double landed = dram(m, t, nbytes); /* into the DRAM write cache as it arrives */
+    *arrived = in > landed ? in : landed;
+    double programmed = nand_program(m, *arrived, offset, nbytes);
+    m->nand_written += nbytes;
+    m->link_bytes += nbytes;
+    return programmed;
+}
+
+double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes)
+{
+    /* the firmware's write latency is that of acknowledging from the cache; without it the
+     * completion waits for the program */
+    double ack = m->p.write_cache
+                     ? sde_model_cache_ack(m, arrived, programmed, nbytes) + m->p.write_latency_ns
+                     : programmed;
+    return ack + m->p.link_latency_ns;
+}
+
 double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
 {
     if (advance(m, submit) < 0)
@@ -814,19 +1208,11 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
         m->link_bytes += nbytes;
         return submit + m->p.fixed_write_ns;
     }
-    double t = controller(m, submit);
-    double arrived = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
-    double landed = dram(m, t, nbytes); /* into the DRAM write cache as it arrives */
-    arrived = arrived > landed ? arrived : landed;
-    double programmed = nand_program(m, arrived, offset, nbytes);
-    m->nand_written += nbytes;
-    m->link_bytes += nbytes;
-    /* the firmware's write latency is that of acknowledging from the cache; without it the
-     * completion waits for the program */
-    double ack = m->p.write_cache
-                     ? sde_model_cache_ack(m, arrived, programmed, nbytes) + m->p.write_latency_ns
-                     : programmed;
-    return ack + m->p.link_latency_ns;
+    double arrived;
+    double programmed = sde_model_write_programmed(m, submit, offset, nbytes, &arrived);
+    if (programmed < 0)
+        return -1.0;
+    return sde_model_write_ack(m, arrived, programmed, nbytes);
 }
 
 double sde_model_flush(sde_model *m, double submit)

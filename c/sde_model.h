@@ -120,6 +120,34 @@ uint32_t sde_model_pieces(const sde_model *m, uint64_t nbytes);
  * piece ready) on, its last piece no earlier than the producer's end `prev_end`. */
 double sde_model_program_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
                                   uint64_t offset, uint64_t nbytes);
+/* A write in two halves (sde_model_write is the one after the other): its stages up to its
+ * programs (*arrived: when its data is in the controller; -1 before the latest submission;
+ * not for a fixed-latency model), and its acknowledgement, given when it is programmed. */
+double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
+                                  uint64_t nbytes, double *arrived);
+double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);
+/* Batches: n bulk transfers of nbytes at offs[i] whose dies are booked die by die, the rest
+ * block by block, every time identical to booking them one after the other (the model's
+ * dies' gap chunks stay in the cache).  Each returns -1 when the batch cannot be taken (a
+ * fixed-latency model, an FTL, a transfer on the page path, an earlier submission), having
+ * booked nothing.
+ * Reads: read_batch books the controller and the senses of all n, submitted at `submit`;
+ * then read_batched(i, sense), for i = 0..n-1 in order, books the rest of block i and
+ * returns what sde_model_sense (sense) or sde_model_read would have.
+ * Programs: after defer_dies (the n commands submitted at `submit`), the next n bulk programs (sde_model_program,
+ * sde_model_write_programmed, in that order) book all but their dies and return a partial
+ * time; run_deferred books the dies and raises programmed[i] (block i's partial time) to
+ * block i's completion. */
+/* Threads for a batch's dies: 1 (the default) or 2 (a helper thread books half of them, on
+ * a host with two CPUs or more; it spins between batches, so ask for it where a core is
+ * free for it: a single replay, not cells of a sweep running side by side). */
+void sde_model_set_threads(sde_model *m, uint32_t threads);
+int sde_model_read_batch(sde_model *m, double submit, const uint64_t *offs, uint32_t n,
+                         uint64_t nbytes);
+double sde_model_read_batched(sde_model *m, uint32_t i, int sense);
+int sde_model_defer_dies(sde_model *m, double submit, const uint64_t *offs, uint32_t n,
+                         uint64_t nbytes);
+void sde_model_run_deferred(sde_model *m, double *programmed);
 /* With the write cache: when nbytes that arrived at `arrived` and are programmed at
  * `programmed` may be acknowledged (the cache's room, as for a write). */
 double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);

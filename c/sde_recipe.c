@@ -2,6 +2,13 @@
 #include "sde_recipe.h"
 
 #include <stddef.h>
+#include <stdlib.h>
+
+/* when the first of `pieces` pieces sensed or received from `submit` on is in */
+static double first_piece(double submit, double last, uint32_t pieces)
+{
+    return submit + (last - submit) / pieces;
+}
 
 double sde_recipe_dq_sense(sde_model *m, double submit, uint64_t off, uint64_t nbytes,
                            double *sensed, uint32_t *pieces)
@@ -10,7 +17,7 @@ double sde_recipe_dq_sense(sde_model *m, double submit, uint64_t off, uint64_t n
     *pieces = sde_model_pieces(m, nbytes);
     if (*sensed < 0)
         return *sensed;
-    return submit + (*sensed - submit) / *pieces; /* the first piece is in */
+    return first_piece(submit, *sensed, *pieces);
 }
 
 double sde_recipe_dq_finish(sde_model *m, sde_budget *b, double ready, double sensed,
@@ -34,7 +41,7 @@ double sde_recipe_q_receive(sde_model *m, double submit, uint64_t raw, double *r
     *pieces = sde_model_pieces(m, raw);
     if (*received < 0)
         return *received;
-    return submit + (*received - submit) / *pieces; /* the first piece is in */
+    return first_piece(submit, *received, *pieces);
 }
 
 double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_t pieces,
@@ -55,20 +62,29 @@ double sde_recipe_q_program(sde_model *m, double first, double ended, uint32_t p
     return sde_model_program_streamed(m, first, ended, pieces, off, stored);
 }
 
+/* A request's blocks are booked as a batch of the model's (sde_model.h: its dies die by die,
+ * the rest block by block, every time identical) when the model can take one. */
 double sde_recipe_load_blocks(sde_model *m, sde_budget *b, double t, const uint64_t *offs,
                               uint32_t n, uint64_t stored, uint64_t raw, int in_drive,
                               sde_kernel_cost cost)
 {
     double last = t;
+    int batched = sde_model_read_batch(m, t, offs, n, stored) == 0;
     for (uint32_t i = 0; i < n; i++) {
         double done;
         if (in_drive) {
-            double sensed;
+            double sensed, ready;
             uint32_t pieces;
-            double ready = sde_recipe_dq_sense(m, t, offs[i], stored, &sensed, &pieces);
+            if (batched) {
+                sensed = sde_model_read_batched(m, i, 1);
+                pieces = sde_model_pieces(m, stored);
+                ready = first_piece(t, sensed, pieces);
+            } else {
+                ready = sde_recipe_dq_sense(m, t, offs[i], stored, &sensed, &pieces);
+            }
             done = sde_recipe_dq_finish(m, b, ready, sensed, pieces, cost, 0.0, raw);
         } else {
-            done = sde_model_read(m, t, offs[i], stored);
+            done = batched ? sde_model_read_batched(m, i, 0) : sde_model_read(m, t, offs[i], stored);
         }
         if (done > last)
             last = done;
@@ -80,6 +96,9 @@ void sde_recipe_store_blocks(sde_model *m, sde_budget *b, double t, const uint64
                              uint32_t n, uint64_t stored, uint64_t raw, int quantized,
                              sde_kernel_cost cost, double *done)
 {
+    /* a batch's plain writes are acknowledged once their dies are booked */
+    double *arrived = quantized ? NULL : malloc(n * sizeof(double));
+    int batched = (quantized || arrived) && sde_model_defer_dies(m, t, offs, n, stored) == 0;
     for (uint32_t i = 0; i < n; i++) {
         if (quantized) {
             double received, first;
@@ -87,8 +106,16 @@ void sde_recipe_store_blocks(sde_model *m, sde_budget *b, double t, const uint64
             double ready = sde_recipe_q_receive(m, t, raw, &received, &pieces);
             double ended = sde_recipe_q_kernel(b, ready, received, pieces, cost, 0.0, &first);
             done[i] = sde_recipe_q_program(m, first, ended, pieces, offs[i], stored);
+        } else if (batched) {
+            done[i] = sde_model_write_programmed(m, t, offs[i], stored, &arrived[i]);
         } else {
             done[i] = sde_model_write(m, t, offs[i], stored);
         }
     }
+    if (batched) {
+        sde_model_run_deferred(m, done);
+        for (uint32_t i = 0; !quantized && i < n; i++)
+            done[i] = sde_model_write_ack(m, arrived[i], done[i], stored);
+    }
+    free(arrived);
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from ssdemu.errors import SsdemuError
@@ -273,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--store-queue", type=_positive_int, metavar="N",
                     help="admission control: at most N background stores in flight per "
                     "drive; stores past it are dropped and counted (default: no limit)")
+    rp.add_argument("--threads", type=int, choices=(1, 2),
+                    default=2 if (os.cpu_count() or 1) >= 2 else 1,
+                    help="model mode: threads booking the timing model (2: a helper thread "
+                    "books half of each request's dies, identical figures; default: 2 on a "
+                    "host with two CPUs or more)")
     rp.add_argument("--instances", type=_positive_int, default=1, metavar="K",
                     help="serving instances, each with its own GPU, HBM, DRAM and drive")
     rp.add_argument("--pool", choices=("private", "pooled"), default="private",
@@ -534,7 +540,7 @@ def _cmd_replay(args) -> int:
         socket=args.socket, media=args.media, plot_dir=args.plot,
         progress=not args.no_progress, instances=args.instances, pool=args.pool,
         route=args.route, fabric=args.fabric, dequant=args.dequant,
-        store_when=args.store_when, store_queue=args.store_queue,
+        store_when=args.store_when, store_queue=args.store_queue, threads=args.threads,
         gpu_dequant_rate=(args.gpu_dequant_rate * 1e9 if args.gpu_dequant_rate else None)))
     if args.json:
         print(json.dumps(report))

@@ -75,7 +75,7 @@ class ModelDrive:
 
     def __init__(self, profile: Profile, model: ModelConfig, quant: str | None,
                  bulk_pages: int | None = None, dequant: str = "drive",
-                 capacity_blocks: int | None = None, dram: bool = True):
+                 capacity_blocks: int | None = None, dram: bool = True, threads: int = 1):
         self.profile = profile
         self.dequant = dequant
         self.stored = model.stored_block_bytes(quant)
@@ -85,7 +85,7 @@ class ModelDrive:
         self.bounded = capacity_blocks is not None
         self.device = DeviceModel(profile, bulk_pages=bulk_pages,
                                   ftl_bytes=capacity_blocks * self.slot if self.bounded else 0,
-                                  dram=dram)
+                                  dram=dram, threads=threads)
         self._free_slots: list[int] = []  # offsets evicted blocks gave back (bounded)
         self._slots = 0  # slots handed out
         self.budget = budget_of(profile)
@@ -625,17 +625,21 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
                  fabric: FabricSpec | None = None, dequant: str = "drive",
                  gpu_dequant_bytes_per_s: float = DEFAULT_GPU_DEQUANT_BYTES_PER_S,
                  store_when: str = "arrival", store_queue: int | None = None,
-                 dram: bool = True) -> dict:
+                 dram: bool = True, threads: int = 1) -> dict:
     """Model mode.  bulk_pages: the timing model's bulk threshold (DeviceModel; 0: page by
     page).  dram: model the controller's DRAM (False: as the virtual-clock daemon, for
     comparisons with data mode).  instances, pool, route, fabric: as replay().  dequant:
     where the drive's blocks are dequantized, in the drive or on the GPU (host) at
-    gpu_dequant_bytes_per_s."""
+    gpu_dequant_bytes_per_s.  threads: 2 lets the drive's timing model book half of a
+    request's dies on a helper thread (identical figures; DeviceModel)."""
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     requests = list(requests)
     t0 = time.perf_counter()
-    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant, capacities["drive"], dram)
-               for _ in range(instances)] if capacities["drive"] != 0 else None)
+    # one helper thread in all: several drives' helpers would spin on the same cores
+    threads = threads if instances == 1 else 1
+    drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant, capacities["drive"], dram,
+                          threads) for _ in range(instances)]
+              if capacities["drive"] != 0 else None)
     setup = {"instances": instances, "pool": pool, "route": route, "fabric": fabric,
              "dequant": dequant, "gpu_dequant_bytes_per_s": gpu_dequant_bytes_per_s,
              "store_when": store_when, "store_queue": store_queue}

@@ -37,6 +37,9 @@ class ReplayJob:
     gpu_dequant_rate: float | None = None  # bytes/s (default: ssdemu.replay's)
     store_when: str = "arrival"  # or computed
     store_queue: int | None = None  # admission control: stores in flight per drive
+    # model mode: threads booking the timing model's dies (2: a helper thread, which spins
+    # between batches: for a single replay, not for sweep cells running side by side)
+    threads: int = 1
 
 
 def _progress_bar(total: int, desc: str):
@@ -105,7 +108,7 @@ def run(job: ReplayJob) -> dict:
     try:
         if job.mode == "model":
             report = replay_model(requests, profile, model, job.quant, caps, progress=update,
-                                  instances=job.instances, **setup)
+                                  instances=job.instances, threads=job.threads, **setup)
         else:
             report = _run_data(job, requests, profile, model, caps, update, setup)
     finally:

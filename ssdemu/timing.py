@@ -176,10 +176,14 @@ class DeviceModel:
     plane uses too)."""
 
     def __init__(self, profile: Profile, bulk_pages: int | None = None, ftl_bytes: int = 0,
-                 dram: bool = True):
+                 dram: bool = True, threads: int = 1):
         """bulk_pages: transfers of this many pages or more are booked in bulk (0: never;
         default: a full stripe); ftl_bytes: the FTL's logical size (0: none); dram: model the
-        controller's DRAM (the virtual-clock daemon does not: c/sde_dev.c)."""
+        controller's DRAM (the virtual-clock daemon does not: c/sde_dev.c); threads: 2 books
+        half of a batch's dies (the recipes' blocks of a request) on a helper thread, with
+        identical results, on a host with two CPUs or more (c/sde_model.h)."""
+        if threads not in (1, 2):
+            raise ValueError(f"the timing model runs on 1 or 2 threads, got {threads}")
         self.p = profile
         self.ftl = ftl_scale(profile, ftl_bytes) if ftl_bytes else None
         out = ffi.new("sde_model **")
@@ -187,6 +191,7 @@ class DeviceModel:
         if lib.sde_model_new(params, out) < 0:
             raise ValueError(f"profile {profile.name} does not make a model")
         self._m = ffi.gc(out[0], lib.sde_model_free)
+        lib.sde_model_set_threads(self._m, threads)
 
     @staticmethod
     def _check(t: float, submit: float) -> float:
