@@ -1064,12 +1064,13 @@ static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wr
     }
     double done = x->ready;
     if (wrote && dev->model) {
+        uint64_t leaving;
         double programmed = sde_recipe_q_program(dev->model, x->first_out, x->ready,
-                                                 x->pieces, off, len);
+                                                 x->pieces, off, len, &leaving);
         if (!dev->write_cache)
             done = programmed > done ? programmed : done;
         else /* the cache's room: a full cache waits for programs */
-            done = sde_model_cache_ack(dev->model, x->ready, programmed, len);
+            done = sde_model_cache_ack(dev->model, x->ready, programmed, len, leaving);
     }
     model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
 }

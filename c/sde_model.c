@@ -61,7 +61,6 @@ struct sde_model {
     uint64_t ftl_units;     /* its logical units (offsets wrap past them) */
     uint64_t padding, gc_programmed_rows, host_programmed_rows;
     double gc_ns;
-    uint64_t last_rows_bytes; /* the rows the last FTL write completed (for the cache) */
     /* a batch (sde_model_read_batch, sde_model_defer_dies): each block's layout and times,
      * and per block and channel the first and last sense (reads) or the channel's start
      * (writes) */
@@ -1052,9 +1051,9 @@ double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, 
 }
 
 double sde_model_program_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
-                                  uint64_t offset, uint64_t nbytes)
+                                  uint64_t offset, uint64_t nbytes, uint64_t *leaving)
 {
-    double done = sde_model_program(m, first, offset, nbytes);
+    double done = sde_model_program_leaving(m, first, offset, nbytes, leaving);
     if (m->p.fixed || !pieces)
         return done;
     /* the last piece leaves the kernel at prev_end: its program can end no sooner */
@@ -1077,14 +1076,16 @@ double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
 
 /* The NAND half of a write whose data is in the controller at `ready`: when its programs are
  * done.  With an FTL and the write cache, rows left partial wait for later writes (their
- * time is the rows completed so far); without the cache the partial row is padded. */
-static double nand_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
+ * time is the rows completed so far); without the cache the partial row is padded.
+ * *leaving: the bytes whose programs this booked, which leave the write cache when done
+ * (with an FTL, the rows it completed; without one, the write itself). */
+static double nand_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes,
+                           uint64_t *leaving)
 {
+    *leaving = nbytes;
     if (!m->ftl)
         return program_stages(m, ready, offset, nbytes);
-    uint64_t rows_bytes;
-    double done = ftl_write(m, ready, offset, nbytes, &rows_bytes);
-    m->last_rows_bytes = rows_bytes;
+    double done = ftl_write(m, ready, offset, nbytes, leaving);
     if (!m->p.write_cache) {
         double pad = ftl_pad(m, ready);
         done = pad > done ? pad : done;
@@ -1092,13 +1093,23 @@ static double nand_program(sde_model *m, double ready, uint64_t offset, uint64_t
     return done;
 }
 
-double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
+double sde_model_program_leaving(sde_model *m, double ready, uint64_t offset, uint64_t nbytes,
+                                 uint64_t *leaving)
 {
+    uint64_t ignored;
+    if (!leaving)
+        leaving = &ignored;
+    *leaving = nbytes;
     ready = not_before_horizon(m, ready);
     m->nand_written += nbytes;
     if (m->p.fixed)
         return ready + m->p.fixed_write_ns;
-    return nand_program(m, ready, offset, nbytes);
+    return nand_program(m, ready, offset, nbytes, leaving);
+}
+
+double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
+{
+    return sde_model_program_leaving(m, ready, offset, nbytes, NULL);
 }
 
 static void cache_pop(sde_model *m)
@@ -1149,13 +1160,9 @@ static int cache_push(sde_model *m, double leaves, uint64_t bytes)
 /* The write cache's back-pressure: what was programmed by `arrived` has left the cache; if
  * the rest and this write do not fit, the acknowledgement waits for the earliest programs
  * to make room (a write larger than the whole cache waits for its own program). */
-double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes)
+double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes,
+                           uint64_t leaving)
 {
-    /* what the last program booked: with an FTL, the rows it completed (a write that leaves
-     * its row partial stays in the cache until a later write completes the row, whose
-     * program then takes the row's bytes out); without one, the write itself */
-    uint64_t leaving = m->ftl ? m->last_rows_bytes : nbytes;
-    m->last_rows_bytes = 0;
     uint64_t cap = m->p.write_cache_bytes;
     if (!cap)
         return arrived;
@@ -1175,7 +1182,7 @@ double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint
 }
 
 double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
-                                  uint64_t nbytes, double *arrived)
+                                  uint64_t nbytes, double *arrived, uint64_t *leaving)
 {
     if (advance(m, submit) < 0)
         return -1.0;
@@ -1183,18 +1190,20 @@ double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
     double in = hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
     double landed = dram(m, t, nbytes); /* into the DRAM write cache as it arrives */
     *arrived = in > landed ? in : landed;
-    double programmed = nand_program(m, *arrived, offset, nbytes);
+    double programmed = nand_program(m, *arrived, offset, nbytes, leaving);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
     return programmed;
 }
 
-double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes)
+double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes,
+                           uint64_t leaving)
 {
     /* the firmware's write latency is that of acknowledging from the cache; without it the
      * completion waits for the program */
     double ack = m->p.write_cache
-                     ? sde_model_cache_ack(m, arrived, programmed, nbytes) + m->p.write_latency_ns
+                     ? sde_model_cache_ack(m, arrived, programmed, nbytes, leaving) +
+                           m->p.write_latency_ns
                      : programmed;
     return ack + m->p.link_latency_ns;
 }
@@ -1209,10 +1218,11 @@ double sde_model_write(sde_model *m, double submit, uint64_t offset, uint64_t nb
         return submit + m->p.fixed_write_ns;
     }
     double arrived;
-    double programmed = sde_model_write_programmed(m, submit, offset, nbytes, &arrived);
+    uint64_t leaving;
+    double programmed = sde_model_write_programmed(m, submit, offset, nbytes, &arrived, &leaving);
     if (programmed < 0)
         return -1.0;
-    return sde_model_write_ack(m, arrived, programmed, nbytes);
+    return sde_model_write_ack(m, arrived, programmed, nbytes, leaving);
 }
 
 double sde_model_flush(sde_model *m, double submit)

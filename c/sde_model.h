@@ -108,6 +108,12 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
 double sde_model_receive(sde_model *m, double submit, uint64_t nbytes);
 double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
+/* ...and with *leaving (NULL: not wanted): the bytes whose programs it booked, which leave
+ * the write cache when they are done (sde_model_cache_ack): with an FTL, the rows it completed
+ * (a write that leaves its row partial stays in the cache until a later write completes the
+ * row, whose program then takes the row's bytes out); without one, the write itself. */
+double sde_model_program_leaving(sde_model *m, double ready, uint64_t offset, uint64_t nbytes,
+                                 uint64_t *leaving);
 /* Streaming (a dequantized retrieve: sensed, dequantized and sent piece by piece, as a
  * controller does): a transfer of nbytes in `pieces` pieces whose first piece is ready at
  * `first` and whose producer ends at `prev_end`: the link is booked from `first`, and the last
@@ -117,15 +123,18 @@ double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, 
                                    uint64_t nbytes);
 uint32_t sde_model_pieces(const sde_model *m, uint64_t nbytes);
 /* The same for a program: nbytes from the controller programmed from `first` (its first
- * piece ready) on, its last piece no earlier than the producer's end `prev_end`. */
+ * piece ready) on, its last piece no earlier than the producer's end `prev_end`; *leaving as
+ * for sde_model_program_leaving. */
 double sde_model_program_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
-                                  uint64_t offset, uint64_t nbytes);
+                                  uint64_t offset, uint64_t nbytes, uint64_t *leaving);
 /* A write in two halves (sde_model_write is the one after the other): its stages up to its
- * programs (*arrived: when its data is in the controller; -1 before the latest submission;
- * not for a fixed-latency model), and its acknowledgement, given when it is programmed. */
+ * programs (*arrived: when its data is in the controller; *leaving: as for
+ * sde_model_program_leaving; -1 before the latest submission; not for a fixed-latency
+ * model), and its acknowledgement, given when it is programmed. */
 double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
-                                  uint64_t nbytes, double *arrived);
-double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);
+                                  uint64_t nbytes, double *arrived, uint64_t *leaving);
+double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes,
+                           uint64_t leaving);
 /* Batches: n bulk transfers of nbytes at offs[i] whose dies are booked die by die, the rest
  * block by block, every time identical to booking them one after the other (the model's
  * dies' gap chunks stay in the cache).  Each returns -1 when the batch cannot be taken (a
@@ -134,8 +143,8 @@ double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint
  * Reads: read_batch books the controller and the senses of all n, submitted at `submit`;
  * then read_batched(i, sense), for i = 0..n-1 in order, books the rest of block i and
  * returns what sde_model_sense (sense) or sde_model_read would have.
- * Programs: after defer_dies (the n commands submitted at `submit`), the next n bulk programs (sde_model_program,
- * sde_model_write_programmed, in that order) book all but their dies and return a partial
+ * Programs: after defer_dies (the n commands submitted at `submit`), the next n bulk
+ * programs (sde_model_program*, sde_model_write_programmed, in that order) book all but their dies and return a partial
  * time; run_deferred books the dies and raises programmed[i] (block i's partial time) to
  * block i's completion. */
 /* Threads for a batch's dies: 1 (the default) or 2 (a helper thread books half of them, on
@@ -149,8 +158,10 @@ int sde_model_defer_dies(sde_model *m, double submit, const uint64_t *offs, uint
                          uint64_t nbytes);
 void sde_model_run_deferred(sde_model *m, double *programmed);
 /* With the write cache: when nbytes that arrived at `arrived` and are programmed at
- * `programmed` may be acknowledged (the cache's room, as for a write). */
-double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes);
+ * `programmed` may be acknowledged (the cache's room, as for a write); `leaving`: the bytes
+ * that leave the cache at `programmed` (what the program gave in *leaving). */
+double sde_model_cache_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes,
+                           uint64_t leaving);
 double sde_model_nop(sde_model *m, double submit);
 /* nbytes through the controller's DRAM from `ready` on (its bandwidth shared with the DMA
  * the model books there): when they are through; `ready` when it has no DRAM. */

@@ -57,9 +57,9 @@ double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_
 }
 
 double sde_recipe_q_program(sde_model *m, double first, double ended, uint32_t pieces,
-                            uint64_t off, uint64_t stored)
+                            uint64_t off, uint64_t stored, uint64_t *leaving)
 {
-    return sde_model_program_streamed(m, first, ended, pieces, off, stored);
+    return sde_model_program_streamed(m, first, ended, pieces, off, stored, leaving);
 }
 
 /* A request's blocks are booked as a batch of the model's (sde_model.h: its dies die by die,
@@ -98,16 +98,19 @@ void sde_recipe_store_blocks(sde_model *m, sde_budget *b, double t, const uint64
 {
     /* a batch's plain writes are acknowledged once their dies are booked */
     double *arrived = quantized ? NULL : malloc(n * sizeof(double));
-    int batched = (quantized || arrived) && sde_model_defer_dies(m, t, offs, n, stored) == 0;
+    uint64_t *leaving = quantized ? NULL : malloc(n * sizeof(uint64_t));
+    int batched = (quantized || (arrived && leaving)) &&
+                  sde_model_defer_dies(m, t, offs, n, stored) == 0;
     for (uint32_t i = 0; i < n; i++) {
         if (quantized) {
             double received, first;
             uint32_t pieces;
             double ready = sde_recipe_q_receive(m, t, raw, &received, &pieces);
             double ended = sde_recipe_q_kernel(b, ready, received, pieces, cost, 0.0, &first);
-            done[i] = sde_recipe_q_program(m, first, ended, pieces, offs[i], stored);
+            done[i] = sde_recipe_q_program(m, first, ended, pieces, offs[i], stored, NULL);
         } else if (batched) {
-            done[i] = sde_model_write_programmed(m, t, offs[i], stored, &arrived[i]);
+            done[i] = sde_model_write_programmed(m, t, offs[i], stored, &arrived[i],
+                                                 &leaving[i]);
         } else {
             done[i] = sde_model_write(m, t, offs[i], stored);
         }
@@ -115,7 +118,8 @@ void sde_recipe_store_blocks(sde_model *m, sde_budget *b, double t, const uint64
     if (batched) {
         sde_model_run_deferred(m, done);
         for (uint32_t i = 0; !quantized && i < n; i++)
-            done[i] = sde_model_write_ack(m, arrived[i], done[i], stored);
+            done[i] = sde_model_write_ack(m, arrived[i], done[i], stored, leaving[i]);
     }
     free(arrived);
+    free(leaving);
 }

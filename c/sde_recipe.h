@@ -35,9 +35,10 @@ double sde_recipe_q_receive(sde_model *m, double submit, uint64_t raw, double *r
 double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_t pieces,
                            sde_kernel_cost cost, double host_ns, double *first);
 /* ...and its result (stored bytes at off) programmed streaming from *first: when the last
- * piece is programmed. */
+ * piece is programmed; *leaving (NULL: not wanted): what leaves the write cache then
+ * (sde_model_cache_ack). */
 double sde_recipe_q_program(sde_model *m, double first, double ended, uint32_t pieces,
-                            uint64_t off, uint64_t stored);
+                            uint64_t off, uint64_t stored, uint64_t *leaving);
 
 /* Model mode, a request's blocks at once (offs[n]), all submitted at t.  Loads: in_drive,
  * each sensed, dequantized and sent (raw bytes) streaming; otherwise a plain read of the

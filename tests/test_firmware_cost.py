@@ -177,7 +177,8 @@ def test_transformed_commands_stream_through_the_controller():
     first_out = ffi.new("double *")
     ended = lib.sde_recipe_q_kernel(b.struct, first_in, got[0], pieces[0], cost, 0.0, first_out)
     assert ended > got[0] and first_in < first_out[0] < ended
-    programmed = lib.sde_recipe_q_program(m.handle, first_out[0], ended, pieces[0], 0, stored)
+    programmed = lib.sde_recipe_q_program(m.handle, first_out[0], ended, pieces[0], 0, stored,
+                                          ffi.NULL)
     assert programmed >= ended + p.nand.t_prog_ns
     # the same stages one after another, on a fresh drive
     m2, b2 = DeviceModel(p), budget_of(p)

@@ -47,7 +47,7 @@ def _store_one_by_one(m, b, t, offs, stored, raw, quantized, cost) -> list[float
             ended = lib.sde_recipe_q_kernel(b.struct, ready, received[0], pieces[0], cost, 0.0,
                                             first)
             out.append(lib.sde_recipe_q_program(m.handle, first[0], ended, pieces[0], off,
-                                                stored))
+                                                stored, ffi.NULL))
         else:
             out.append(lib.sde_model_write(m.handle, t, off, stored))
     return out
