@@ -310,13 +310,14 @@ static int use_bulk(const sde_model *m, uint64_t offset, uint64_t nbytes)
 
 /* ---- batches -----------------------------------------------------------------------------
  * A replay hands the model a request's blocks at one submission time, and each block books
- * every die once (512 of them on star2000d).  Block by block, the dies' gap chunks fall out of
- * the cache between one block and the next; in a batch the dies are booked die by die (a
- * die's blocks in block order) and everything else block by block, as before.  A die's stage
+ * every die once (512 of them on star2000d): ~65M die bookings for the bundled trace, most
+ * of its time.  In a batch the dies are booked die by die (a die's blocks in block order) and
+ * everything else block by block, as before, so that the dies can be shared between two
+ * threads (below; alone, the order gained nothing).  A die's stage
  * depends only on the die and on its ready time, which the stages before it give, and on a
  * read or a program no stage before the dies depends on a die: so each resource sees the same
  * stages in the same order, and every time is the one block-by-block booking gives
- * (tests/test_timing.py compares the two on random states).  Only bulk transfers without an
+ * (tests/test_timing_batches.py compares the two on random states).  Only bulk transfers without an
  * FTL batch (a page-path transfer books dies and channels alternately). */
 struct batched {
     double t;    /* reads: the senses' ready time; writes: the block's arrival */

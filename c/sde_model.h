@@ -136,10 +136,10 @@ double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
 double sde_model_write_ack(sde_model *m, double arrived, double programmed, uint64_t nbytes,
                            uint64_t leaving);
 /* Batches: n bulk transfers of nbytes at offs[i] whose dies are booked die by die, the rest
- * block by block, every time identical to booking them one after the other (the model's
- * dies' gap chunks stay in the cache).  Each returns -1 when the batch cannot be taken (a
- * fixed-latency model, an FTL, a transfer on the page path, an earlier submission), having
- * booked nothing.
+ * block by block, every time identical to booking them one after the other (so that the dies
+ * can be shared between threads: sde_model_set_threads).  Each returns -1 when the batch
+ * cannot be taken (a fixed-latency model, an FTL, a transfer on the page path, an earlier
+ * submission), having booked nothing.
  * Reads: read_batch books the controller and the senses of all n, submitted at `submit`;
  * then read_batched(i, sense), for i = 0..n-1 in order, books the rest of block i and
  * returns what sde_model_sense (sense) or sde_model_read would have.

@@ -635,7 +635,7 @@ def replay_model(requests, profile: Profile, model: ModelConfig, quant: str | No
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     requests = list(requests)
     t0 = time.perf_counter()
-    # one helper thread in all: several drives' helpers would spin on the same cores
+    # several drives would each start a helper, all spinning on the same two cores
     threads = threads if instances == 1 else 1
     drives = ([ModelDrive(profile, model, quant, bulk_pages, dequant, capacities["drive"], dram,
                           threads) for _ in range(instances)]
