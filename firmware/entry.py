@@ -29,6 +29,7 @@ from firmware.blockops import (
     elements,
     open_header,
     parse_request,
+    peek_header,
     quantize_block,
 )
 from firmware.prefix_hash import hash_chain
@@ -77,12 +78,16 @@ def fw_dequantize(blob, blob_len, out, out_cap, info):
     p = np.zeros(NPARAM, np.int64)
     inf = carray(info, 7)
     b = carray(blob, blob_len)
-    e = open_header(b, p)
-    if e:
-        return e
-    _info(p, inf, blob_len)
-    if out_cap < dequantized_bytes(p):
+    # the checksum is verified by dequantize_block in its own pass; open_header's separate
+    # pass runs only when there is nothing to dequantize into, or to name what is wrong
+    e = peek_header(b, p)
+    if e or out_cap < dequantized_bytes(p):
+        e = open_header(b, p)  # a corrupt block says so before E_OUT_SMALL
+        if e:
+            return e
+        _info(p, inf, blob_len)
         return E_OUT_SMALL
+    _info(p, inf, blob_len)
     return dequantize_block(b, carray(out, out_cap), p)
 
 

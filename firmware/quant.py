@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware import blockops as B
-from firmware.blockfmt import INT_GROUPS, SCHEME_FP8, SCHEME_INT, SCHEME_KIVI, open_block
+from firmware.blockfmt import (
+    INT_GROUPS,
+    SCHEME_FP8,
+    SCHEME_INT,
+    SCHEME_KIVI,
+    CorruptBlockError,
+    open_block,
+)
 from firmware.layout import DTYPE_NAMES, KVShape, dtype_code, storage_dtype
 
 GROUP_SIZES = INT_GROUPS
@@ -133,16 +140,25 @@ def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str,
 def dequantize(blob, out: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """Compressed block -> (block array in its original element type, dtype name), written
     into `out` when given.  A corrupt block raises CorruptBlockError."""
-    header, _ = open_block(blob)  # a corrupt block fails here, with its reason
-    shape = header.shape
-    want = storage_dtype(header.dtype)
-    flat = (np.empty(shape.elements, dtype=want) if out is None
-            else _check_out(out, want, shape.elements, "KV block"))
     buf = np.frombuffer(blob, np.uint8) if not isinstance(blob, np.ndarray) else blob
     buf = buf.reshape(-1).view(np.uint8)
     if buf.ctypes.data % 8:
         buf = buf.copy()
     p = np.zeros(B.NPARAM, np.int64)
+    if B.peek_header(buf, p):
+        open_block(buf)  # raises with the block's first failure, as the drive reports it
+    # the checksum is verified by the dequantize itself, in the same pass over the block
+    shape = KVShape(*(int(p[i]) for i in (B.P_TOKENS, B.P_LAYERS, B.P_HEADS, B.P_HDIM)))
+    want = storage_dtype(int(p[B.P_DTYPE]))
+    try:
+        flat = (np.empty(shape.elements, dtype=want) if out is None
+                else _check_out(out, want, shape.elements, "KV block"))
+    except ValueError:
+        open_block(buf)  # a corrupt block says so before a wrong buffer, as the drive does
+        raise
     n = B.dequantize_block(buf, flat.view(np.uint8), p)
+    if n < 0:
+        open_block(buf)  # raises with the reason
+        raise CorruptBlockError(f"corrupt compressed block (code {n})")
     assert n == flat.nbytes, n
-    return flat.reshape(shape.array_shape), DTYPE_NAMES[header.dtype]
+    return flat.reshape(shape.array_shape), DTYPE_NAMES[int(p[B.P_DTYPE])]
