@@ -275,13 +275,21 @@ def _quant_groups_literal(buf, m, c0, group, bits, symmetric, scales, zeros, cod
         _quant_groups(buf, m, c0, 128, bits, symmetric, scales, zeros, codes, lohi)
 
 
-@njit(cache=True, nogil=True)
-def _pack4(codes, packed):
-    n = codes.shape[0]
-    for j in range(n // 2):
-        packed[j] = codes[2 * j] | (codes[2 * j + 1] << np.uint8(4))
-    if n % 2:
-        packed[n // 2] = codes[n - 1]
+@njit(cache=True, nogil=True, inline="always")
+def _pack4_into(codes, m, payload, at):
+    """codes[:m] (one int4 code per byte) two per byte into payload[at:], element 2j in the
+    low nibble.  A pair is read as one little-endian uint16 (contiguous loads, which
+    vectorize, where codes[2j] and codes[2j+1] were strided), at unsigned indices (no
+    wraparound check), inlined (no slices, no call): int4_g64 quantize of fp16 in cache
+    0.55 -> 0.48 ns/element, interleaved."""
+    w = codes.view(np.uint16)  # codes holds CHUNK bytes, an even number
+    base = np.uint64(at)
+    for j in range(m >> 1):
+        x = w[j]
+        payload[base + np.uint64(j)] = np.uint8((x & np.uint16(0x0F))
+                                                | ((x >> np.uint16(4)) & np.uint16(0xF0)))
+    if m % 2:
+        payload[base + np.uint64(m >> 1)] = codes[m - 1]
 
 
 @njit(cache=True, nogil=True)
@@ -376,7 +384,7 @@ def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
                 buf[i] = u32_as_f32(np.uint32(part[i]) << np.uint32(16))
         _quant_groups_literal(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
         if bits == 4:
-            _pack4(codes[:m], payload[c0 >> 1:(c1 + 1) >> 1])
+            _pack4_into(codes, m, payload, c0 >> 1)
     return bad
 
 
@@ -406,7 +414,7 @@ def _quantize_float32(src, group, bits, symmetric, scales, zeros, payload):
         else:
             _quant_chunk_literal(buf, m, c0, group, bits, False, scales, zeros, target, lohi)
         if bits == 4:
-            _pack4(codes[:m], payload[c0 >> 1:(c1 + 1) >> 1])
+            _pack4_into(codes, m, payload, c0 >> 1)
     return bad
 
 
