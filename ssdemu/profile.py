@@ -126,8 +126,8 @@ class Profile:
 
 # The figures `ssdemu bench device` measures, by name (units in the names).
 FIGURES = ("seq_read_bytes_per_s", "seq_write_bytes_per_s", "rand_read_4k_iops",
-           "rand_write_4k_iops_fresh", "rand_write_4k_iops_steady", "qd1_read_4k_latency_ns",
-           "qd1_write_4k_latency_ns")
+           "rand_read_4k_iops_steady", "rand_write_4k_iops_fresh", "rand_write_4k_iops_steady",
+           "qd1_read_4k_latency_ns", "qd1_write_4k_latency_ns")
 
 SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
             "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig,

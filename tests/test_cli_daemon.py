@@ -77,9 +77,10 @@ def test_bench_device_json(profile):
     r = json.loads(p.stdout)
     f = r["figures"]
     cited = [k for k, v in f.items() if "source" in v]
-    # the seven: sequential read and write, random read, random write fresh and
-    # steady, QD1 read latency; the profile cites five and marks two assumed
-    assert len(f) == 7 and len(cited) >= 5 and r["cited_within_5pct"] == len(cited)
+    # sequential read and write, random read fresh and steady, random write fresh and
+    # steady, QD1 read and write latency; the profiles cite seven and mark one (fresh random
+    # writes, which no public datasheet quotes) assumed
+    assert len(f) == 8 and len(cited) >= 7 and r["cited_within_5pct"] == len(cited)
     for k in cited:
         assert abs(f[k]["error_pct"]) <= 5, (k, f[k])
     for k, v in f.items():  # the assumed ones within their stated ranges
