@@ -69,7 +69,9 @@ struct sde_model {
     uint64_t batch_bytes;
     double *batch_first, *batch_last;
     uint32_t threads;      /* 2: a helper thread books half of a batch's dies */
-    _Atomic uint32_t next_channel; /* a batch's next channel whose dies are to be booked */
+    /* a batch's channels not yet booked, [lo, hi) packed as lo | hi << 16: this thread
+     * takes them from the bottom, the helper from the top (claim_channel) */
+    _Atomic uint32_t channels_left;
     struct helper *helper;
     int helper_failed;
 };
@@ -106,7 +108,8 @@ static void res_forget_before(struct sde_resource *r, double t)
 
 int sde_model_new(const sde_model_params *p, sde_model **out)
 {
-    if (!p->channels || !p->dies_per_channel || !p->planes_per_die || !p->page_bytes ||
+    if (!p->channels || p->channels > 0xFFFF /* channels_left packs two */ ||
+        !p->dies_per_channel || !p->planes_per_die || !p->page_bytes ||
         !p->cores || p->link_bytes_per_s <= 0 || p->channel_bytes_per_s <= 0)
         return -EINVAL;
     sde_model *m = calloc(1, sizeof(*m));
@@ -377,37 +380,69 @@ static inline uint64_t batch_place(const struct batched *x, uint32_t ch, uint32_
     return (uint64_t)(next + rows) * C + ch - x->r0;
 }
 
-/* A batch's dies, a channel's at a time, the channels taken from m->next_channel until none
- * is left: reads' senses (their first and last per block and channel into batch_first and
- * batch_last), or the deferred programs (raising programmed[i]). */
-static void batch_dies(sde_model *m, int programs, double *programmed)
+/* The next channel of a batch to book, from the bottom or from the top; C when none is
+ * left.  Each thread keeps to its own end, so that from batch to batch a channel's dies (their
+ * resources and gap chunks, half a megabyte in all) stay in one core's cache and only the
+ * channels near the meeting point move; taking them first come, first served, every booking
+ * of two threads ran ~1.6x slower than one thread's, and the helper gained 8%. */
+static uint32_t claim_channel(sde_model *m, int from_top)
+{
+    uint32_t w = atomic_load(&m->channels_left), lo, hi, want;
+    do {
+        lo = w & 0xFFFF;
+        hi = w >> 16;
+        if (lo >= hi)
+            return m->p.channels;
+        want = from_top ? lo | (hi - 1) << 16 : (lo + 1) | hi << 16;
+    } while (!atomic_compare_exchange_weak(&m->channels_left, &w, want));
+    return from_top ? hi - 1 : lo;
+}
+
+/* A batch's dies, a channel's at a time, the channels claimed until none is left: reads'
+ * senses (their first and last per block and channel into batch_first and batch_last), or
+ * the deferred programs (raising programmed[i]). */
+static void batch_dies(sde_model *m, int programs, double *programmed, int from_top)
 {
     uint32_t C = m->p.channels, D = m->p.dies_per_channel;
     double t_read = m->p.t_read_ns, t_prog = m->p.t_prog_ns;
-    for (uint32_t c0; (c0 = atomic_fetch_add(&m->next_channel, 1)) < C;)
-    for (uint32_t d = c0 * D; d < (c0 + 1) * D; d++) {
-        uint32_t ch = d / D, die = d % D;
-        struct sde_resource *r = &m->dies[d];
-        for (uint32_t i = 0; i < m->nbatch; i++) {
-            const struct batched *x = &m->batch[i];
+    /* Blocks outer, the channel's dies inner: each die still sees its blocks in block order
+     * (all that its bookings depend on), and a block's first and last sense on the channel
+     * stay in registers, stored once.  Die-outer order stored them once per die, and the
+     * two threads' channels share a block's cache lines: that false sharing was a third of
+     * this function's time. */
+    for (uint32_t ch; (ch = claim_channel(m, from_top)) < C;)
+    for (uint32_t i = 0; i < m->nbatch; i++) {
+        const struct batched *x = &m->batch[i];
+        size_t at = (size_t)i * C + ch;
+        double base = m->batch_first[at], first = 1e300, last = 0.0, prog_max = 0.0;
+        struct sde_resource *r = &m->dies[(size_t)ch * D];
+        for (uint32_t die = 0; die < D; die++, r++) {
             uint64_t j = batch_place(x, ch, die, C, D);
             if (j >= x->planes)
                 continue;
             double k = (double)(x->base + (j < x->extra));
-            size_t at = (size_t)i * C + ch;
             if (programs) {
-                double ready = m->batch_first[at] + (double)(uint32_t)(j / C + 1) * x->xfer;
+                double ready = base + (double)(uint32_t)(j / C + 1) * x->xfer;
                 double prog = hold(m, r, ready, k * t_prog);
-                if (prog > programmed[i])
-                    programmed[i] = prog;
+                if (prog > prog_max)
+                    prog_max = prog;
             } else {
                 double done = hold(m, r, x->t, k * t_read);
-                double first = done - (k - 1) * t_read;
-                if (first < m->batch_first[at])
-                    m->batch_first[at] = first;
-                if (done > m->batch_last[at])
-                    m->batch_last[at] = done;
+                double f = done - (k - 1) * t_read;
+                if (f < first)
+                    first = f;
+                if (done > last)
+                    last = done;
             }
+        }
+        if (programs) {
+            if (prog_max > programmed[i])
+                programmed[i] = prog_max;
+        } else {
+            if (first < m->batch_first[at])
+                m->batch_first[at] = first;
+            if (last > m->batch_last[at])
+                m->batch_last[at] = last;
         }
     }
 }
@@ -479,7 +514,7 @@ static void *helper_main(void *arg)
         if (stop)
             return NULL;
         seen = atomic_load(&h->posted);
-        batch_dies(h->m, h->programs, h->programmed);
+        batch_dies(h->m, h->programs, h->programmed, 1);
         pthread_mutex_lock(&h->mu);
         atomic_store(&h->finished, seen);
         pthread_cond_broadcast(&h->cv);
@@ -528,7 +563,7 @@ static void helper_stop(struct helper *h)
 static void batch_dies_all(sde_model *m, int programs, double *programmed)
 {
     struct helper *h = NULL;
-    atomic_store(&m->next_channel, 0);
+    atomic_store(&m->channels_left, m->p.channels << 16);
     if (m->threads > 1 && m->p.channels > 1 && (uint64_t)m->nbatch * m->ndies >= HELPER_MIN_HOLDS) {
         if (!m->helper)
             m->helper = helper_start(m);
@@ -544,7 +579,7 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
         }
     }
     if (!h) {
-        batch_dies(m, programs, programmed);
+        batch_dies(m, programs, programmed, 0);
         return;
     }
     if (programs)
@@ -555,7 +590,7 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
     atomic_store(&h->posted, job);
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    batch_dies(m, programs, programmed);
+    batch_dies(m, programs, programmed, 0);
     if (atomic_load(&h->finished) != job)
         spin_while(&h->finished, job - 1);
     pthread_mutex_lock(&h->mu);
