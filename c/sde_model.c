@@ -450,13 +450,17 @@ static void batch_dies(sde_model *m, int programs, double *programmed, int from_
 /* ---- the helper thread ---------------------------------------------------------------------
  * Dies are independent resources, so a batch's dies split between two threads book exactly
  * what one thread would: this thread and a helper take the channels one at a time, each
- * channel's dies whole (the helper's programs' times into its own array, merged by max).  A
- * fixed half each left one thread waiting for the other by a fifth of the time.  With two threads asked
+ * channel's dies whole, from the two ends (claim_channel; the helper's programs' times into
+ * its own array, merged by max).  A fixed half each left one thread waiting for the other by
+ * a fifth of the time.  With two threads asked
  * for (sde_model_set_threads) on a host with two or more CPUs, the helper is started on the
  * first batch large enough.  Between batches it spins for up to HELPER_SPIN_NS and then
  * sleeps: a replay's batches come ~0.1 ms apart, and waking a sleeping thread cost ~30 us
  * per batch in a VM, which took all the gain. */
-#define HELPER_MIN_HOLDS 1024 /* smaller batches are not worth the handoff */
+/* smaller batches are not worth the handoff; a single block on star2000d's 512 dies is
+ * (a replay's requests often load or store one block: at 1,024 they were 40% of its batches,
+ * all on one thread) */
+#define HELPER_MIN_HOLDS 512
 #define HELPER_SPIN_NS 2000000.0
 
 struct helper {
