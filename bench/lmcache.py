@@ -45,7 +45,10 @@ def bench_lmcache(chunks: int = 16, where: str | None = None, quant: str = "none
             p = subprocess.run([str(py), "-I", str(ROOT / "bench" / "lmcache_run.py"),
                                 d.socket_path,
                                 disk, str(chunks), quant], capture_output=True, text=True,
-                               timeout=1800, cwd=base)
+                               timeout=1800, cwd=base,
+                               # LMCache's metrics files, else in /tmp/lmcache_prometheus
+                               env=os.environ | {"PROMETHEUS_MULTIPROC_DIR":
+                                                 os.path.join(base, "prometheus")})
         finally:
             d.terminate()
         if p.returncode != 0:

@@ -6,6 +6,7 @@ byte comes from the drive): bit-exact, or within the quantization bound with qua
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 
@@ -32,10 +33,15 @@ def test_lmcache_engine_stores_finds_and_retrieves_through_the_drive(tmp_path, q
     _lmcache_or_skip()
     d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:256M", extra=["--timing", "off"])
     try:
+        # LMCache's metrics files go to PROMETHEUS_MULTIPROC_DIR, else /tmp/lmcache_prometheus,
+        # which would outlive the test
+        metrics = tmp_path / "prometheus"
         p = subprocess.run([str(PY), str(ROOT / "tests" / "lmcache" / "scenario.py"),
                             d.socket_path, quant], capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path)
+                           timeout=300, cwd=tmp_path,
+                           env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(metrics)})
         assert p.returncode == 0, p.stderr[-3000:]
+        assert metrics.is_dir()  # LMCache took the test's own metrics directory
         r = json.loads(p.stdout.strip().splitlines()[-1])
         # 4 chunks of 16 tokens for a; b shares its first 3 chunks and adds 2
         assert (r["lookup_a"], r["lookup_b"]) == (64, 80)
