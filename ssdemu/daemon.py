@@ -582,6 +582,8 @@ class Daemon:
             "description": self.profile.description,
             "capacity_bytes": self.store.d_len, "media_bytes": self.media.size,
             "logical_block_bytes": self.media.lba_size,
+            # the KV store's allocation unit: values of whole units move with no copy
+            "store_unit_bytes": self.store.block,
             "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
             "max_queue_entries": self.profile.queue.max_entries,
             "max_key_bytes": lib.SDE_KEY_MAX, "max_value_bytes": self.store.max_value,

@@ -260,10 +260,12 @@ class Store:
     MAX_NAMESPACES = lib.SDE_STORE_MAX_NS
 
     def ns_create(self, nbytes: int, owner: tuple[int, int] | None = None) -> tuple[int, int]:
-        """A new namespace of nbytes (a multiple of the block; 0: keys only): (nsid,
-        offset).  owner: (uid, token) it belongs to; None: shared by every client."""
-        if nbytes < 0 or nbytes % self.block:
-            raise ValueError(f"namespace size must be a multiple of {self.block}")
+        """A new namespace of nbytes (a multiple of the media's block; 0: keys only): (nsid,
+        offset).  It takes whole store units.  owner: (uid, token) it belongs to; None:
+        shared by every client."""
+        lba = self.media.lba_size
+        if nbytes < 0 or nbytes % lba:
+            raise ValueError(f"namespace size must be a multiple of {lba}")
         uid, token = owner if owner is not None else (0, 0)
         flags = 0 if owner is not None else lib.SDE_NS_SHARED
         nsid, off = ffi.new("uint32_t *"), ffi.new("uint64_t *")
