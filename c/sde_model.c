@@ -607,7 +607,8 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
             programmed[i] = h->programmed[i];
 }
 
-static int batchable(const sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nbytes)
+/* Not const: batch_reserve grows the batch table when n blocks need more slots. */
+static int batchable(sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nbytes)
 {
     if (m->p.fixed || m->ftl || m->deferring || !n || m->p.planes_per_die != 1)
         return 0;
@@ -1004,7 +1005,7 @@ int sde_model_read_batch(sde_model *m, double submit, const uint64_t *offs, uint
     if (submit < m->horizon || !batchable(m, offs, n, nbytes))
         return -1;
     advance(m, submit);
-    uint32_t C = m->p.channels, D = m->p.dies_per_channel;
+    uint32_t C = m->p.channels;
     for (uint32_t i = 0; i < n; i++) {
         struct batched *x = batch_slot(m, i, bulk_layout(m, offs[i], nbytes),
                                        controller(m, submit) + m->p.read_latency_ns);

@@ -300,7 +300,7 @@ class Device:
 
     def alloc(self, nbytes: int) -> np.ndarray:
         """A zero-copy buffer: a uint8 array in memory the daemon reads and writes directly
-        (whole pages: a KV value in it may be read back with its last block whole)."""
+        (whole pages: a KV value in it may be read back with its last store unit, 4 KiB, whole)."""
         if nbytes <= 0:
             raise ValueError(f"buffer size must be positive, got {nbytes}")
         return self._alloc(nbytes)
