@@ -62,7 +62,8 @@ enum {
     /* compute commands: their kernels run on the firmware's threads (c/sde_fw.h) */
     CTX_QSTORE = 4,    /* KV_STORE_QUANTIZED: quantize, then store as a put does */
     CTX_DQ_GET = 5,    /* KV_RETRIEVE_DEQUANTIZED: read, then dequantize into the client */
-    CTX_PM_TOKENS = 6  /* PREFIX_MATCH_TOKENS: hash the chain, then match */
+    CTX_PM_TOKENS = 6, /* PREFIX_MATCH_TOKENS: hash the chain, then match */
+    CTX_DEL_PARKED = 7 /* a KV_DELETE held back: an early put of its key is in flight */
 };
 
 struct dev_ctx {
@@ -91,6 +92,17 @@ struct dev_ctx {
     uint64_t result;
     uint64_t group;      /* the journal group this command waits for */
     uint32_t next_wait;  /* FIFO of commands waiting for their group's commit */
+    /* held back while an early put of the same key is in flight (st_key_busy): the FIFO,
+     * and what resumes it (a put: its kv_put_value arguments; a delete: its command) */
+    uint32_t next_park;
+    uint8_t parked;
+    uint8_t park_staged;
+    uint8_t park_has_sqe;
+    int park_buf;
+    int park_mode;
+    uint8_t *park_src;
+    uint64_t park_len;
+    sde_sqe sqe;
     /* compute commands */
     sde_fw_job job;
     uint8_t req[64];     /* the quantized-store request (copied: the client cannot change it
@@ -126,8 +138,9 @@ struct dev_ctx {
 enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
 
 #define NO_CTX UINT32_MAX
+/* a journal group's write (or its sync), slot k: UD_JOURNAL - k */
 #define UD_JOURNAL (UINT64_MAX - 1)
-#define UD_JOURNAL_SYNC (UINT64_MAX - 2)
+#define UD_JOURNAL_LAST (UD_JOURNAL - (ST_JOURNAL_SLOTS - 1))
 #define UD_IO2 (1ull << 32)
 
 /* A client's pins on one key: pins belong to the client that made them (only it can unpin
@@ -194,9 +207,11 @@ struct sde_dev {
     sde_fw_entry fw_entry;
     uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX) */
     sde_budget budget;
-    sde_io jio;           /* the journal group being written, then its sync */
-    uint64_t jgroup;
+    sde_io jio[ST_JOURNAL_SLOTS]; /* journal groups being written (then, cache off, synced) */
+    uint64_t jgroup[ST_JOURNAL_SLOTS];
+    uint8_t jbusy[ST_JOURNAL_SLOTS];
     uint32_t wait_head, wait_tail;
+    uint32_t park_head, park_tail; /* commands held back behind an early put of their key */
 };
 
 /* n commands of queue pair q are posted or dropped. */
@@ -246,8 +261,9 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     int ret = -ENOMEM;
     if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin)
         goto fail;
-    /* a command has at most two I/Os (a KV value's tail), plus the journal's one */
-    ret = sde_engine_new(media_fd, media_size, lba_size, 2 * io_depth + 2, 0, &dev->eng);
+    /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
+    ret = sde_engine_new(media_fd, media_size, lba_size, 2 * io_depth + 1 + ST_JOURNAL_SLOTS,
+                         0, &dev->eng);
     if (ret < 0)
         goto fail;
     sde_register_buffer_slots(dev->eng, SDE_MAX_BUFS); /* failure: counted fallback */
@@ -255,6 +271,7 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
         dev->free_ctx[i] = io_depth - 1 - i;
     dev->nfree = io_depth;
     dev->wait_head = dev->wait_tail = NO_CTX;
+    dev->park_head = dev->park_tail = NO_CTX;
     dev->fw_head = dev->fw_tail = NO_CTX;
     *out = dev;
     return 0;
@@ -868,6 +885,7 @@ static struct dev_ctx *ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls,
     x->io2.user_data = ctx_index(dev, x) | UD_IO2;
     x->io2.buf_index = -1;
     x->next_wait = NO_CTX;
+    x->next_park = NO_CTX;
     return x;
 }
 
@@ -973,16 +991,21 @@ static int journal_kick(sde_dev *dev)
     uint32_t len;
     int r = st_journal_take(dev->store, &buf, &off, &len, &group);
     if (r == 1) {
-        memset(&dev->jio, 0, sizeof(dev->jio));
-        dev->jio.op = SDE_OP_WRITE;
-        dev->jio.addr = (uint64_t)(uintptr_t)buf;
-        dev->jio.len = len;
-        dev->jio.offset = off;
-        dev->jio.user_data = UD_JOURNAL;
-        dev->jio.buf_index = -1;
-        dev->jgroup = group;
-        queue_media(dev, &dev->jio, SDE_UNDO_STORE);
-        return 1;
+        int k = 0;
+        while (dev->jbusy[k]) /* the store hands out no more groups than there are slots */
+            k++;
+        sde_io *io = &dev->jio[k];
+        memset(io, 0, sizeof(*io));
+        io->op = SDE_OP_WRITE;
+        io->addr = (uint64_t)(uintptr_t)buf;
+        io->len = len;
+        io->offset = off;
+        io->user_data = UD_JOURNAL - (uint64_t)k;
+        io->buf_index = -1;
+        dev->jgroup[k] = group;
+        dev->jbusy[k] = 1;
+        queue_media(dev, io, SDE_UNDO_STORE);
+        return 1; /* the next pass may send the next group beside it */
     }
     if (r == 2)
         return complete_committed(dev, 0) + 1; /* a checkpoint committed it */
@@ -993,17 +1016,19 @@ static int journal_kick(sde_dev *dev)
 
 static void journal_io_done(sde_dev *dev, sde_io *io)
 {
+    int k = (int)(UD_JOURNAL - io->user_data);
     int ok = io->res >= 0 && (io->op == SDE_OP_FSYNC || (uint32_t)io->res == io->len);
-    if (ok && io->user_data == UD_JOURNAL && st_durable(dev->store)) {
-        /* write cache off: durable before it completes */
-        memset(&dev->jio, 0, sizeof(dev->jio));
-        dev->jio.op = SDE_OP_FSYNC;
-        dev->jio.user_data = UD_JOURNAL_SYNC;
-        dev->jio.buf_index = -1;
-        sde_queue_io(dev->eng, &dev->jio);
+    if (ok && io->op == SDE_OP_WRITE && st_durable(dev->store)) {
+        /* write cache off: durable before it completes (then its sync ends here) */
+        memset(io, 0, sizeof(*io));
+        io->op = SDE_OP_FSYNC;
+        io->user_data = UD_JOURNAL - (uint64_t)k;
+        io->buf_index = -1;
+        sde_queue_io(dev->eng, io);
         return;
     }
-    st_journal_written(dev->store, dev->jgroup, ok);
+    dev->jbusy[k] = 0;
+    st_journal_written(dev->store, dev->jgroup[k], ok);
     complete_committed(dev, !ok);
 }
 
@@ -1139,6 +1164,33 @@ static void value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *
     value_io(dev, x);
 }
 
+/* Whether a change of this key must wait: an early put of it is in flight, or a command
+ * held back for it came first. */
+static int key_busy(const sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    if (st_key_busy(dev->store, nsid, key, klen))
+        return 1;
+    for (uint32_t i = dev->park_head; i != NO_CTX; i = dev->ctx[i].next_park) {
+        const struct dev_ctx *y = &dev->ctx[i];
+        if (y->nsid == nsid && y->klen == klen && !memcmp(y->key, key, klen))
+            return 1;
+    }
+    return 0;
+}
+
+static void park(sde_dev *dev, struct dev_ctx *x)
+{
+    uint32_t i = ctx_index(dev, x);
+    x->parked = 1;
+    x->next_park = NO_CTX;
+    if (dev->park_tail == NO_CTX)
+        dev->park_head = i;
+    else
+        dev->ctx[dev->park_tail].next_park = i;
+    dev->park_tail = i;
+    dev->stats.key_waits++;
+}
+
 /* Store len bytes at src under the context's key: plan (dedup, an extent), write, then commit
  * in the next journal group.  buf_index >= 0: src lies in that registered buffer (whole
  * blocks go direct, a partial last block through a bounce); staged: src is the context's own
@@ -1146,6 +1198,20 @@ static void value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *
 static void kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
                          uint64_t len, int mode, int buf_index, int staged)
 {
+    if (!x->parked && key_busy(dev, x->nsid, x->key, x->klen)) {
+        /* changes of a key reach the index in the journal's order: after the early put */
+        x->park_src = src;
+        x->park_len = len;
+        x->park_mode = mode;
+        x->park_buf = buf_index;
+        x->park_staged = (uint8_t)staged;
+        x->park_has_sqe = c != NULL;
+        if (c)
+            x->sqe = *c;
+        park(dev, x);
+        return;
+    }
+    x->parked = 0;
     uint16_t st = st_put_begin(dev->store, x->nsid, x->key, x->klen, src, len, mode,
                                &x->plan);
     if (st) {
@@ -1167,12 +1233,25 @@ static void kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint
         wait_commit(dev, x, group);
         return;
     }
+    if (st_early_ok(dev->store)) {
+        /* the record joins the open group now: its write goes out with the value's */
+        st = st_put_record(dev->store, &x->plan);
+        if (st) {
+            kv_finish(dev, x, st, 0);
+            return;
+        }
+        if (x->kind == CTX_KV_PUT)
+            x->result = (uint64_t)x->plan.existed;
+    }
     uint64_t off, nb0;
     st_ext_piece(dev->store, x->plan.ext, 0, &off, &nb0);
     put_timing(dev, x, c, 1, off, len);
     value_start(dev, x, x->plan.ext, src, buf_index, staged, 1, 0);
     if (x->no_memory && !x->nio) {
-        st_put_abort(dev->store, &x->plan);
+        if (x->plan.early)
+            st_put_abort_early(dev->store, &x->plan);
+        else
+            st_put_abort(dev->store, &x->plan);
         kv_finish(dev, x, SDE_SC_INTERNAL, 0);
     }
 }
@@ -1596,14 +1675,18 @@ static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
     }
     if (x->kind == CTX_KV_PUT || x->kind == CTX_QSTORE) {
         if (x->io_failed || x->no_memory) {
-            st_put_abort(dev->store, &x->plan);
+            if (x->plan.early)
+                st_put_abort_early(dev->store, &x->plan);
+            else
+                st_put_abort(dev->store, &x->plan);
             kv_finish(dev, x, x->no_memory ? SDE_SC_INTERNAL : SDE_SC_MEDIA_ERROR, 0);
             return;
         }
         free(x->bounce);
         x->bounce = NULL;
         uint64_t group;
-        uint16_t st = st_put_commit(dev->store, &x->plan, &group);
+        uint16_t st = x->plan.early ? st_put_apply(dev->store, &x->plan, &group)
+                                    : st_put_commit(dev->store, &x->plan, &group);
         if (st) {
             kv_finish(dev, x, st, 0);
             return;
@@ -1628,12 +1711,24 @@ static void kv_io_done(sde_dev *dev, struct dev_ctx *x)
     kv_finish(dev, x, st, st ? 0 : x->vlen);
 }
 
-static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+/* resumed: it was held back, and is next for its key */
+static void kv_delete_run(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0,
+                          int resumed)
 {
     uint8_t key[SDE_KEY_MAX];
     uint32_t klen;
     uint64_t group = 0;
     uint16_t st = kv_common(dev, &dev->qps[qp], c, key, &klen);
+    if (!st && !resumed && key_busy(dev, c->nsid, key, klen)) {
+        /* after the early put of its key (run again from the command when it may) */
+        struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_DEL_PARKED, t0);
+        memcpy(x->key, key, sizeof(key));
+        x->klen = klen;
+        x->nsid = c->nsid;
+        x->sqe = *c;
+        park(dev, x);
+        return;
+    }
     if (!st)
         st = st_delete(dev->store, c->nsid, key, klen, &group);
     if (st) {
@@ -1642,6 +1737,54 @@ static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uin
     }
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_DELETE, t0);
     wait_commit(dev, x, group);
+}
+
+static void kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    kv_delete_run(dev, qp, c, cls, t0, 0);
+}
+
+/* Resume the held-back commands whose key is free, in the order they came (one held back
+ * for a key keeps the later ones for it waiting). */
+static int unpark(sde_dev *dev)
+{
+    int n = 0;
+    uint32_t prev = NO_CTX;
+    for (uint32_t i = dev->park_head; i != NO_CTX;) {
+        struct dev_ctx *x = &dev->ctx[i];
+        uint32_t next = x->next_park;
+        int blocked = st_key_busy(dev->store, x->nsid, x->key, x->klen);
+        for (uint32_t j = dev->park_head; !blocked && j != i; j = dev->ctx[j].next_park) {
+            const struct dev_ctx *y = &dev->ctx[j];
+            blocked = y->nsid == x->nsid && y->klen == x->klen &&
+                      !memcmp(y->key, x->key, x->klen);
+        }
+        if (blocked) {
+            prev = i;
+            i = next;
+            continue;
+        }
+        if (prev == NO_CTX)
+            dev->park_head = next;
+        else
+            dev->ctx[prev].next_park = next;
+        if (dev->park_tail == i)
+            dev->park_tail = prev;
+        x->next_park = NO_CTX;
+        if (x->kind == CTX_DEL_PARKED) {
+            sde_sqe c = x->sqe;
+            int qp = x->qp, cls = x->cls;
+            uint64_t t0 = x->t0;
+            ctx_put(dev, x);
+            kv_delete_run(dev, qp, &c, cls, t0, 1);
+        } else {
+            kv_put_value(dev, x, x->park_has_sqe ? &x->sqe : NULL, x->park_src, x->park_len,
+                         x->park_mode, x->park_buf, x->park_staged);
+        }
+        n++;
+        i = next;
+    }
+    return n;
 }
 
 static struct pin_rec *pin_find(sde_dev *dev, uint32_t client, uint32_t nsid,
@@ -1989,7 +2132,7 @@ static int reap_engine(sde_dev *dev)
         uint64_t ud = done[i]->user_data;
         if (dev->undo && done[i]->op == SDE_OP_WRITE)
             sde_undo_done(dev->undo, done[i]);
-        if (ud == UD_JOURNAL || ud == UD_JOURNAL_SYNC) {
+        if (ud >= UD_JOURNAL_LAST && ud <= UD_JOURNAL) {
             journal_io_done(dev, done[i]);
             continue;
         }
@@ -2119,6 +2262,8 @@ static int pass(sde_dev *dev)
     if (dev->undo)
         undo_housekeeping(dev);
     work += complete_committed(dev, 0);
+    if (dev->park_head != NO_CTX)
+        work += unpark(dev);
     if (dev->nheld)
         work += release_due(dev, now_ns());
     for (int qp = 0; qp < dev->qp_hi; qp++)

@@ -53,6 +53,7 @@ typedef struct sde_dev_stats {
     uint64_t held;           /* completions held until their modelled time (real time) */
     uint64_t host_lag;       /* commands whose media I/O ended after their modelled time */
     uint64_t quota_waits;    /* passes that left a client's commands unfetched: its quota */
+    uint64_t key_waits;      /* KV changes held back behind an early put of their key */
     uint64_t client_inflight_peak; /* the most commands one client had in flight */
     uint64_t faults_injected; /* commands failed or delayed by a fault rule */
     uint64_t pins;           /* pins held now, over every client */

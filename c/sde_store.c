@@ -52,7 +52,8 @@
 
 static const char SB_MAGIC[8] = {'S', 'S', 'D', 'E', 'M', 'U', 0, 1};
 #define CKPT_MAGIC 0x324b4353u /* "SCK2" */
-#define JBLK_MAGIC 0x32424a53u /* "SJB2" */
+#define JBLK_MAGIC 0x32424a53u  /* "SJB2" */
+#define JBLK_MAGIC3 0x33424a53u /* "SJB3": chained (its header names the block before) */
 
 /* OP_PIECE: one piece of a value stored in several (off, len: the piece's blocks; hash: its
  * index), written just before the value's OP_PUT (whose reserved2[0] is the piece count, and
@@ -116,13 +117,25 @@ struct rec { /* 64 bytes: a journal record and (op 0) a checkpoint entry */
 };
 _Static_assert(sizeof(struct rec) == REC_BYTES, "64-byte records");
 
+#define J_SLOTS ST_JOURNAL_SLOTS
+
 struct jhdr {
     uint32_t magic;
     uint32_t nrec;
     uint64_t seq;
     uint64_t hash; /* of the block with this field zero */
-    uint64_t reserved[5];
+    /* records in blocks from this sequence on may name values whose writes had not ended
+     * when this block was built (early puts): open checks their hashes.  NO_UNSURE: none;
+     * 0 (blocks written before early puts): every block */
+    uint64_t unsure;
+    /* SJB3: the hash of the block before it in the journal (0: the first after a
+     * checkpoint).  Several groups are written at once, so a crash can leave a group
+     * written past one that is not; once the journal goes on from that hole, the chain
+     * breaks at the stale group and open stops there */
+    uint64_t prev;
+    uint64_t reserved[3];
 };
+#define NO_UNSURE UINT64_MAX
 _Static_assert(sizeof(struct jhdr) == JHDR_BYTES, "64-byte block header");
 
 struct piece {
@@ -198,12 +211,30 @@ struct sde_store {
     uint32_t npending, cap_pending;
     uint64_t open_group;  /* the group records join now */
     uint64_t committed;   /* every group up to this one is durable (or written) */
-    int j_busy;
-    uint8_t *jbuf;
-    uint64_t jbuf_bytes;
+    int j_busy;           /* group writes in flight (up to J_SLOTS; 1 with the cache off) */
+    struct jslot {
+        uint8_t *buf;
+        uint64_t bytes;
+        uint64_t group;
+        int busy;
+    } js[J_SLOTS];
+    uint64_t last_taken;  /* the last group handed out for writing */
+    uint64_t j_prev_hash; /* the hash of the last journal block built */
     uint8_t *scratch;     /* block-aligned, for synchronous I/O */
     uint64_t scratch_bytes;
     int failed;           /* a journal write failed: changes are refused */
+    /* early puts (st_put_record): recorded, value not yet written; what they will take of
+     * the index; and early puts whose value write failed, until the next checkpoint (their
+     * extents stay taken: their records may be replayed, and open checks their values) */
+    st_put_plan **early;
+    uint32_t nearly, cap_early;
+    uint64_t early_new_keys, early_entries;
+    struct unsure {
+        uint32_t put_idx;
+        uint64_t rec_seq;
+        uint32_t ext;
+    } *unsure;
+    uint32_t nunsure, cap_unsure;
     sde_store_info stats;
 };
 
@@ -764,7 +795,12 @@ static int valid_pieces(const sde_store *st, const struct rec *r, uint32_t np)
 }
 
 /* One record at load time.  0 applied, <0: the record is not one this format writes. */
-static int load_record(sde_store *st, struct offmap *m, const struct rec *r)
+static int value_on_media(sde_store *st, uint32_t x);
+static int ext_pio(sde_store *st, const struct ext *e, int write, uint8_t *buf);
+
+/* verify: the record may name a value whose write had not ended (an early put's, the block
+ * at or past its header's `unsure`): applied only if the media holds the value's bytes. */
+static int load_record(sde_store *st, struct offmap *m, const struct rec *r, int verify)
 {
     if (r->op == OP_PIECE) { /* held until its value's OP_PUT */
         if (!r->klen || r->klen > SDE_KEY_MAX)
@@ -794,6 +830,15 @@ static int load_record(sde_store *st, struct offmap *m, const struct rec *r)
             return -ENOMEM;
         if (x == NIL - 1)
             return -1;
+        if (verify && !st->exts[x].krefs) {
+            int on = value_on_media(st, x);
+            if (on < 0)
+                return on;
+            if (!on) { /* never written: the put was not acknowledged; its extent is free */
+                st->stats.unwritten_records_skipped++;
+                return 0;
+            }
+        }
         return apply_put_ext(st, r->nsid, r->key, r->klen, x) ? -ENOSPC : 0;
     }
     if (r->op == OP_DELETE) {
@@ -841,37 +886,66 @@ static int append(sde_store *st, const struct rec *r)
     return 0;
 }
 
-/* Lay the open group's records out as journal blocks in jbuf; returns the bytes. */
-static uint64_t build_blocks(sde_store *st, uint64_t first_seq)
+/* The lowest journal block that may hold a record of an early put whose value is not known
+ * to be written, the blocks about to be built from first_seq on placing the open group's. */
+static uint64_t unsure_from(sde_store *st, uint64_t first_seq)
+{
+    uint32_t rpb = recs_per_block(st);
+    uint64_t u = NO_UNSURE;
+    for (uint32_t k = 0; k < st->nearly; k++) {
+        st_put_plan *p = st->early[k];
+        if (!p->rec_seq)
+            p->rec_seq = first_seq + p->put_idx / rpb;
+        if (p->rec_seq < u)
+            u = p->rec_seq;
+    }
+    for (uint32_t k = 0; k < st->nunsure; k++) {
+        struct unsure *x = &st->unsure[k];
+        if (!x->rec_seq)
+            x->rec_seq = first_seq + x->put_idx / rpb;
+        if (x->rec_seq < u)
+            u = x->rec_seq;
+    }
+    return u;
+}
+
+/* Lay the open group's records out as journal blocks in slot j's buffer, each chained to
+ * the block before it; returns the bytes. */
+static uint64_t build_blocks(sde_store *st, uint64_t first_seq, struct jslot *j)
 {
     uint32_t rpb = recs_per_block(st);
     uint64_t nblk = (st->npending + rpb - 1) / rpb;
+    uint64_t unsure = unsure_from(st, first_seq);
     uint64_t bytes = nblk * st->block;
-    if (bytes > st->jbuf_bytes) {
+    if (bytes > j->bytes) {
         uint8_t *n = aligned(bytes);
         if (!n)
             return 0;
-        free(st->jbuf);
-        st->jbuf = n;
-        st->jbuf_bytes = roundup(bytes, 4096);
+        free(j->buf);
+        j->buf = n;
+        j->bytes = roundup(bytes, 4096);
     }
-    memset(st->jbuf, 0, bytes);
+    memset(j->buf, 0, bytes);
     for (uint64_t b = 0; b < nblk; b++) {
-        uint8_t *blk = st->jbuf + b * st->block;
+        uint8_t *blk = j->buf + b * st->block;
         uint32_t n = st->npending - (uint32_t)(b * rpb);
         if (n > rpb)
             n = rpb;
         memcpy(blk + JHDR_BYTES, &st->pending[b * rpb], (uint64_t)n * REC_BYTES);
         struct jhdr *h = (struct jhdr *)blk;
-        h->magic = JBLK_MAGIC;
+        h->magic = JBLK_MAGIC3;
         h->nrec = n;
         h->seq = first_seq + b;
+        h->unsure = unsure;
+        h->prev = st->j_prev_hash;
         h->hash = XXH3_64bits(blk, st->block);
+        st->j_prev_hash = h->hash;
     }
     return bytes;
 }
 
 static int write_checkpoint(sde_store *st);
+static void early_after_checkpoint(sde_store *st);
 
 /* Blocks the open group needs. */
 static uint64_t pending_blocks(const sde_store *st)
@@ -883,10 +957,13 @@ static uint64_t pending_blocks(const sde_store *st)
 int st_journal_take(sde_store *st, void **buf, uint64_t *offset, uint32_t *len,
                     uint64_t *group)
 {
-    if (st->j_busy || !st->npending)
+    int slots = st->durable ? 1 : J_SLOTS; /* cache off: each group synced in turn */
+    if (st->j_busy >= slots || !st->npending)
         return 0;
     uint64_t used = st->j_next - st->j_start, need = pending_blocks(st);
     if (used + need > st->sb.j_blocks || need * st->block > UINT32_MAX) {
+        if (st->j_busy)
+            return 0; /* full: the checkpoint waits for the groups in flight */
         /* the journal is full: a checkpoint holds the open group's changes too */
         *group = st->open_group;
         int r = write_checkpoint(st);
@@ -896,27 +973,44 @@ int st_journal_take(sde_store *st, void **buf, uint64_t *offset, uint32_t *len,
         }
         return 2;
     }
-    uint64_t bytes = build_blocks(st, st->j_next);
+    struct jslot *j = NULL;
+    for (int k = 0; k < J_SLOTS && !j; k++)
+        if (!st->js[k].busy)
+            j = &st->js[k];
+    uint64_t bytes = build_blocks(st, st->j_next, j);
     if (!bytes)
         return -ENOMEM;
-    *buf = st->jbuf;
+    *buf = j->buf;
     *offset = st->sb.j_off + used * st->block;
     *len = (uint32_t)bytes;
-    *group = st->open_group++;
+    *group = j->group = st->last_taken = st->open_group++;
+    j->busy = 1;
     st->j_next += need;
     st->npending = 0;
-    st->j_busy = 1;
+    st->j_busy++;
     return 1;
 }
 
 void st_journal_written(sde_store *st, uint64_t group, int ok)
 {
-    st->j_busy = 0;
+    uint64_t oldest = UINT64_MAX;
+    for (int k = 0; k < J_SLOTS; k++) {
+        struct jslot *j = &st->js[k];
+        if (j->busy && j->group == group) {
+            j->busy = 0;
+            st->j_busy--;
+        } else if (j->busy && j->group < oldest) {
+            oldest = j->group;
+        }
+    }
     if (!ok) {
         st->failed = 1; /* the journal cannot be trusted to hold more: refuse changes */
         return;
     }
-    st->committed = group;
+    /* groups end in any order: committed are those with no earlier one still in flight */
+    uint64_t c = oldest == UINT64_MAX ? st->last_taken : oldest - 1;
+    if (c > st->committed)
+        st->committed = c;
     st->stats.journal_writes++;
     reap_zombies(st);
 }
@@ -1035,9 +1129,11 @@ static int write_checkpoint(sde_store *st)
         return ret;
     st->ckpt_gen = gen;
     st->j_start = st->j_next;
+    st->j_prev_hash = 0; /* the first block of the new lap */
     st->npending = 0;
     st->committed = st->open_group++;
     st->stats.checkpoints++;
+    early_after_checkpoint(st);
     reap_zombies(st);
     return 0;
 }
@@ -1107,6 +1203,8 @@ void sde_store_free(sde_store *st)
     if (!st)
         return;
     free(st->ents);
+    free(st->early);
+    free(st->unsure);
     free(st->ent_heads);
     free(st->dd_heads);
     for (uint32_t x = 0; st->exts && x < st->next_cap; x++)
@@ -1117,7 +1215,8 @@ void sde_store_free(sde_store *st)
     free(st->zombies);
     free(st->bitmap);
     free(st->pending);
-    free(st->jbuf);
+    for (int k = 0; k < J_SLOTS; k++)
+        free(st->js[k].buf);
     free(st->scratch);
     free(st);
 }
@@ -1249,9 +1348,39 @@ static int load_checkpoint(sde_store *st, const struct ckpt_hdr *h, struct offma
         r = -EINVAL;
     const struct rec *e = (const struct rec *)buf;
     for (uint64_t i = 0; !r && i < h->nentries; i++)
-        r = load_record(st, m, &e[i]) < 0 ? -EINVAL : 0;
+        r = load_record(st, m, &e[i], 0) < 0 ? -EINVAL : 0;
     free(buf);
     st->stats.loaded_entries = h->nentries;
+    return r;
+}
+
+/* Read the journal's block i into blk: whether it is the valid next one. */
+static int journal_block(sde_store *st, uint8_t *blk, uint64_t i)
+{
+    if (pio(st->fd, 0, blk, st->block, st->sb.j_off + i * st->block))
+        return 0;
+    struct jhdr *jh = (struct jhdr *)blk;
+    uint64_t want = jh->hash;
+    jh->hash = 0;
+    if ((jh->magic != JBLK_MAGIC && jh->magic != JBLK_MAGIC3) || jh->seq != st->j_start + i ||
+        jh->nrec > recs_per_block(st) || XXH3_64bits(blk, st->block) != want)
+        return 0;
+    /* a chained block must follow the one before it (i 0: the first of the lap) */
+    if (jh->magic == JBLK_MAGIC3 && jh->prev != (i ? st->j_prev_hash : 0))
+        return 0;
+    st->j_prev_hash = want;
+    return 1;
+}
+
+/* Whether the media holds extent x's value (its hash): 1, 0, or -EIO. */
+static int value_on_media(sde_store *st, uint32_t x)
+{
+    const struct ext *e = &st->exts[x];
+    uint8_t *buf = aligned(e->nbytes);
+    if (!buf)
+        return -ENOMEM;
+    int r = ext_pio(st, e, 0, buf) ? -EIO : st_value_hash(buf, e->len) == e->hash;
+    free(buf);
     return r;
 }
 
@@ -1344,25 +1473,33 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
         st->ckpt_gen = h->gen;
         st->j_start = st->j_next = h->j_start;
     }
-    /* the journal after the checkpoint, up to the first block that is not the next one */
+    /* the journal after the checkpoint, up to the first block that is not the next one:
+     * first how far it goes and what its last block calls unsure, then its records */
     uint8_t *blk = r ? NULL : aligned(st->block);
+    uint64_t nvalid = 0, unsure = NO_UNSURE;
     for (uint64_t i = 0; blk && i < st->sb.j_blocks; i++) {
-        if (pio(fd, 0, blk, st->block, st->sb.j_off + i * st->block))
+        if (!journal_block(st, blk, i))
+            break;
+        unsure = ((struct jhdr *)blk)->unsure;
+        nvalid = i + 1;
+    }
+    for (uint64_t i = 0; blk && i < nvalid; i++) {
+        if (!journal_block(st, blk, i))
             break;
         struct jhdr *jh = (struct jhdr *)blk;
-        uint64_t want = jh->hash;
-        jh->hash = 0;
-        if (jh->magic != JBLK_MAGIC || jh->seq != st->j_start + i ||
-            jh->nrec > recs_per_block(st) || XXH3_64bits(blk, st->block) != want)
-            break;
+        int verify = jh->seq >= unsure;
         const struct rec *rr = (const struct rec *)(blk + JHDR_BYTES);
         int bad = 0;
         for (uint32_t k = 0; k < jh->nrec && !bad; k++) {
-            bad = load_record(st, &m, &rr[k]);
+            bad = load_record(st, &m, &rr[k], verify);
             st->stats.replayed_records++;
         }
         if (bad == -ENOMEM || bad == -ENOSPC) {
             r = fail(bad, "the index cannot hold the journal's keys");
+            break;
+        }
+        if (bad == -EIO) {
+            r = fail(bad, "cannot read a value the journal names");
             break;
         }
         st->j_next = st->j_start + i + 1;
@@ -1413,6 +1550,10 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
                      roundup(ns->bytes, st->block) / st->block, 1);
         }
     }
+    /* a record skipped as never written must not be replayed again unchecked (later blocks
+     * call nothing unsure): a checkpoint ends the journal it is in */
+    if (!r && st->stats.unwritten_records_skipped)
+        r = write_checkpoint(st);
     if (r) {
         sde_store_free(st);
         return r;
@@ -1459,7 +1600,8 @@ static int key_ok(uint32_t klen) { return klen >= 1 && klen <= SDE_KEY_MAX; }
  * key) naming extent x: a value in pieces takes an entry per piece too. */
 static int entries_fit(const sde_store *st, uint32_t i, uint32_t x)
 {
-    uint64_t need = st->entries + ext_entries(&st->exts[x]);
+    /* early puts not yet applied hold their room */
+    uint64_t need = st->entries + st->early_entries + ext_entries(&st->exts[x]);
     if (i != NIL)
         need -= ext_entries(&st->exts[st->ents[i].ext]);
     return need <= st->sb.index_keys;
@@ -1515,7 +1657,7 @@ int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
         return SDE_SC_KV_KEY_NOT_EXIST;
     if (mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
         return SDE_SC_KV_KEY_EXISTS;
-    if (i == NIL && st->nkeys >= st->sb.index_keys)
+    if (i == NIL && st->nkeys + st->early_new_keys >= st->sb.index_keys)
         return SDE_SC_CAPACITY_EXCEEDED;
     p->hash = st_value_hash(value, len);
     if (i != NIL) {
@@ -1582,59 +1724,195 @@ void st_put_abort(sde_store *st, st_put_plan *p)
     p->wrote = 0;
 }
 
-int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
+/* What a put must still satisfy when its record is appended (another command may have
+ * changed the key while the value was written); *ip: the key's entry or NIL. */
+static int put_checks(sde_store *st, const st_put_plan *p, uint32_t *ip)
 {
-    *group = 0;
-    if (p->noop)
-        return SDE_SC_SUCCESS;
-    /* checked again: another command may have changed the key while the value was written */
     uint32_t i = ent_find(st, p->nsid, p->key, p->klen);
-    int st_code = SDE_SC_SUCCESS;
+    *ip = i;
     if (st->failed)
-        st_code = SDE_SC_MEDIA_ERROR;
-    else if (!ns_present(st, p->nsid) || (p->nsid && st->ns_gen[p->nsid] != p->ns_gen))
-        st_code = SDE_SC_INVALID_NAMESPACE; /* deleted while the value was written */
-    else if (p->mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
-        st_code = SDE_SC_KV_KEY_NOT_EXIST;
-    else if (p->mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
-        st_code = SDE_SC_KV_KEY_EXISTS;
-    else if (i == NIL && st->nkeys >= st->sb.index_keys)
-        st_code = SDE_SC_CAPACITY_EXCEEDED;
-    else if (!p->wrote && (!st->exts[p->ext].live || !st->exts[p->ext].krefs))
-        st_code = SDE_SC_ABORTED; /* the shared extent went away meanwhile: rare; retry */
-    else if (!entries_fit(st, i, p->ext))
-        st_code = SDE_SC_CAPACITY_EXCEEDED;
-    if (st_code) {
-        st_put_abort(st, p);
-        return st_code;
-    }
+        return SDE_SC_MEDIA_ERROR;
+    if (!ns_present(st, p->nsid) || (p->nsid && st->ns_gen[p->nsid] != p->ns_gen))
+        return SDE_SC_INVALID_NAMESPACE; /* deleted while the value was written */
+    if (p->mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
+        return SDE_SC_KV_KEY_NOT_EXIST;
+    if (p->mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
+        return SDE_SC_KV_KEY_EXISTS;
+    if (i == NIL && st->nkeys + st->early_new_keys >= st->sb.index_keys)
+        return SDE_SC_CAPACITY_EXCEEDED;
+    if (!p->wrote && (!st->exts[p->ext].live || !st->exts[p->ext].krefs))
+        return SDE_SC_ABORTED; /* the shared extent went away meanwhile: rare; retry */
+    if (!entries_fit(st, i, p->ext))
+        return SDE_SC_CAPACITY_EXCEEDED;
+    return SDE_SC_SUCCESS;
+}
+
+/* The put's records (its pieces first, if in pieces) into the open group; on a failure
+ * none of them. */
+static int append_put(sde_store *st, st_put_plan *p)
+{
     struct ext *e = &st->exts[p->ext];
     uint32_t had = st->npending;
     for (uint32_t k = 0; e->npieces > 1 && k < e->npieces; k++) {
         struct rec q = {.op = OP_PIECE, .klen = (uint8_t)p->klen, .nsid = p->nsid,
                         .off = e->pieces[k].off, .len = e->pieces[k].nbytes, .hash = k};
         memcpy(q.key, p->key, p->klen);
-        if (append(st, &q) < 0) {
-            st->stats.journal_records -= st->npending - had;
-            st->npending = had;
-            st_put_abort(st, p);
-            return SDE_SC_INTERNAL;
-        }
+        if (append(st, &q) < 0)
+            goto undo;
     }
     struct rec r = {.op = OP_PUT, .klen = (uint8_t)p->klen, .nsid = p->nsid, .off = e->off,
                     .len = e->len, .hash = e->hash,
                     .reserved2 = {e->npieces > 1 ? e->npieces : 0, 0}};
     memcpy(r.key, p->key, p->klen);
-    if (append(st, &r) < 0) {
-        st->stats.journal_records -= st->npending - had;
-        st->npending = had;
+    p->put_idx = st->npending;
+    if (append(st, &r) < 0)
+        goto undo;
+    return 0;
+undo:
+    st->stats.journal_records -= st->npending - had;
+    st->npending = had;
+    return -ENOMEM;
+}
+
+int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
+{
+    *group = 0;
+    if (p->noop)
+        return SDE_SC_SUCCESS;
+    uint32_t i;
+    int st_code = put_checks(st, p, &i);
+    if (!st_code && append_put(st, p) < 0)
+        st_code = SDE_SC_INTERNAL;
+    if (st_code) {
         st_put_abort(st, p);
-        return SDE_SC_INTERNAL;
+        return st_code;
     }
     p->existed = i != NIL;
     apply_put_ext(st, p->nsid, p->key, p->klen, p->ext);
     *group = st->open_group;
     return SDE_SC_SUCCESS;
+}
+
+/* ---- early puts: the record goes out with the value -------------------------------- */
+
+int st_early_ok(const sde_store *st)
+{
+    /* write cache off: a group's sync must cover the value, so the value goes first */
+    return !st->durable;
+}
+
+static int early_add(sde_store *st, st_put_plan *p)
+{
+    if (st->nearly == st->cap_early) {
+        uint32_t cap = st->cap_early ? 2 * st->cap_early : 64;
+        st_put_plan **n = realloc(st->early, cap * sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        st->early = n;
+        st->cap_early = cap;
+    }
+    st->early[st->nearly++] = p;
+    return 0;
+}
+
+static void early_remove(sde_store *st, st_put_plan *p)
+{
+    for (uint32_t k = 0; k < st->nearly; k++)
+        if (st->early[k] == p) {
+            st->early[k] = st->early[--st->nearly];
+            break;
+        }
+    st->early_new_keys -= (uint64_t)p->new_key;
+    st->early_entries -= p->res_entries;
+    p->early = 0;
+}
+
+int st_put_record(sde_store *st, st_put_plan *p)
+{
+    uint32_t i;
+    int code = put_checks(st, p, &i);
+    if (!code && early_add(st, p) < 0)
+        code = SDE_SC_INTERNAL;
+    if (!code && append_put(st, p) < 0) {
+        st->nearly--;
+        code = SDE_SC_INTERNAL;
+    }
+    if (code) {
+        st_put_abort(st, p);
+        return code;
+    }
+    p->existed = i != NIL;
+    p->early = 1;
+    p->rec_seq = 0;
+    p->group = st->open_group;
+    p->new_key = i == NIL;
+    p->res_entries = ext_entries(&st->exts[p->ext]);
+    st->early_new_keys += (uint64_t)p->new_key;
+    st->early_entries += p->res_entries;
+    return SDE_SC_SUCCESS;
+}
+
+int st_put_apply(sde_store *st, st_put_plan *p, uint64_t *group)
+{
+    early_remove(st, p);
+    *group = p->group;
+    int code = st->failed ? SDE_SC_MEDIA_ERROR
+               : !ns_present(st, p->nsid) || (p->nsid && st->ns_gen[p->nsid] != p->ns_gen)
+                   ? SDE_SC_INVALID_NAMESPACE : SDE_SC_SUCCESS;
+    if (code) {
+        /* its record is in the journal (before the namespace's delete): the extent is
+         * reused only once a later group is committed, as a deleted value's is */
+        struct ext *e = &st->exts[p->ext];
+        e->krefs = 1;
+        ext_unref(st, p->ext);
+        return code;
+    }
+    if (apply_put_ext(st, p->nsid, p->key, p->klen, p->ext))
+        return SDE_SC_CAPACITY_EXCEEDED; /* its room was held: cannot happen */
+    return SDE_SC_SUCCESS;
+}
+
+void st_put_abort_early(sde_store *st, st_put_plan *p)
+{
+    early_remove(st, p);
+    p->wrote = 0;
+    if (st->nunsure == st->cap_unsure) {
+        uint32_t cap = st->cap_unsure ? 2 * st->cap_unsure : 16;
+        struct unsure *n = realloc(st->unsure, cap * sizeof(*n));
+        if (!n) {
+            st->failed = 1; /* cannot track it: refuse changes rather than risk */
+            return;
+        }
+        st->unsure = n;
+        st->cap_unsure = cap;
+    }
+    st->unsure[st->nunsure++] = (struct unsure){p->put_idx, p->rec_seq, p->ext};
+}
+
+int st_key_busy(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    for (uint32_t k = 0; k < st->nearly; k++) {
+        const st_put_plan *p = st->early[k];
+        if (p->nsid == nsid && p->klen == klen && !memcmp(p->key, key, klen))
+            return 1;
+    }
+    return 0;
+}
+
+/* A checkpoint restarted the journal: the early puts' records go into the new open group
+ * (the checkpoint holds the index without them), and the extents of failed ones are free. */
+static void early_after_checkpoint(sde_store *st)
+{
+    for (uint32_t k = 0; k < st->nearly; k++) {
+        st_put_plan *p = st->early[k];
+        p->rec_seq = 0;
+        p->group = st->open_group;
+        if (append_put(st, p) < 0)
+            st->failed = 1; /* its record would be lost: refuse changes rather than risk */
+    }
+    for (uint32_t k = 0; k < st->nunsure; k++)
+        ext_free_now(st, st->unsure[k].ext);
+    st->nunsure = 0;
 }
 
 int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
@@ -1728,6 +2006,36 @@ int sde_store_put(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
         }
     }
     return SDE_SC_SUCCESS;
+}
+
+int sde_store_test_early_put(sde_store *st, const uint8_t *key, uint32_t klen,
+                             const void *value, uint64_t len, int write_value)
+{
+    if (!st_early_ok(st))
+        return SDE_SC_INVALID_FIELD;
+    st_put_plan p;
+    int s = st_put_begin(st, 0, key, klen, value, len, SDE_KV_STORE_ANY, &p);
+    if (s || !p.wrote)
+        return s ? s : SDE_SC_INVALID_FIELD; /* nothing to write: not an early put */
+    s = st_put_record(st, &p);
+    if (s)
+        return s;
+    if (commit_sync(st) < 0)
+        s = SDE_SC_MEDIA_ERROR;
+    const struct ext *e = &st->exts[p.ext];
+    uint8_t *buf = !s && write_value ? scratch(st, e->nbytes) : NULL;
+    if (buf) {
+        memcpy(buf, value, len);
+        memset(buf + len, 0, e->nbytes - len);
+        if (ext_pio(st, e, 1, buf))
+            s = SDE_SC_MEDIA_ERROR;
+    }
+    /* the plan lives on this stack: an unwritten one stays unsure, as an in-flight one */
+    if (write_value)
+        early_remove(st, &p);
+    else
+        st_put_abort_early(st, &p);
+    return s;
 }
 
 int sde_store_get(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, void *out,

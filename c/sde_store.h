@@ -68,6 +68,8 @@ typedef struct sde_store_info {
     uint64_t loaded_entries;      /* at open: entries read from the checkpoint */
     uint64_t replayed_records;    /* at open: journal records applied after it */
     uint64_t dedup_hits;          /* puts that shared an extent with identical bytes */
+    uint64_t unwritten_records_skipped; /* at open: early puts' records whose value was not
+                                         * on the media (never acknowledged) */
     uint64_t hash_collisions;     /* content hash equal, bytes not */
     uint64_t pieced_values;       /* values in several pieces (no free run held them) */
     uint64_t index_entries;       /* checkpoint entries in use (a key, and its pieces) */
@@ -102,6 +104,11 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
                    sde_store **out);
 const char *sde_store_last_error(void);
 void sde_store_free(sde_store *st);
+/* For tests: an early put (its record written with the value's write still in flight, as
+ * the data plane does with the write cache on) that a crash cut short: the record is
+ * committed, the value written only if write_value; the store is then freed unclosed. */
+int sde_store_test_early_put(sde_store *st, const uint8_t *key, uint32_t klen,
+                             const void *value, uint64_t len, int write_value);
 void sde_store_get_info(const sde_store *st, sde_store_info *out);
 
 /* Synchronous KV calls (keys are klen bytes, 1..16; nsid 0 is the shared default). */

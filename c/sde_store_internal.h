@@ -3,6 +3,13 @@
  *   st_put_begin (checks, content hash, dedup, an extent) -> the value's write through
  *   io_uring -> st_put_commit (the record joins the open journal group, the index changes)
  *   -> the group's write (st_journal_take / st_journal_written) -> the completion.
+ * Or, with the write cache on, the record goes out with the value ("early"):
+ *   st_put_begin -> st_put_record (the record joins the open group) -> the value's write
+ *   and the group's write, both in flight -> st_put_apply (the index changes) when the value
+ *   is written -> the completion once its group is written too.  Until then the key is busy
+ *   (st_key_busy): the caller holds back other changes of it, so that the index changes in
+ *   the journal's order.  A record whose value may not be on the media is in a journal block
+ *   at or past the block header's `unsure` sequence; open checks those values' hashes.
  * The caller serialises every call (the device core's lock).
  */
 #ifndef SDE_STORE_INTERNAL_H
@@ -21,6 +28,15 @@ typedef struct st_put_plan {
     int wrote;       /* a new extent: write its bytes before st_put_commit */
     int existed;
     int noop;        /* these bytes are stored under this key already: nothing to do */
+    /* early (st_put_record): the group holding its record (a checkpoint moves it), where its
+     * PUT record lies in the open group, the journal block it went to (0: not built yet),
+     * and what it holds of the index's room until it is applied */
+    int early;
+    uint64_t group;
+    uint32_t put_idx;
+    uint64_t rec_seq;
+    int new_key;
+    uint64_t res_entries;
 } st_put_plan;
 
 /* value: the bytes (read for the content hash and, on a hash match, compared). */
@@ -36,6 +52,18 @@ void st_ext_piece(const sde_store *st, uint32_t ext, uint32_t i, uint64_t *offse
 int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group);
 /* The value write failed: release the plan's new extent. */
 void st_put_abort(sde_store *st, st_put_plan *p);
+/* Early: the checks, and the record into the open group, before the value is written (only
+ * for a plan that writes, with the write cache on: st_early_ok).  On a status other than
+ * success the plan's new extent is released and nothing was recorded. */
+int st_early_ok(const sde_store *st);
+int st_put_record(sde_store *st, st_put_plan *p);
+/* Early, the value written: the index changes; *group: the journal group to wait for. */
+int st_put_apply(sde_store *st, st_put_plan *p, uint64_t *group);
+/* Early, the value's write failed: its record may be on the media, so its extent stays
+ * taken until the next checkpoint (and open checks the record's value). */
+void st_put_abort_early(sde_store *st, st_put_plan *p);
+/* An early put of this key is recorded and not yet applied. */
+int st_key_busy(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen);
 /* A retrieve: the value's extent is held (not freed) until st_get_end. */
 int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  uint32_t *ext, uint64_t *offset, uint64_t *len, uint64_t *hash);
@@ -44,7 +72,11 @@ int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
               uint64_t *group);
 uint64_t st_value_hash(const void *data, uint64_t len);
 
-/* Group commit.  st_journal_take: 0 nothing to write (or a write is in flight); 1 write
+/* Group writes in flight at once with the write cache on (with it off, one: each is synced
+ * before the next). */
+#define ST_JOURNAL_SLOTS 4
+
+/* Group commit.  st_journal_take: 0 nothing to write (or every slot is in flight); 1 write
  * *len bytes from *buf at *offset, then call st_journal_written; 2 the open group was
  * committed by a checkpoint, done now.  *group: the group committed. */
 int st_journal_take(sde_store *st, void **buf, uint64_t *offset, uint32_t *len,

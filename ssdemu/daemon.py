@@ -631,6 +631,8 @@ class Daemon:
                 "compute_busy_until_ns": max(budget.busy_until_ns[0:max(1, budget.units)]),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
                 "faults_injected": st.faults_injected, "pins": st.pins,
+                # KV changes held back behind an in-flight put of the same key
+                "key_waits": st.key_waits,
                 "power_cut": {"enabled": self.power_cut, "cache_destages": st.cache_destages,
                               "undo_failures": st.undo_failures},
                 "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,

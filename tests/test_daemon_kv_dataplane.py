@@ -102,6 +102,40 @@ def test_async_batches_and_a_buffer_too_small(daemon):
         assert dev.kv_list() == []
 
 
+def test_changes_of_one_key_in_flight_together_land_in_order(daemon):
+    """With the write cache on a put's record goes out with its value; the changes of a key
+    sent together (puts of several sizes, deletes, conditional puts) are held back behind
+    it, so they reach the index in the order sent (as the journal holds them: the kill -9
+    tests replay it) and every completion is the one that order gives."""
+    with hostlib.connect(daemon.socket_path) as dev:
+        rng = np.random.default_rng(5)
+        buf = dev.alloc(8 << 20)
+        buf[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
+        sizes = [3 << 20, 4096, 1 << 20, 700, 2 << 20]
+        offs = [0, 3 << 20, (3 << 20) + 4096, 5 << 20, 6 << 20]
+        before = dev.log()["key_waits"]
+        for rnd in range(20):
+            key = b"hot-%d" % rnd
+            with dev.batch():
+                f = [dev.kv_put_async(key, buf[offs[0]:offs[0] + sizes[0]])]
+                f.append(dev.kv_put_async(key, buf[offs[1]:offs[1] + sizes[1]]))
+                f.append(dev.kv_delete_async(key))
+                f.append(dev.kv_put_async(key, buf[offs[2]:offs[2] + sizes[2]],
+                                          only_if_not_exists=True))
+                f.append(dev.kv_put_async(key, buf[offs[3]:offs[3] + sizes[3]],
+                                          only_if_exists=True))
+                f.append(dev.kv_put_async(key, buf[offs[4]:offs[4] + sizes[4]]))
+            existed = [x.result() for x in f]
+            # put (new), put (existed), delete, put if absent (it is), put if present,
+            # put (existed)
+            assert existed == [False, True, 0, False, True, True], (rnd, existed)
+            out = dev.alloc(4 << 20)
+            assert dev.kv_get(key, out) == sizes[4]
+            assert np.array_equal(out[:sizes[4]], buf[offs[4]:offs[4] + sizes[4]])
+            dev.free(out)
+        assert dev.log()["key_waits"] > before  # the held-back path ran
+
+
 def test_threads_each_with_a_queue_pair(daemon):
     with hostlib.connect(daemon.socket_path) as dev:
         errors, counts = [], [0] * 4

@@ -246,6 +246,33 @@ def test_torn_journal_block_is_ignored(drive):
         s3.close()
 
 
+def test_a_group_written_past_a_hole_is_not_replayed_once_the_journal_goes_on(drive):
+    """Several group writes are in flight at once, so a crash can leave a later group on the
+    media and an earlier one not.  Open stops at the hole; the journal then goes on from
+    there, and the stale group after it (whose sequence number fits the position) must not
+    be replayed: each block names the hash of the one before it, and the chain breaks."""
+    m, s = fresh(drive)
+    s.put(b"a", b"1")
+    s.put(b"lost", b"2")  # each synchronous change is a group of its own: one block
+    s.put(b"stale", b"3")
+    s.flush()
+    info = s.info()
+    blk = info["block"]
+    hole = info["journal_off"] + (info["journal_used_blocks"] - 2) * blk
+    s.close()
+    m.close()
+    drive.poke(hole, bytes(blk))  # "lost"'s group never reached the media; "stale"'s did
+    with open_media(drive.spec) as m2:
+        s2 = Store.open(m2)
+        assert s2.list() == [b"a"]
+        s2.put(b"c", b"4")  # written where "lost" was: "stale" follows it by position
+        s2.close()
+    with open_media(drive.spec) as m3:
+        s3 = Store.open(m3)
+        assert s3.list() == [b"a", b"c"], "a group from before the hole was replayed"
+        s3.close()
+
+
 def test_refuses_media_that_is_not_ours(drive):
     with open_media(drive.make("4M")):
         pass  # the media exists now
@@ -406,6 +433,43 @@ def test_a_store_moves_to_a_4k_sector_device_of_the_same_bytes(tmp_path):
         s3 = Store.open(m3)
         assert s3.get(b"k2") == b"written on 4 KiB sectors"
         s3.close()
+
+
+def test_an_early_record_whose_value_never_landed_is_skipped_at_open(drive):
+    """With the write cache on, the data plane journals a put while its value's write is in
+    flight; a crash between them leaves a record naming bytes never written.  Open checks
+    the values of the records the last block calls unsure: the key keeps its old value (or
+    stays absent), a value that did land is kept, and a checkpoint ends that journal, so the
+    record is never replayed unchecked by a later open."""
+    from ssdemu._engine import lib
+
+    m, s = fresh(drive)
+    old = b"old value " * 500
+    s.put(b"old", old)
+    s.flush()
+    rng = np.random.default_rng(7)
+    lost_over, lost_new, landed = (rng.integers(0, 256, n, np.uint8).tobytes()
+                                   for n in (50_000, 9_000, 30_000))
+    free = s.info()["free_bytes"]
+    for key, value, written in ((b"old", lost_over, 0), (b"fresh", lost_new, 0),
+                                (b"done", landed, 1)):
+        assert lib.sde_store_test_early_put(s._st, key, len(key), value, len(value),
+                                            written) == 0
+    s.close()  # the crash: nothing more reaches the media
+    m.close()
+    for reopen in ("after the crash", "again"):
+        with open_media(drive.spec) as m2:
+            s2 = Store.open(m2)
+            info = s2.info()
+            assert info["unwritten_records_skipped"] == (2 if reopen == "after the crash"
+                                                         else 0), reopen
+            assert s2.get(b"old") == old, reopen
+            with pytest.raises(KeyNotFound):
+                s2.get(b"fresh")
+            assert s2.get(b"done") == landed, reopen
+            # the skipped values' extents are free again: only "done" took space
+            assert info["free_bytes"] == free - -(-len(landed) // s2.block) * s2.block, reopen
+            s2.close()
 
 
 def _fragment(s, hole: int, n: int) -> list[bytes]:
