@@ -1164,18 +1164,24 @@ static void value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *
     value_io(dev, x);
 }
 
-/* Whether a change of this key must wait: an early put of it is in flight, or a command
- * held back for it came first. */
-static int key_busy(const sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen)
+/* Whether a held-back command before stop (NO_CTX: any) changes this key. */
+static int parked_for(const sde_dev *dev, uint32_t stop, uint32_t nsid, const uint8_t *key,
+                      uint32_t klen)
 {
-    if (st_key_busy(dev->store, nsid, key, klen))
-        return 1;
-    for (uint32_t i = dev->park_head; i != NO_CTX; i = dev->ctx[i].next_park) {
+    for (uint32_t i = dev->park_head; i != NO_CTX && i != stop; i = dev->ctx[i].next_park) {
         const struct dev_ctx *y = &dev->ctx[i];
         if (y->nsid == nsid && y->klen == klen && !memcmp(y->key, key, klen))
             return 1;
     }
     return 0;
+}
+
+/* Whether a change of this key must wait: an early put of it is in flight, or a command
+ * held back for it came first. */
+static int key_busy(const sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    return st_key_busy(dev->store, nsid, key, klen) ||
+           parked_for(dev, NO_CTX, nsid, key, klen);
 }
 
 static void park(sde_dev *dev, struct dev_ctx *x)
@@ -1753,13 +1759,8 @@ static int unpark(sde_dev *dev)
     for (uint32_t i = dev->park_head; i != NO_CTX;) {
         struct dev_ctx *x = &dev->ctx[i];
         uint32_t next = x->next_park;
-        int blocked = st_key_busy(dev->store, x->nsid, x->key, x->klen);
-        for (uint32_t j = dev->park_head; !blocked && j != i; j = dev->ctx[j].next_park) {
-            const struct dev_ctx *y = &dev->ctx[j];
-            blocked = y->nsid == x->nsid && y->klen == x->klen &&
-                      !memcmp(y->key, x->key, x->klen);
-        }
-        if (blocked) {
+        if (st_key_busy(dev->store, x->nsid, x->key, x->klen) ||
+            parked_for(dev, i, x->nsid, x->key, x->klen)) {
             prev = i;
             i = next;
             continue;
