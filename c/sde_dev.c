@@ -63,7 +63,9 @@ enum {
     CTX_QSTORE = 4,    /* KV_STORE_QUANTIZED: quantize, then store as a put does */
     CTX_DQ_GET = 5,    /* KV_RETRIEVE_DEQUANTIZED: read, then dequantize into the client */
     CTX_PM_TOKENS = 6, /* PREFIX_MATCH_TOKENS: hash the chain, then match */
-    CTX_DEL_PARKED = 7 /* a KV_DELETE held back: an early put of its key is in flight */
+    CTX_DEL_PARKED = 7, /* a KV_DELETE held back: an early put of its key is in flight */
+    CTX_DEFERRED = 8    /* virtual time: a command fetched behind compute commands, started
+                         * at its turn (sqe, msubmit) */
 };
 
 struct dev_ctx {
@@ -116,6 +118,8 @@ struct dev_ctx {
     uint32_t pieces;     /* ... and in how many pieces it streams */
     double first_out;    /* a quantized store: when its kernel's first piece is out */
     double ready;        /* the modelled time the kernel's input is ready, then its output */
+    uint64_t in_off, in_len; /* virtual time: what the input's booking needs at its turn (a
+                              * retrieve: the value's place; a store: the block's bytes) */
     uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
     uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
     uint16_t fw_status;
@@ -135,7 +139,8 @@ struct dev_ctx {
     uint64_t cover;
 };
 
-enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2 };
+/* virtual time: FW_DEFERRED, a command to start at its turn (CTX_DEFERRED) */
+enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2, FW_DEFERRED = 3 };
 
 #define NO_CTX UINT32_MAX
 /* a journal group's write (or its sync), slot k: UD_JOURNAL - k */
@@ -205,7 +210,10 @@ struct sde_dev {
     uint32_t npins, cap_pins;
     sde_fw *fw;
     sde_fw_entry fw_entry;
-    uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX) */
+    uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX),
+                                * and the commands fetched behind them (CTX_DEFERRED) */
+    int resuming;              /* virtual time: starting a deferred command, submitted at */
+    double resume_submit;      /* ...this modelled time (its fetch's) */
     sde_budget budget;
     sde_io jio[ST_JOURNAL_SLOTS]; /* journal groups being written (then, cache off, synced) */
     uint64_t jgroup[ST_JOURNAL_SLOTS];
@@ -725,6 +733,8 @@ static void finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
 static double model_submit(sde_dev *dev, const sde_sqe *c, uint64_t t0)
 {
     if (dev->virtual_time) {
+        if (dev->resuming) /* a deferred command: as it was when fetched */
+            return dev->resume_submit;
         double s = (double)c->submit_time_ns;
         if (s > dev->vclock)
             dev->vclock = s;
@@ -1358,6 +1368,18 @@ static void fw_submit(sde_dev *dev, struct dev_ctx *x, int kind, const uint8_t *
     sde_fw_submit(dev->fw, j);
 }
 
+/* Virtual time: x takes its turn after every command in the FIFO. */
+static void fifo_append(sde_dev *dev, struct dev_ctx *x)
+{
+    uint32_t i = ctx_index(dev, x);
+    x->next_fw = NO_CTX;
+    if (dev->fw_tail == NO_CTX)
+        dev->fw_head = i;
+    else
+        dev->ctx[dev->fw_tail].next_fw = i;
+    dev->fw_tail = i;
+}
+
 /* A compute command's context, or NULL (its completion posted) when there is no firmware. */
 static struct dev_ctx *compute_ctx(sde_dev *dev, int qp, const sde_sqe *c, int cls, int kind,
                                    uint64_t t0)
@@ -1369,18 +1391,12 @@ static struct dev_ctx *compute_ctx(sde_dev *dev, int qp, const sde_sqe *c, int c
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, kind, t0);
     x->msubmit = model_submit(dev, c, t0);
     x->ready = x->msubmit;
-    x->next_fw = NO_CTX;
-    if (dev->virtual_time) {
-        /* its stages after the kernel are booked in fetch order, as the model would book
-         * commands one after another; in host order (whichever firmware thread finishes
-         * first) the modelled times would depend on this host's scheduling */
-        uint32_t i = ctx_index(dev, x);
-        if (dev->fw_tail == NO_CTX)
-            dev->fw_head = i;
-        else
-            dev->ctx[dev->fw_tail].next_fw = i;
-        dev->fw_tail = i;
-    }
+    if (dev->virtual_time)
+        /* its stages are booked in fetch order (its input's too, at its turn: see
+         * fw_job_done), as the model would book commands one after another; in host order
+         * (whichever firmware thread finishes first) the modelled times would depend on
+         * this host's scheduling */
+        fifo_append(dev, x);
     return x;
 }
 
@@ -1394,6 +1410,19 @@ static void compute_fail(sde_dev *dev, struct dev_ctx *x, uint16_t status)
     }
     x->fw_state = FW_FAILED;
     x->fw_status = status;
+}
+
+/* The modelled arrival of a compute command's input, from its submission: a quantized store's
+ * block over the link, a dequantized retrieve's value from NAND.  The kernel starts on the
+ * first piece (the stages stream). */
+static void book_input(sde_dev *dev, struct dev_ctx *x)
+{
+    if (x->kind == CTX_QSTORE)
+        x->ready = sde_recipe_q_receive(dev->model, x->msubmit, x->in_len, &x->sensed,
+                                        &x->pieces);
+    else if (x->kind == CTX_DQ_GET)
+        x->ready = sde_recipe_dq_sense(dev->model, x->msubmit, x->in_off, x->in_len,
+                                       &x->sensed, &x->pieces);
 }
 
 /* KV_STORE_QUANTIZED: the request (64 bytes) leads the block in the command's range, or
@@ -1455,9 +1484,9 @@ static void qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
         return;
     }
     memset(x->bounce + size, 0, nbytes - size); /* nothing past the value reaches the media */
-    if (dev->model) /* the kernel starts on the first piece received (the stages stream) */
-        x->ready = sde_recipe_q_receive(dev->model, x->msubmit, src_len, &x->sensed,
-                                        &x->pieces);
+    x->in_len = src_len;
+    if (dev->model && !dev->virtual_time) /* virtual time: at its turn (fw_job_done) */
+        book_input(dev, x);
     fw_submit(dev, x, SDE_FW_QUANTIZE, src, (int64_t)src_len, x->bounce, (int64_t)size,
               x->req, 0);
 }
@@ -1491,9 +1520,10 @@ static void dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     }
     x->copy_to = b->addr + c->buf_offset;
     x->copy_len = c->length;
-    if (dev->model) /* the kernel starts on the first piece sensed (the stages stream) */
-        x->ready = sde_recipe_dq_sense(dev->model, x->msubmit, off, x->vlen, &x->sensed,
-                                       &x->pieces);
+    x->in_off = off;
+    x->in_len = x->vlen;
+    if (dev->model && !dev->virtual_time) /* virtual time: at its turn (fw_job_done) */
+        book_input(dev, x);
     value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
 }
 
@@ -1578,6 +1608,8 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
 {
     struct dev_ctx *x = &dev->ctx[j->owner];
     const int64_t *info = j->info;
+    if (dev->model && dev->virtual_time) /* its turn: fetch order */
+        book_input(dev, x);
     if (j->ret < 0) {
         if (j->ret == SDE_FW_E_OUT_SMALL && x->kind == CTX_DQ_GET)
             x->result = (uint64_t)info[SDE_FW_INFO_RAW]; /* how large a buffer it needs */
@@ -1632,6 +1664,22 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
     }
 }
 
+static int start_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+
+/* Virtual time: a command fetched behind compute commands starts now, its turn, timed from
+ * the submission it had when fetched. */
+static void start_deferred(sde_dev *dev, struct dev_ctx *x)
+{
+    sde_sqe c = x->sqe;
+    int qp = x->qp, cls = x->cls;
+    uint64_t t0 = x->t0;
+    dev->resume_submit = x->msubmit;
+    ctx_put(dev, x);
+    dev->resuming = 1;
+    start_now(dev, qp, &c, cls, t0);
+    dev->resuming = 0;
+}
+
 static int reap_firmware(sde_dev *dev)
 {
     if (!dev->fw)
@@ -1652,6 +1700,8 @@ static int reap_firmware(sde_dev *dev)
             dev->fw_tail = NO_CTX;
         if (x->fw_state == FW_DONE)
             fw_job_done(dev, &x->job);
+        else if (x->fw_state == FW_DEFERRED)
+            start_deferred(dev, x);
         else
             kv_finish(dev, x, x->fw_status, 0);
         n++;
@@ -1742,6 +1792,9 @@ static void kv_delete_run(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint6
         return;
     }
     struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_KV_DELETE, t0);
+    /* an index change: the controller's command time (the extent's trim reaches the FTL
+     * when the store frees it) */
+    model_times(dev, c, t0, SDE_CMD_NOP, 0, 0, &x->due, &x->dtime);
     wait_commit(dev, x, group);
 }
 
@@ -1988,6 +2041,21 @@ void sde_dev_faults(sde_dev *dev, sde_faults *out)
     pthread_mutex_unlock(&dev->lock);
 }
 
+/* Virtual time: whether a command joins the FIFO of compute commands when it is not empty
+ * (every command the model times that is not one: those join it at once; admin commands
+ * are not timed). */
+static int booked_in_turn(uint8_t opcode)
+{
+    switch (opcode) {
+    case SDE_CMD_KV_STORE_QUANTIZED:
+    case SDE_CMD_KV_RETRIEVE_DEQUANTIZED:
+    case SDE_CMD_PREFIX_MATCH_TOKENS:
+        return 0;
+    default:
+        return sde_dev_opcode_where(opcode) != SDE_RUN_HOST;
+    }
+}
+
 /* Start one command fetched from queue pair qp.  Returns 1 if it went to the engine. */
 static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
 {
@@ -1999,6 +2067,25 @@ static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
         dev->stats.client_inflight_peak = *q->client_inflight;
     if (dev->faults.n && inject_fault(dev, qp, c, cls, t0))
         return 0;
+    if (dev->virtual_time && dev->fw_head != NO_CTX && booked_in_turn(c->opcode)) {
+        /* compute commands fetched before it are booked at their turns (their kernels
+         * end in host order): so is it, so that the model books every command in fetch
+         * order whatever this host's scheduling */
+        struct dev_ctx *x = ctx_take(dev, qp, c, cls, CTX_DEFERRED, t0);
+        x->sqe = *c;
+        x->msubmit = model_submit(dev, c, t0);
+        x->fw_state = FW_DEFERRED;
+        fifo_append(dev, x);
+        dev->stats.deferred++;
+        return 0;
+    }
+    return start_now(dev, qp, c, cls, t0);
+}
+
+/* start_command's second half: the command, now. */
+static int start_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    struct dev_qp *q = &dev->qps[qp];
     uint64_t off = 0;
     struct dev_buf *b = NULL;
     uint16_t st;

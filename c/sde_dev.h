@@ -54,6 +54,8 @@ typedef struct sde_dev_stats {
     uint64_t host_lag;       /* commands whose media I/O ended after their modelled time */
     uint64_t quota_waits;    /* passes that left a client's commands unfetched: its quota */
     uint64_t key_waits;      /* KV changes held back behind an early put of their key */
+    uint64_t deferred;       /* virtual time: commands started at their turn behind compute
+                              * commands (sde_dev_run: the model books in fetch order) */
     uint64_t client_inflight_peak; /* the most commands one client had in flight */
     uint64_t faults_injected; /* commands failed or delayed by a fault rule */
     uint64_t pins;           /* pins held now, over every client */

@@ -633,6 +633,8 @@ class Daemon:
                 "faults_injected": st.faults_injected, "pins": st.pins,
                 # KV changes held back behind an in-flight put of the same key
                 "key_waits": st.key_waits,
+                # virtual time: commands started at their turn, behind compute commands
+                "deferred": st.deferred,
                 "power_cut": {"enabled": self.power_cut, "cache_destages": st.cache_destages,
                               "undo_failures": st.undo_failures},
                 "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,

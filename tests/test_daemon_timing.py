@@ -168,3 +168,53 @@ def test_fixed_latency_model_in_the_daemon(tmp_path):
                 assert dev.qp.last_device_ns == int(fixed.read_ns)
     finally:
         assert d.terminate()[0] == 0
+
+
+def _mixed_commands(dev, wait_each: bool) -> list:
+    """Quantized stores beside dequantized and plain retrieves and deletes of keys stored
+    before, four to a submission time; each command's device time (and its result)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    shape = (64, 2, 2, 2, 64)
+    blocks = [rng.standard_normal(shape).astype(np.float16).view(np.uint16)
+              for _ in range(48)]
+    n = 16
+    for i in range(n):  # what the retrieves and deletes find, one command at a time
+        dev.kv_put_quantized(b"old%02d" % i, blocks[i], "fp16", "int8_g64")
+        dev.kv_put(b"raw%02d" % i, blocks[n + i].reshape(-1).view(np.uint8))
+        dev.kv_put(b"del%02d" % i, b"d" * 8192)
+    outs = dev.alloc(n * blocks[0].nbytes).view(np.uint16).reshape((n, *shape))
+    raws = dev.alloc(n * blocks[0].nbytes).reshape(n, -1)
+    futures = []
+    for i in range(n):
+        dev.submit_time_ns = 10_000_000 + 200_000 * (i // 4)
+        fs = [dev.kv_put_quantized_async(b"new%02d" % i, blocks[2 * n + i], "fp16", "int8_g64"),
+              dev.kv_get_dequantized_async(b"old%02d" % i, outs[i]),
+              dev.kv_get_async(b"raw%02d" % i, raws[i]),
+              dev.kv_delete_async(b"del%02d" % i)]
+        for f in fs if wait_each else ():
+            f.result()
+        futures += fs
+    times = [(f.result(), f.device_ns) for f in futures]
+    for i in range(n):  # and every value is right
+        assert np.array_equal(raws[i].view(np.uint16).reshape(shape), blocks[n + i])
+    return times
+
+
+def test_virtual_clock_times_do_not_depend_on_how_the_client_waits(tmp_path):
+    """The model books commands in fetch order: a client that keeps many in flight (its
+    retrieves fetched while the quantized stores before them are still in the firmware)
+    gets the times of one that waits for each, command for command."""
+    got = {}
+    for wait_each in (True, False):
+        d = DaemonProcess(str(tmp_path / f"v{wait_each}.sock"), media="mem:256M",
+                          extra=["--clock", "virtual"])
+        try:
+            with hostlib.connect(d.socket_path) as dev:
+                got[wait_each] = _mixed_commands(dev, wait_each)
+                if not wait_each:
+                    assert dev.log()["deferred"] > 0  # commands did wait for their turn
+        finally:
+            assert d.terminate()[0] == 0
+    assert got[False] == got[True]
