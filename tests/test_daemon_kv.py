@@ -190,6 +190,30 @@ def test_a_corrupted_block_on_the_media_reads_as_an_error(drive):
         assert dev.kv_get(b"other") == b"fine"
 
 
+def test_a_corrupted_quantized_block_does_not_dequantize(drive):
+    """A dequantized retrieve checks the stored block's hash before its kernel runs."""
+    import numpy as np
+
+    block = np.random.default_rng(1).standard_normal((32, 2, 2, 2, 64)).astype(
+        np.float16).view(np.uint16)
+    with hostlib.connect(drive.socket_path) as dev:
+        dev.kv_put_quantized(b"q", block, "fp16", "int8_g64")
+        stored = dev.kv_get(b"q")  # the compressed block as the media holds it
+        out = np.empty_like(block)
+        dev.kv_get_dequantized(b"q", out)  # whole, it dequantizes
+        dev.flush()
+        with open(drive.media_path, "r+b") as f:
+            data = f.read()
+            where = data.find(stored[:256])
+            assert where > 0
+            f.seek(where + len(stored) // 2)  # a byte among the int8 values
+            f.write(bytes([data[where + len(stored) // 2] ^ 0x01]))
+        with pytest.raises(hostlib.MediaError):
+            dev.kv_get_dequantized(b"q", out)
+        dev.kv_put_quantized(b"q2", block, "fp16", "int8_g64")  # the device carries on
+        dev.kv_get_dequantized(b"q2", out)
+
+
 def test_a_chain_sharing_a_prefix_stores_only_its_new_blocks(drive):
     from hostlib.prefix_hash import chain_keys, root_key
 
