@@ -7,20 +7,23 @@ request's arrival time on the virtual clock, so the completion times it returns 
 drive's modelled times for the same command sequence model mode runs (ssdemu/replay.py).
 
 The client keeps the drive busy as a serving engine would and shares the host's cores with
-the daemon, so it does little itself: blocks are made in, and read back into, registered
-buffers (the drive quantizes and dequantizes them in place: no copy on either side), stores
-and deletes go out asynchronously (up to SLOTS blocks in flight), and the reads of a
-request are issued together.  A request's match waits for everything the requests before it
-sent: on the virtual clock a store's NAND program is booked when its kernel ends, so letting
-it run on into the next request would book it among that request's reads, an order model
-mode never has (measured: drive load p50 2.5% off model mode; and no faster).
+the daemon, so it does little itself: every block is a view of one registered sequence
+(ssdemu.serving.SyntheticKV), which the drive quantizes where it lies (unquantized, a block
+is copied into a block-aligned registered buffer first, for the media's DMA), and blocks are
+read back into registered buffers; stores and deletes go out asynchronously (up to STORES
+quantized stores in flight), and the reads of a request are issued together.  A request
+waits only for the earlier stores and deletes of its own blocks (before its match and its
+reads), as a serving engine must: the stores of one request run on into the next, so that
+the media is written while the client reads and checks.  The drive books commands in the
+order it fetched them whatever the host's timing (c/sde_dev.c, the virtual clock's FIFO),
+so the modelled times are those of a client that waits for each command.
 
-Every block read back is checked, two ways.  All of them: a sample of elements (every
-SAMPLE_STRIDE-th) must lie within the scheme's error bound of the block stored (the host's
-own quantization error on the base block, with margin); another block's bytes, zeros or
-garbage fail it.  One block in EXACT_EVERY (by hash id), and any that fails the sample: the
-drive's bytes must equal the host's own dequantization of its own quantization of the block,
-bit for bit (a CRC-32).  A failure is counted in `data_errors`.
+Every block read back is checked, two ways.  All of them: a sample of elements (the first
+SAMPLE_RUN of every SAMPLE_EVERY bytes) must lie within the scheme's error bound of the
+block stored (the host's own quantization error on block 0, with margin); another block's
+bytes, zeros or garbage fail it.  One block in EXACT_EVERY (by hash id), and any that
+fails the sample: the drive's bytes must equal the host's own dequantization of its own
+quantization of the block, bit for bit (a CRC-32).  A failure is counted in `data_errors`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import heapq
 import time
 import zlib
+from collections import deque
 
 import numpy as np
 
@@ -53,8 +57,17 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return x.view(np.float16).astype(np.float32)
 
 
-SLOTS = 16  # registered block buffers: blocks in flight to or from the drive at once
-SAMPLE_STRIDE = 97  # every 97th element of every block read back is checked...
+SLOTS = 16  # registered buffers for blocks read back (or, unquantized, stored)
+# quantized stores in flight (their blocks are views of the sequence: no buffer each); more
+# than SLOTS keeps the media written while the client reads and checks (the demo's rate,
+# interleaved runs: 16 -> 154-163, 32 -> 158-169, 64 -> 167-182 requests/s)
+STORES = 64
+# of every block read back, the first SAMPLE_RUN elements of every SAMPLE_EVERY bytes are
+# checked (every 4 KiB store unit of a plain block is looked at; 8 elements per 64-byte line:
+# the lines were just written by the drive's thread, and one every 194 bytes, as before,
+# cost ~80 us a block in cache misses)...
+SAMPLE_EVERY = 4096
+SAMPLE_RUN = 8
 EXACT_EVERY = 16  # ...and one block in 16 is checked bit for bit
 
 
@@ -62,7 +75,8 @@ class DataDrive:
     """The drive of data mode: a hostlib Device on a virtual-clock daemon."""
 
     def __init__(self, dev, profile: Profile, model: ModelConfig, quant: str | None,
-                 dequant: str = "drive"):
+                 dequant: str = "drive", ids: int = 1 << 16):
+        """ids: the hash ids to tell apart (the trace's largest + 1): one block each."""
         info = dev.identify()
         if info.get("clock") != "virtual":
             raise DataModeError("data mode needs a daemon started with --clock virtual "
@@ -86,19 +100,25 @@ class DataDrive:
         self.host_dequant = bool(quant) and dequant == "host"
         self.delivered_bytes = stored if self.host_dequant else model.block_bytes
         self._stored = stored
-        self.kv = SyntheticKV(model)
+        self.kv = SyntheticKV(model, ids=ids)
+        # the blocks stored are read by the drive from the sequence where it lies
+        self._sequence = dev.alloc(self.kv.values.nbytes)
+        self.kv.place(self._sequence.view(np.uint16))
         bb = model.block_bytes
         self._mem = dev.alloc(SLOTS * bb)
         self.slots = [self._mem[i * bb:(i + 1) * bb].view(np.uint16).reshape(self.kv.shape)
                       for i in range(SLOTS)]
         self._busy: list = [None] * SLOTS  # the command using each slot
         self._next = 0
+        self._in_flight: deque = deque()  # quantized stores, oldest first (at most STORES)
         self._pending: dict = {}  # block id -> its last store or delete, maybe in flight
         self.track_stores = False  # admission control on: stores_in_flight is asked
         self._stores: list = []  # stores whose completion time is not read yet
         self._store_done: list = []  # completion times of stores (drive clock, ns), a heap
         n = int(np.prod(self.kv.shape))
-        self._sample = np.arange(4, n, SAMPLE_STRIDE)
+        self._sample = (np.arange(0, n, SAMPLE_EVERY // 2)[:, None]
+                        + np.arange(SAMPLE_RUN)).reshape(-1)
+        self._sample = self._sample[self._sample < n]
         self._tolerance = self._error_bound()
         self.expected: dict[int, int] = {}  # block id -> CRC-32 of the bytes it must read
         self.data_errors = 0
@@ -109,11 +129,11 @@ class DataDrive:
 
     def _error_bound(self) -> float:
         """How far a dequantized element may lie from the stored one: four times the host's
-        own largest error on the base block (a rotation of it is every block; its groups
-        differ, its spread does not); 0 without quantization."""
+        own largest error on block 0 (every block is drawn from the same sequence: its
+        groups differ, their spread does not); 0 without quantization."""
         if not self.quant:
             return 0.0
-        base = self.kv.block(0)
+        base = self.kv.window(0)
         back, _ = dequantize(quantize(base, "fp16", self.quant))
         err = np.abs(_f32(back) - _f32(base)).max()
         return float(4 * err + 1e-3)
@@ -151,11 +171,14 @@ class DataDrive:
             if f is not None:
                 f.result()
                 self._busy[i] = None
+        while self._in_flight:
+            self._in_flight.popleft().result()
 
     def match(self, t_ns: int, ids, expected: int) -> int:
-        """The drive's own answer; where it differs from the host's LRU mirror of the drive
-        (it must not), it is counted."""
-        self._drain()
+        """The drive's own answer, once the stores and deletes of these blocks sent before
+        have completed; where it differs from the host's LRU mirror of the drive (it must
+        not), it is counted."""
+        self._settle(ids)
         self._stamp(t_ns)
         run = self.dev.prefix_match([drive_key(b) for b in ids])
         self.match_mismatches += run != expected
@@ -204,7 +227,7 @@ class DataDrive:
     def _expected(self, b: int) -> int:
         crc = self.expected.get(b)
         if crc is None:
-            block = self.kv.block(b)
+            block = self.kv.window(b)
             if self.quant:
                 block, _ = dequantize(quantize(block, "fp16", self.quant))
             crc = self.expected[b] = zlib.crc32(np.ascontiguousarray(block))
@@ -213,15 +236,18 @@ class DataDrive:
     def store(self, t_ns: int, ids) -> None:
         self._stamp(t_ns)
         for b in ids:
-            i = self._slot()
-            block = self.kv.block_into(b, self.slots[i])
             key = drive_key(b)
             self._settle((b,))
-            if self.quant:
-                f = self.dev.kv_put_quantized_async(key, block, "fp16", self.quant)
-            else:
-                f = self.dev.kv_put_async(key, block.reshape(-1).view(np.uint8))
-            self._busy[i] = f
+            if self.quant:  # the firmware reads the block where it lies in the sequence
+                if len(self._in_flight) == STORES:
+                    self._in_flight.popleft().result()
+                f = self.dev.kv_put_quantized_async(key, self.kv.window(b), "fp16", self.quant)
+                self._in_flight.append(f)
+            else:  # a value goes to the media by DMA: from a block-aligned slot
+                i = self._slot()
+                self.slots[i][...] = self.kv.window(b)
+                f = self.dev.kv_put_async(key, self.slots[i].reshape(-1).view(np.uint8))
+                self._busy[i] = f
             self._track(b, f)
             if self.track_stores:
                 self._stores.append(f)
@@ -283,7 +309,8 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
         raise DataModeError("data mode needs a drive tier (its capacity is 0)")
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     t0 = time.perf_counter()
-    drives = [DataDrive(dev, profile, model, quant, dequant) for dev in devs]
+    ids = 1 + max((max(r.hash_ids) for r in requests if r.hash_ids), default=0)
+    drives = [DataDrive(dev, profile, model, quant, dequant, ids) for dev in devs]
     first_ns = requests[0].timestamp_ms * 1e6 if requests else 0.0
     for dev in devs:
         # the trace's times stamp the drive's commands: a drive whose virtual clock is past

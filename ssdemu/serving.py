@@ -148,39 +148,42 @@ class LRUTier:
 
 
 class SyntheticKV:
-    """Synthetic KV values of a model's blocks: Gaussian fp16 (as uint16 bits), a different
-    block for every hash id (a rotation of one base block, with the id's bytes in its first
-    four values), so that identical-bytes deduplication in the drive never merges two
-    blocks."""
+    """Synthetic KV values of a model's blocks: block b is the window of one Gaussian fp16
+    sequence (as uint16 bits) that starts at its b-th value, so every block is a view, no
+    block is made by copying, and no two blocks of ids below `ids` have the same bytes
+    (identical-bytes deduplication in the drive never merges them; ids past it wrap)."""
 
-    def __init__(self, model: ModelConfig, seed: int = 0):
+    def __init__(self, model: ModelConfig, seed: int = 0, ids: int = 1 << 16):
+        if ids < 1:
+            raise ValueError(f"ids must be positive, got {ids}")
         self.shape = model.block_shape().array_shape
-        n = int(np.prod(self.shape))
-        self._base = (np.random.default_rng(seed).standard_normal(n)
-                      .astype(np.float16).view(np.uint16))
+        self._n = int(np.prod(self.shape))
+        self.ids = ids
+        self.values = (np.random.default_rng(seed).standard_normal(self._n + ids - 1)
+                       .astype(np.float16).view(np.uint16))
 
-    def shift(self, hash_id: int) -> int:
-        """The rotation of the base block that block hash_id is."""
-        return (hash_id * 7919) % self._base.size
+    def place(self, mem: np.ndarray) -> None:
+        """Keep the sequence in mem (uint16, its size: a registered buffer, so that blocks
+        reach the drive from where they lie)."""
+        if mem.dtype != np.uint16 or mem.shape != self.values.shape:
+            raise ValueError(f"the sequence needs {self.values.size} uint16 values")
+        mem[:] = self.values
+        self.values = mem
+
+    def start(self, hash_id: int) -> int:
+        """Where block hash_id starts in the sequence."""
+        return hash_id % self.ids
+
+    def window(self, hash_id: int) -> np.ndarray:
+        """Block hash_id (the block's shape, uint16): a view of the sequence, not to be
+        written."""
+        at = self.start(hash_id)
+        return self.values[at:at + self._n].reshape(self.shape)
 
     def block(self, hash_id: int) -> np.ndarray:
-        return self.block_into(hash_id, np.empty(self.shape, np.uint16))
-
-    def block_into(self, hash_id: int, out: np.ndarray) -> np.ndarray:
-        """Write block hash_id into out (the block's shape, uint16): two copies of the base,
-        no temporary."""
-        flat = out.reshape(-1)
-        r = self.shift(hash_id)
-        n = flat.size
-        flat[:r] = self._base[n - r:]
-        flat[r:] = self._base[:n - r]
-        # the id's bytes as values in the data's own range (k / 64 - 2, exact in fp16): an
-        # outlier there would widen its quantization groups past the error bound the
-        # replay's checks use
-        flat[:4] = np.array([((hash_id >> s) & 0xFF) / 64 - 2 for s in (0, 8, 16, 24)],
-                            np.float16).view(np.uint16)
-        return out
+        """Block hash_id, a copy of its own."""
+        return self.window(hash_id).copy()
 
     def sample(self, hash_id: int, index: np.ndarray) -> np.ndarray:
-        """Elements `index` (flat, all >= 4) of block hash_id, without making the block."""
-        return self._base[(index - self.shift(hash_id)) % self._base.size]
+        """Elements `index` (flat) of block hash_id."""
+        return self.values[self.start(hash_id) + index]

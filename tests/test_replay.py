@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ssdemu.profile import load
 from ssdemu.replay import replay_model
-from ssdemu.serving import LRUTier, drive_key, model_config, parse_capacities
+from ssdemu.serving import LRUTier, SyntheticKV, drive_key, model_config, parse_capacities
 from traces.mooncake import SAMPLE, Request, TraceError, TraceReader
 from traces.synthetic import generate, write
 
@@ -174,6 +174,37 @@ def test_capacity_in_bytes_uses_the_stored_block_size():
 def test_drive_keys():
     assert len(drive_key(7)) == 16 and drive_key(7) != drive_key(8)
     assert drive_key(2**64 - 1)[:8] == b"\xff" * 8
+
+
+@settings(max_examples=25, deadline=None)
+@given(ids=st.integers(1, 5000), a=st.integers(0, 20000), b=st.integers(0, 20000))
+def test_synthetic_blocks_are_windows_of_one_sequence(ids, a, b):
+    """Data mode's values: block b starts at the sequence's (b mod ids)-th value; a view,
+    and a copy of it; its sample is its elements; blocks of ids below `ids` differ."""
+    import numpy as np
+
+    kv = SyntheticKV(TINY, ids=ids)
+    wa = kv.window(a)
+    assert wa.shape == kv.shape and wa.base is not None  # a view, not a copy
+    assert np.array_equal(kv.block(a), wa) and kv.block(a).base is None
+    index = np.array([0, 5, wa.size - 1])
+    assert np.array_equal(kv.sample(a, index), wa.reshape(-1)[index])
+    same = a % ids == b % ids
+    assert np.array_equal(wa, kv.window(b)) == same  # ids past `ids` wrap around
+
+
+def test_synthetic_blocks_can_live_in_a_given_buffer():
+    import numpy as np
+
+    kv = SyntheticKV(TINY, ids=100)
+    before = kv.block(42)
+    mem = np.zeros(kv.values.size, np.uint16)
+    kv.place(mem)
+    assert np.shares_memory(kv.window(42), mem) and np.array_equal(kv.window(42), before)
+    with pytest.raises(ValueError, match="uint16 values"):
+        kv.place(np.zeros(10, np.uint16))
+    with pytest.raises(ValueError, match="ids must be positive"):
+        SyntheticKV(TINY, ids=0)
 
 
 def test_plot_draws_the_crossover_of_recompute_and_the_drive(tmp_path):
