@@ -210,6 +210,11 @@ struct sde_dev {
     uint32_t npins, cap_pins;
     sde_fw *fw;
     sde_fw_entry fw_entry;
+    /* value writes queued while a pass starts commands, held until the pass's journal group
+     * is queued ahead of them (hold_writes set): see pass */
+    sde_io **vwrites;
+    uint32_t nvwrites;
+    int hold_writes;
     uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX),
                                 * and the commands fetched behind them (CTX_DEFERRED) */
     int resuming;              /* virtual time: starting a deferred command, submitted at */
@@ -266,8 +271,10 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     dev->ctx = calloc(io_depth, sizeof(*dev->ctx));
     dev->free_ctx = calloc(io_depth, sizeof(*dev->free_ctx));
     dev->admin = calloc(ADMIN_CAP, sizeof(*dev->admin));
+    dev->vwrites = calloc(2 * (size_t)io_depth, sizeof(*dev->vwrites));
     int ret = -ENOMEM;
-    if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin)
+    if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin ||
+        !dev->vwrites)
         goto fail;
     /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
     ret = sde_engine_new(media_fd, media_size, lba_size, 2 * io_depth + 1 + ST_JOURNAL_SLOTS,
@@ -309,6 +316,7 @@ void sde_dev_free(sde_dev *dev)
     free(dev->ctx);
     free(dev->free_ctx);
     free(dev->admin);
+    free(dev->vwrites);
     free(dev->held);
     sde_model_free(dev->model);
     pthread_mutex_destroy(&dev->lock);
@@ -1052,7 +1060,21 @@ static void kv_queue(sde_dev *dev, sde_io *io, int op, void *addr, uint64_t len,
     io->len = (uint32_t)len;
     io->offset = off;
     io->buf_index = (int16_t)buf_index;
+    if (dev->hold_writes && op == SDE_OP_WRITE) {
+        dev->vwrites[dev->nvwrites++] = io;
+        return;
+    }
     queue_media(dev, io, SDE_UNDO_STORE);
+}
+
+/* The value writes held back while the pass started commands, after the pass's journal
+ * group (see pass). */
+static void release_writes(sde_dev *dev)
+{
+    dev->hold_writes = 0;
+    for (uint32_t i = 0; i < dev->nvwrites; i++)
+        queue_media(dev, dev->vwrites[i], SDE_UNDO_STORE);
+    dev->nvwrites = 0;
 }
 
 static void *bounce_alloc(uint64_t n)
@@ -2057,10 +2079,10 @@ static int booked_in_turn(uint8_t opcode)
 }
 
 /* Start one command fetched from queue pair qp.  Returns 1 if it went to the engine. */
-static int start_command(sde_dev *dev, int qp, const sde_sqe *c)
+/* t0: when it was fetched (one clock read for the commands fetched together) */
+static int start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
 {
     struct dev_qp *q = &dev->qps[qp];
-    uint64_t t0 = now_ns();
     int cls = class_of(c->opcode);
     q->inflight++;
     if (++*q->client_inflight > dev->stats.client_inflight_peak)
@@ -2295,6 +2317,7 @@ static int pass(sde_dev *dev)
 {
     int work = 0;
     sde_sqe batch[FETCH_BATCH];
+    dev->hold_writes = 1;
     for (int qp = 0; qp < dev->qp_hi; qp++) {
         struct dev_qp *q = &dev->qps[qp];
         if (!q->active)
@@ -2324,8 +2347,9 @@ static int pass(sde_dev *dev)
         int k = sde_sq_fetch(&q->v, batch, (uint32_t)room);
         if (k < 0)
             goto broken;
+        uint64_t t0 = now_ns();
         for (int i = 0; i < k; i++)
-            start_command(dev, qp, &batch[i]);
+            start_command(dev, qp, &batch[i], t0);
         work += k;
         continue;
     check_broken:
@@ -2341,6 +2365,12 @@ static int pass(sde_dev *dev)
         kick(q->cfd);
     }
     work += reap_firmware(dev); /* puts of quantized blocks queue their writes */
+    /* the records of the puts started here (early puts) go out ahead of their values: on
+     * media that serve writes in order (mem:, one io-wq worker) a put then completes with
+     * its own value, not with the last value of its group */
+    if (journal_kick(dev))
+        work++;
+    release_writes(dev);
     sde_submit_queued(dev->eng);
     work += reap_engine(dev);
     if (journal_kick(dev)) {
@@ -2399,17 +2429,19 @@ static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns
 
 int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
 {
-    uint64_t idle_since = now_ns();
+    uint64_t idle_since = 0; /* 0: the last pass did work (the clock is read only when idle) */
     while (!*stop) {
         pthread_mutex_lock(&dev->lock);
         int work = pass(dev);
         uint64_t next_due = dev->nheld ? dev->held[0].due : 0;
         pthread_mutex_unlock(&dev->lock);
-        uint64_t t = now_ns();
         if (work) {
-            idle_since = t;
+            idle_since = 0;
             continue;
         }
+        uint64_t t = now_ns();
+        if (!idle_since)
+            idle_since = t;
         uint64_t timeout = 0;
         if (next_due) {
             /* completions wait for their modelled time: poll up to it when it is near,
@@ -2426,7 +2458,7 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         int r = sleep_and_serve(dev, stop, timeout);
         if (r < 0)
             return r;
-        idle_since = now_ns();
+        idle_since = 0;
     }
     /* stopping: let the media I/O in flight end (the journal group among it), so that the
      * store can be flushed and closed */
