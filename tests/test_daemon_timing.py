@@ -218,3 +218,35 @@ def test_virtual_clock_times_do_not_depend_on_how_the_client_waits(tmp_path):
         finally:
             assert d.terminate()[0] == 0
     assert got[False] == got[True]
+
+
+def test_a_client_that_dies_with_commands_waiting_their_turn(tmp_path):
+    """Virtual clock: commands deferred behind compute commands belong to a client that
+    exits without waiting; the daemon drops them and serves the next client."""
+    import subprocess
+    import sys
+
+    child = r'''
+import os, sys, numpy as np, hostlib
+dev = hostlib.connect(sys.argv[1])
+block = np.random.default_rng(0).standard_normal((64, 2, 2, 2, 64)).astype(
+    np.float16).view(np.uint16)
+dev.kv_put_quantized(b"old", block, "fp16", "int8_g64")
+out = dev.alloc(block.nbytes)
+for i in range(40):
+    dev.kv_put_quantized_async(b"new%d" % i, block, "fp16", "int8_g64")
+    dev.kv_get_async(b"old", out)
+    dev.kv_delete_async(b"new%d" % i)
+os._exit(0)
+'''
+    d = DaemonProcess(str(tmp_path / "v.sock"), media="mem:128M", extra=["--clock", "virtual"])
+    try:
+        for _ in range(3):
+            subprocess.run([sys.executable, "-c", child, d.socket_path], check=True,
+                           timeout=60)
+        with hostlib.connect(d.socket_path) as dev:
+            assert dev.log()["deferred"] > 0  # some did wait in the FIFO
+            dev.kv_put(b"alive", b"yes")
+            assert dev.kv_get(b"alive") == b"yes"
+    finally:
+        assert d.terminate()[0] == 0
