@@ -76,7 +76,9 @@ class DataDrive:
 
     def __init__(self, dev, profile: Profile, model: ModelConfig, quant: str | None,
                  dequant: str = "drive", ids: int = 1 << 16):
-        """ids: the hash ids to tell apart (the trace's largest + 1): one block each."""
+        """ids: how many hash ids to tell apart (the trace's distinct ones): each gets its
+        own block, numbered in the order they first appear, so the sequence the blocks are
+        windows of is as long as the trace needs, whatever its ids' values."""
         info = dev.identify()
         if info.get("clock") != "virtual":
             raise DataModeError("data mode needs a daemon started with --clock virtual "
@@ -101,6 +103,7 @@ class DataDrive:
         self.delivered_bytes = stored if self.host_dequant else model.block_bytes
         self._stored = stored
         self.kv = SyntheticKV(model, ids=ids)
+        self._number: dict[int, int] = {}  # hash id -> its block's place in the sequence
         # the blocks stored are read by the drive from the sequence where it lies
         self._sequence = dev.alloc(self.kv.values.nbytes)
         self.kv.place(self._sequence.view(np.uint16))
@@ -137,6 +140,13 @@ class DataDrive:
         back, _ = dequantize(quantize(base, "fp16", self.quant))
         err = np.abs(_f32(back) - _f32(base)).max()
         return float(4 * err + 1e-3)
+
+    def _at(self, b: int) -> int:
+        """Block b's place in the sequence: the next free one when b is new."""
+        n = self._number.get(b)
+        if n is None:
+            n = self._number[b] = len(self._number)
+        return n
 
     def _stamp(self, t_ns: int) -> None:
         self.dev.submit_time_ns = int(t_ns)
@@ -215,7 +225,7 @@ class DataDrive:
             out = dequantize(compressed)[0].reshape(self.kv.shape)
         self.verified += 1
         got = out.reshape(-1)[self._sample]
-        want = self.kv.sample(b, self._sample)
+        want = self.kv.sample(self._at(b), self._sample)
         ok = (np.abs(_f32(got) - _f32(want)).max() <= self._tolerance if self.quant
               else np.array_equal(got, want))
         if ok and b % EXACT_EVERY:
@@ -227,7 +237,7 @@ class DataDrive:
     def _expected(self, b: int) -> int:
         crc = self.expected.get(b)
         if crc is None:
-            block = self.kv.window(b)
+            block = self.kv.window(self._at(b))
             if self.quant:
                 block, _ = dequantize(quantize(block, "fp16", self.quant))
             crc = self.expected[b] = zlib.crc32(np.ascontiguousarray(block))
@@ -241,11 +251,12 @@ class DataDrive:
             if self.quant:  # the firmware reads the block where it lies in the sequence
                 if len(self._in_flight) == STORES:
                     self._in_flight.popleft().result()
-                f = self.dev.kv_put_quantized_async(key, self.kv.window(b), "fp16", self.quant)
+                f = self.dev.kv_put_quantized_async(key, self.kv.window(self._at(b)), "fp16",
+                                                     self.quant)
                 self._in_flight.append(f)
             else:  # a value goes to the media by DMA: from a block-aligned slot
                 i = self._slot()
-                self.slots[i][...] = self.kv.window(b)
+                self.slots[i][...] = self.kv.window(self._at(b))
                 f = self.dev.kv_put_async(key, self.slots[i].reshape(-1).view(np.uint8))
                 self._busy[i] = f
             self._track(b, f)
@@ -309,7 +320,7 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
         raise DataModeError("data mode needs a drive tier (its capacity is 0)")
     check_dequant(dequant, gpu_dequant_bytes_per_s)
     t0 = time.perf_counter()
-    ids = 1 + max((max(r.hash_ids) for r in requests if r.hash_ids), default=0)
+    ids = max(1, len({b for r in requests for b in r.hash_ids}))
     drives = [DataDrive(dev, profile, model, quant, dequant, ids) for dev in devs]
     first_ns = requests[0].timestamp_ms * 1e6 if requests else 0.0
     for dev in devs:
