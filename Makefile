@@ -49,7 +49,7 @@ system:
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard c/*.c c/*.h c/*.py firmware/*.py)
+$(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.py)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@# the firmware's Numba kernels, compiled into their on-disk cache now rather than at a
@@ -78,5 +78,5 @@ $(LMSTAMP): clients/python/pyproject.toml
 	@touch $@
 
 clean:
-	rm -rf $(VENV) $(LMVENV) $(DEMO) build *.egg-info ssdemu/_engine*.so ssdemu/_engine.c \
+	rm -rf $(VENV) $(LMVENV) $(DEMO) build *.egg-info ssdemu/*/_*.so ssdemu/*/_*.c \
 	  ssdemu_wire/_ring*.so ssdemu_wire/_ring.c

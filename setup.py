@@ -1,5 +1,7 @@
-# The C layers are built from c/ by cffi (API mode): the device's engine, and the wire
-# format's ring functions that clients use; everything else is in pyproject.toml.
+# The C layers are built from c/ by cffi (API mode), one module per layer (c/cffi_build.py
+# says what each holds), and the wire format's ring functions that clients use; everything
+# else is in pyproject.toml.
 from setuptools import setup
 
-setup(cffi_modules=["c/build_engine.py:ffibuilder", "ssdemu_wire/build_ring.py:ffibuilder"])
+setup(cffi_modules=["c/cffi_build.py:device", "c/cffi_build.py:model",
+                    "c/cffi_build.py:client_loop", "ssdemu_wire/build_ring.py:ffibuilder"])

@@ -16,6 +16,16 @@ callback can reach a caller (hence numpy's error model: no ZeroDivisionError pat
 import numpy as np
 from numba import njit
 
+from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for them)
+    E_NONFINITE,
+    E_OUT_SMALL,
+    E_REQUEST,
+    E_SCHEME,
+    E_VALUE_SIZE,
+    SCHEME_FP8,
+    SCHEME_INT,
+    SCHEME_KIVI,
+)
 from firmware.checksum import sum64, sum64_around, word_sums
 from firmware.convert import bf16_to_f32, fp16_to_f32
 from firmware.quant_fp8 import E4M3_VALUES, dequantize_fp8, quantize_fp8
@@ -25,9 +35,6 @@ HEADER_BYTES = 64
 MAGIC = 0x564B4453  # b"SDKV" little-endian
 VERSION = 1
 REQUEST_MAGIC = 0x51525153  # b"SQRQ"
-SCHEME_INT = 1
-SCHEME_KIVI = 2
-SCHEME_FP8 = 3
 FLAG_SYMMETRIC = 1
 FLAG_PER_HEAD = 2
 # the block is (2, layers, tokens, heads, head_dim), LMCache's KV_2LTD, not the drive's
@@ -51,11 +58,11 @@ NPARAM = 14
 # failures (negative returns); 1..9 describe a corrupt compressed block
 E_SHORT, E_MAGIC, E_VERSION, E_LENGTH, E_CHECKSUM = -1, -2, -3, -4, -5
 E_FIELDS, E_SHAPE, E_BODY, E_KIVI_GROUPS = -6, -7, -8, -9
-E_OUT_SMALL = -10  # the output buffer is smaller than the result
-E_NONFINITE = -11  # inf or NaN in a block to quantize
-E_REQUEST = -12  # a malformed quantized-store request (magic, dtype, scheme, shape)
-E_VALUE_SIZE = -13  # the block's bytes do not match the request's shape and dtype
-E_SCHEME = -14  # an unknown scheme name
+# -10 to -14, shared with the data plane (c/fw/sde_fw.h, through firmware/abi.py):
+# E_OUT_SMALL, the output buffer is smaller than the result; E_NONFINITE, inf or NaN in a
+# block to quantize; E_REQUEST, a malformed quantized-store request (magic, dtype, scheme,
+# shape); E_VALUE_SIZE, the block's bytes do not match the request's shape and dtype;
+# E_SCHEME, an unknown scheme name
 
 
 # ---- little-endian fields --------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The firmware's C entry points: the data plane's own threads call these (`numba.cfunc`,
-no Python object, no GIL) for the compute commands.  ssdemu/daemon.py hands their addresses
-to the C side (sde_dev_set_firmware); c/sde_fw.h declares the same signatures.
+no Python object, no GIL) for the compute commands.  ssdemu/device/daemon.py hands their addresses
+to the C side (sde_dev_set_firmware); c/fw/sde_fw.h declares the same signatures.
 
 Why entry points called from C worker threads, rather than Python threads parked inside a
 `nogil` kernel that polls a C queue: the data plane's firmware threads are plain pthreads
@@ -15,6 +15,16 @@ All three return a byte count (>= 0) or a negative firmware/blockops.py code.
 import numpy as np
 from numba import carray, cfunc, njit, types
 
+# what a call tells the data plane about the block, for its cost: INFO_* (c/fw/sde_fw.h)
+from firmware.abi import (
+    INFO_BITS,
+    INFO_COMPRESSED,
+    INFO_ELEMENT_BYTES,
+    INFO_ELEMENTS,
+    INFO_GROUP,
+    INFO_KIND,
+    INFO_RAW,
+)
 from firmware.blockops import (
     E_OUT_SMALL,
     E_REQUEST,
@@ -38,9 +48,6 @@ u8p = types.CPointer(types.uint8)
 i64p = types.CPointer(types.int64)
 u32p = types.CPointer(types.uint32)
 
-# what a call tells the data plane about the block, for its cost (c/sde_fw.h)
-INFO_ELEMENTS, INFO_ELEMENT_BYTES, INFO_KIND, INFO_GROUP, INFO_BITS, INFO_COMPRESSED, \
-    INFO_RAW = range(7)
 
 
 @njit(cache=True, nogil=True)

@@ -39,9 +39,6 @@ from ssdemu_wire.layout import NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
 
 ffi, lib = _ring.ffi, _ring.lib
 
-F_ADD_SEALS = 1033
-F_SEAL_SHRINK = 0x0002
-F_SEAL_GROW = 0x0004
 BOUNCE_BYTES = 4 << 20  # per queue pair: values that are not in a registered buffer
 MAX_KEY = 16
 DEFAULT_ENTRIES = 256
@@ -286,7 +283,7 @@ class Device:
         fd = os.memfd_create("ssdemu-buf", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
-            fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
             reply, _ = self._request({"op": "register_buffer", "bytes": size,
                                       "bounce": bounce}, [fd])

@@ -30,7 +30,7 @@ def _size_arg(text: str) -> int:
 
 
 def _metrics_address(text: str) -> str:
-    from ssdemu.metrics import parse_address
+    from ssdemu.device.metrics import parse_address
 
     try:
         parse_address(text)
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the emulated drive (the device process)")
     serve.add_argument("--profile", default="star2000d",
-                       help="a profile name from ssdemu/profiles/ or a YAML path")
+                       help="a profile name from ssdemu/sim/profiles/ or a YAML path")
     serve.add_argument("--media", required=True,
                        help="file:PATH[:SIZE], block:/dev/NAME or mem:SIZE")
     serve.add_argument("--socket", required=True, help="the Unix socket clients connect to")
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_bench_io(args) -> int:
-    from bench.io import bench_io, format_table
+    from ssdemu.bench.io import bench_io, format_table
 
     if args.qd > 4096:
         raise ValueError("--qd must be at most 4096")
@@ -392,7 +392,7 @@ def _cmd_bench_io(args) -> int:
 
 
 def _cmd_bench_firmware(args) -> int:
-    from bench.firmware import bench_firmware, format_table
+    from ssdemu.bench.firmware import bench_firmware, format_table
 
     report = bench_firmware(mib=args.mib, prefix_chains=args.prefix_chains)
     print(json.dumps(report) if args.json else format_table(report))
@@ -403,9 +403,9 @@ def _cmd_serve(args) -> int:
     import logging
     import os
 
-    from ssdemu.daemon import check_socket_path, serve
-    from ssdemu.media import open_media
-    from ssdemu.profile import load
+    from ssdemu.device.daemon import check_socket_path, serve
+    from ssdemu.device.media import open_media
+    from ssdemu.sim.profile import load
 
     check_socket_path(args.socket)  # before anything is opened, formatted or logged
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -419,9 +419,9 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_format(args) -> int:
-    from ssdemu.media import open_media
-    from ssdemu.profile import load
-    from ssdemu.store import Store
+    from ssdemu.device.media import open_media
+    from ssdemu.device.store import Store
+    from ssdemu.sim.profile import load
 
     kv = load(args.profile).kv
     with open_media(args.media) as media:
@@ -434,7 +434,7 @@ def _cmd_format(args) -> int:
 
 
 def _cmd_bench_lmcache(args) -> int:
-    from bench.lmcache import bench_lmcache, format_table
+    from ssdemu.bench.lmcache import bench_lmcache, format_table
 
     report = bench_lmcache(args.chunks, args.dir, args.quant)
     print(json.dumps(report) if args.json else format_table(report))
@@ -442,7 +442,7 @@ def _cmd_bench_lmcache(args) -> int:
 
 
 def _cmd_bench_hops(args) -> int:
-    from bench.hops import bench_hops, format_table
+    from ssdemu.bench.hops import bench_hops, format_table
 
     report = bench_hops(args.socket, args.value, args.rounds)
     print(json.dumps(report) if args.json else format_table(report))
@@ -450,7 +450,7 @@ def _cmd_bench_hops(args) -> int:
 
 
 def _cmd_bench_kv(args) -> int:
-    from bench.kv import bench_kv, format_table
+    from ssdemu.bench.kv import bench_kv, format_table
 
     report = bench_kv(args.socket, args.media, args.seconds)
     print(json.dumps(report) if args.json else format_table(report))
@@ -458,7 +458,7 @@ def _cmd_bench_kv(args) -> int:
 
 
 def _cmd_bench_queue(args) -> int:
-    from bench.queue import bench_queue, format_table
+    from ssdemu.bench.queue import bench_queue, format_table
 
     report = bench_queue(args.socket, args.media, args.seconds, args.ns_size)
     print(json.dumps(report) if args.json else format_table(report))
@@ -466,13 +466,13 @@ def _cmd_bench_queue(args) -> int:
 
 
 def _cmd_stat(args) -> int:
-    from ssdemu.stat import run
+    from ssdemu.tools.stat import run
 
     return run(args.socket, args.interval, args.count)
 
 
 def _cmd_torture(args) -> int:
-    from ssdemu.torture import as_dict, summary, torture
+    from ssdemu.tools.torture import as_dict, summary, torture
 
     t = torture(args.seconds, args.seed, args.dir)
     print(json.dumps(as_dict(t)) if args.json else summary(t))
@@ -481,14 +481,14 @@ def _cmd_torture(args) -> int:
 
 
 def _cmd_ctl(args) -> int:
-    from ssdemu.ctl import run
+    from ssdemu.tools.ctl import run
 
     print(run(args))
     return 0
 
 
 def _cmd_bench_device(args) -> int:
-    from bench.device import bench_device, format_table
+    from ssdemu.bench.device import bench_device, format_table
 
     if args.logical is not None and args.logical < MIN_BENCH_LOGICAL:
         print(f"ssdemu: error: --logical {args.logical} is under 64M: the FTL's lines need "
@@ -501,7 +501,7 @@ def _cmd_bench_device(args) -> int:
 
 
 def _cmd_bench_replay(args) -> int:
-    from bench.replay import bench_replay, format_table
+    from ssdemu.bench.replay import bench_replay, format_table
     from traces.mooncake import SAMPLE
 
     report = bench_replay(args.trace or SAMPLE, args.model, args.profile, args.quant,
@@ -513,7 +513,7 @@ def _cmd_bench_replay(args) -> int:
 def _cmd_sweep(args) -> int:
     import os
 
-    from ssdemu.sweep import run_sweep
+    from ssdemu.replay.sweep import run_sweep
 
     out = args.out or f"sweep-{os.path.splitext(os.path.basename(args.spec))[0]}"
     r = run_sweep(args.spec, out, address=args.address, plot=args.plot,
@@ -531,7 +531,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    from ssdemu.replay_job import ReplayJob, run
+    from ssdemu.replay.job import ReplayJob, run
 
     report = run(ReplayJob(
         trace=args.trace, profile=args.profile, model=args.model, mode=args.mode,

@@ -1,30 +1,16 @@
-"""cffi builder of ssdemu_wire._ring: the queue-pair layout (c/sde_queue.h, whose CDEF block
-is the one definition) and the ring functions (c/sde_ring.c).  No liburing, no daemon: what a
-client needs to talk to a drive."""
+"""cffi builder of ssdemu_wire._ring: the queue-pair layout (c/wire/sde_queue.h, whose CDEF
+block is the one definition) and the ring functions (c/wire/sde_ring.c).  No liburing, no
+daemon: what a client needs to talk to a drive.  Here rather than in c/cffi_build.py so that
+the client's own distribution (clients/python) builds it alone."""
 
-import os
 import pathlib
-
-from cffi import FFI
+import sys
 
 C = pathlib.Path(__file__).resolve().parent.parent / "c"
+sys.path.insert(0, str(C))
+from cffi_common import WIRE, builder  # noqa: E402  (c/ is not a package)
 
-
-def cdef_block(header_text: str) -> str:
-    start = header_text.index("/* CDEF-BEGIN */") + len("/* CDEF-BEGIN */")
-    return header_text[start:header_text.index("/* CDEF-END */")]
-
-
-ffibuilder = FFI()
-ffibuilder.cdef(cdef_block((C / "sde_queue.h").read_text()))
-ffibuilder.set_source(
-    "ssdemu_wire._ring",
-    '#include "sde_queue.h"',
-    # relative to where setuptools runs the build (the project root)
-    sources=[os.path.relpath(C / "sde_ring.c")],
-    include_dirs=[str(C)],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-)
+ffibuilder = builder("ssdemu_wire._ring", WIRE)
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)

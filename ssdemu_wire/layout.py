@@ -1,4 +1,4 @@
-"""numpy views of the queue-pair layout, derived from the compiled C structs (c/sde_queue.h is
+"""numpy views of the queue-pair layout, derived from the compiled C structs (c/wire/sde_queue.h is
 the one definition), and the names of opcodes and status codes."""
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ OPCODES = _constants("SDE_CMD_")  # name -> opcode
 STATUS = _constants("SDE_SC_")  # name -> status code
 STATUS_NAMES = {v: k for k, v in STATUS.items()}
 NS_SHARED = lib.SDE_NS_SHARED  # NS_CREATE's param1: a namespace every client may use
-ADMIN_OPCODES = {OPCODES[n] for n in ("IDENTIFY", "NS_CREATE", "NS_DELETE", "NS_LIST",
-                                      "GET_LOG")}
 
 
 def new_sqes(n: int) -> np.ndarray:

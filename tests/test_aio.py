@@ -9,7 +9,7 @@ import pytest
 
 import hostlib
 import hostlib.aio
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ def test_missing_liburing_is_one_line(tmp_path):
     fake_cc.write_text("#!/bin/sh\necho 'liburing.h: No such file' >&2\nexit 1\n")
     fake_cc.chmod(0o755)
     env = dict(os.environ, CC=str(fake_cc))
-    p = subprocess.run([sys.executable, str(ROOT / "c" / "build_engine.py")], cwd=ROOT,
+    p = subprocess.run([sys.executable, str(ROOT / "c" / "cffi_build.py")], cwd=ROOT,
                        capture_output=True, text=True, env=env)
     assert p.returncode != 0
     assert p.stderr.strip() == (

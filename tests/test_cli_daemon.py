@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 
 
 def ssdemu(*args, timeout=180):

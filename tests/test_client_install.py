@@ -8,7 +8,7 @@ import subprocess
 import sys
 import venv
 
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

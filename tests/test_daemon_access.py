@@ -4,6 +4,7 @@ what is not a number (real daemon processes throughout)."""
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import os
 import socket
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 from ssdemu_wire import control
 from ssdemu_wire.layout import PROTOCOL_VERSION
 
@@ -133,7 +134,7 @@ def test_queue_pair_memory_cannot_be_shrunk_by_its_client(tmp_path):
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
 def test_profiles_refuse_nan_and_infinity(tmp_path, value):
-    from ssdemu.profile import ProfileError, load
+    from ssdemu.sim.profile import ProfileError, load
 
     text = (load.__globals__["PROFILE_DIR"] / "star2000d.yaml").read_text()
     for field in ("latency_ns", "tops"):
@@ -147,7 +148,7 @@ def test_profiles_refuse_nan_and_infinity(tmp_path, value):
 
 
 def test_a_profile_that_is_not_yaml_gives_one_line_with_its_place(tmp_path):
-    from ssdemu.profile import ProfileError, load
+    from ssdemu.sim.profile import ProfileError, load
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nlink: [1, 2\n")
@@ -289,5 +290,39 @@ def test_a_new_namespace_never_shows_old_bytes(tmp_path, media):
                 out[:] = 1
                 other.read(ns2, lba, out)
                 assert not out.any(), lba
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def test_refused_buffer_registrations_keep_no_descriptor(tmp_path):
+    """A memfd the daemon cannot map shared and writable (sealed against writes), or one
+    that is too small, is refused in one line and nothing of it stays in the daemon: after
+    100 refusals of each kind its open descriptors are what they were, and so are its
+    mappings of the refused memory (a kept descriptor would keep the memory alive)."""
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(d.socket_path)
+        control.send(s, {"op": "hello", "version": PROTOCOL_VERSION})
+        assert control.recv(s)[0]["ok"]
+        before = d.open_fds()
+        errors = set()
+        for kind in ("write-sealed", "too small"):
+            for _ in range(100):
+                fd = os.memfd_create("refused", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+                os.ftruncate(fd, 1 << 20)
+                seals = fcntl.F_SEAL_SHRINK | (fcntl.F_SEAL_WRITE if kind == "write-sealed" else 0)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+                declared = (1 << 20) * (2 if kind == "too small" else 1)
+                control.send(s, {"op": "register_buffer", "bytes": declared}, [fd])
+                reply, _ = control.recv(s)
+                os.close(fd)
+                assert not reply["ok"]
+                errors.add(reply["error"])
+        assert d.open_fds() == before
+        assert d.mappings("memfd:refused") == 0
+        assert not any("internal error" in e for e in errors), errors
+        s.close()
+        _serves(d.socket_path)  # and it serves
     finally:
         assert d.terminate()[0] == 0

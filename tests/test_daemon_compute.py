@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import hostlib
-from firmware.cost import quantize_cost
 from firmware.quant import dequantize
 from hostlib.prefix_hash import chain_keys, root_key
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.profile import load
-from ssdemu.timing import budget_of
+from ssdemu.sim.cost import quantize_cost
+from ssdemu.sim.profile import load
+from ssdemu.sim.timing import budget_of
+from ssdemu.tools.daemon_process import DaemonProcess
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 from ssdemu_wire.layout import OPCODES
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""KV commands in the data plane (c/sde_dev.c against c/sde_store.c), through a real daemon:
+"""KV commands in the data plane (c/dev against c/store), through a real
+daemon:
 keys checked and never truncated, zero copy from registered buffers, several commands in
 flight from several threads, 64 MiB values, a journal that never runs out, kill -9 during
 churn and during a large put, and v1 media refused."""
@@ -17,11 +18,11 @@ import numpy as np
 import pytest
 
 import hostlib
-from ssdemu import _engine
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.device import _device
+from ssdemu.tools.daemon_process import DaemonProcess
 from ssdemu_wire.layout import OPCODES, STATUS
 
-ffi, lib = _engine.ffi, _engine.lib
+ffi, lib = _device.ffi, _device.lib
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import tempfile
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.media import open_media
-from ssdemu.store import KeyNotFound, Store
+from ssdemu.device.media import open_media
+from ssdemu.device.store import KeyNotFound, Store
+from ssdemu.tools.daemon_process import DaemonProcess
 from ssdemu_wire.layout import OPCODES
 
 ROOT = os.getuid() == 0

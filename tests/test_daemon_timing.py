@@ -9,9 +9,9 @@ import time
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.profile import load
-from ssdemu.timing import DeviceModel
+from ssdemu.sim.profile import load
+from ssdemu.sim.timing import DeviceModel
+from ssdemu.tools.daemon_process import DaemonProcess
 from ssdemu_wire.layout import OPCODES
 
 
@@ -118,8 +118,8 @@ def test_bad_clock_is_refused(tmp_path, clock):
 def test_kv_and_compute_commands_include_nand_time(tmp_path):
     import numpy as np
 
-    from firmware.cost import quantize_cost
-    from ssdemu.timing import budget_of
+    from ssdemu.sim.cost import quantize_cost
+    from ssdemu.sim.timing import budget_of
 
     profile = load("star2000d")
     d = _daemon(tmp_path)
@@ -156,7 +156,7 @@ def test_kv_and_compute_commands_include_nand_time(tmp_path):
 
 
 def test_fixed_latency_model_in_the_daemon(tmp_path):
-    from ssdemu.timing import FixedLatencyModel
+    from ssdemu.sim.timing import FixedLatencyModel
 
     d = _daemon(tmp_path, "--timing", "fixed")
     try:

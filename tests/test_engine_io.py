@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ssdemu.buffers import address_of, alloc_aligned
-from ssdemu.engine import (
+from ssdemu.device.buffers import address_of, alloc_aligned
+from ssdemu.device.engine import (
     IO_DTYPE,
     IOF_SHORT,
     IOVEC_DTYPE,
@@ -21,8 +21,8 @@ from ssdemu.engine import (
     ffi,
     make_ios,
 )
+from ssdemu.device.media import open_media
 from ssdemu.errors import EngineError
-from ssdemu.media import open_media
 
 SLOT = 1 << 20  # each I/O of a batch gets its own 1 MiB slot, so in-flight I/Os never overlap
 
@@ -251,9 +251,9 @@ def test_queue_depth_validated(media_spec):
 
 FALLBACK_SCRIPT = """
 import json, os, resource
-from ssdemu.buffers import address_of, alloc_aligned
-from ssdemu.engine import Engine
-from ssdemu.media import open_media
+from ssdemu.device.buffers import address_of, alloc_aligned
+from ssdemu.device.engine import Engine
+from ssdemu.device.media import open_media
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
 os.setgroups([]); os.setgid(65534); os.setuid(65534)  # drop CAP_IPC_LOCK with root
 m = open_media("mem:8M")

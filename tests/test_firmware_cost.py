@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from firmware.cost import (
+from firmware.layout import KVShape
+from firmware.quant import compressed_nbytes
+from ssdemu.sim.cost import (
     KERNELS,
     ComputeProfile,
     KernelCost,
@@ -15,8 +17,6 @@ from firmware.cost import (
     prefix_match_cost,
     quantize_cost,
 )
-from firmware.layout import KVShape
-from firmware.quant import compressed_nbytes
 
 SCHEMES = ["int8_g64", "int4_g32", "int4_g128_sym", "kivi4_g32_r128", "fp8_tensor", "fp8_head"]
 
@@ -134,8 +134,8 @@ def test_run_times_a_real_kernel():
 def test_kernels_share_the_dram_with_the_nand_and_pcie_dma():
     """A memory-bound kernel tied to a timing model's DRAM takes longer while writes stream
     through the DRAM write cache to the NAND than on an idle drive."""
-    from ssdemu.profile import load
-    from ssdemu.timing import DeviceModel, budget_of
+    from ssdemu.sim.profile import load
+    from ssdemu.sim.timing import DeviceModel, budget_of
 
     p = load("pcie4-tlc")
     cost = dequantize_cost(16 << 20, 2, "int8_g64", (16 << 20) + (1 << 19))
@@ -156,16 +156,16 @@ def test_kernels_share_the_dram_with_the_nand_and_pcie_dma():
 
 
 def test_transformed_commands_stream_through_the_controller():
-    """The recipes (c/sde_recipe.c): a dequantized retrieve's kernel starts on the first piece
+    """The recipes (c/model/sde_recipe.c): a dequantized retrieve's kernel starts on the first piece
     sensed and its result leaves from the first piece out, a quantized store's kernel starts on
     the first piece received and its program from the first piece out; each stage ends no
     earlier than the one before plus a piece, and the whole is sooner than the stages one
     after another."""
-    from ssdemu import _engine
-    from ssdemu.profile import load
-    from ssdemu.timing import DeviceModel, budget_of
+    from ssdemu.sim import _model
+    from ssdemu.sim.profile import load
+    from ssdemu.sim.timing import DeviceModel, budget_of
 
-    ffi, lib = _engine.ffi, _engine.lib
+    ffi, lib = _model.ffi, _model.lib
     p = load("star2000d")
     raw, stored = 64 << 20, 34 << 20
     cost = quantize_cost(raw // 2, 2, "int8_g64", stored).c()

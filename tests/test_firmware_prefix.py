@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from firmware.prefix_hash import hash_chain
-from firmware.prefix_index import (
+from hostlib.prefix_hash import BLOCK_SIZES, chain_keys, root_key
+from ssdemu.bench.prefix_index import (
     EXISTED,
     FULL,
     INSERTED,
@@ -21,7 +22,6 @@ from firmware.prefix_index import (
     PrefixIndex,
     keys_array,
 )
-from hostlib.prefix_hash import BLOCK_SIZES, chain_keys, root_key
 
 # ---- hashing --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The timing model's FTL (c/sde_ftl.c under c/sde_model.c): mapping, GC, write
+"""The timing model's FTL (c/model/sde_ftl.c under c/model): mapping, GC, write
 amplification, trims, and GC competing with host I/O.  Small logical spaces and a small
 profile so that a drive fills in milliseconds."""
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.profile import load
-from ssdemu.timing import DeviceModel, ftl_scale
+from ssdemu.sim.profile import load
+from ssdemu.sim.timing import DeviceModel, ftl_scale
+from ssdemu.tools.daemon_process import DaemonProcess
 
 MIB = 1 << 20
 KIB4 = 4096

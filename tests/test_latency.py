@@ -2,10 +2,10 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ssdemu import _engine
-from ssdemu.latency import BUCKETS, bucket_values_ns, new_histogram, percentiles_us
+from ssdemu.device import _device
+from ssdemu.device.latency import BUCKETS, bucket_values_ns, new_histogram, percentiles_us
 
-lib = _engine.lib
+lib = _device.lib
 
 
 @given(st.integers(min_value=0, max_value=(1 << 62)))

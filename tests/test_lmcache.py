@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LMVENV = ROOT / ".venv-lmcache"

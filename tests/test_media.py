@@ -2,8 +2,8 @@ import os
 
 import pytest
 
+from ssdemu.device.media import MediaSpec, open_media, parse_media_spec
 from ssdemu.errors import MediaError
-from ssdemu.media import MediaSpec, open_media, parse_media_spec
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.stat import interval_row
+from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu.tools.stat import interval_row
 
 
 def _free_port() -> int:

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.pool import Fabric, FabricSpec, HashRing, parse_fabric
-from ssdemu.profile import load
-from ssdemu.replay import replay_model
-from ssdemu.replay_data import replay_data
-from ssdemu.serving import model_config, parse_capacities
+from ssdemu.replay.data_mode import replay_data
+from ssdemu.replay.model_mode import replay_model
+from ssdemu.replay.pool import Fabric, FabricSpec, HashRing, parse_fabric
+from ssdemu.replay.serving import model_config, parse_capacities
+from ssdemu.sim.profile import load
+from ssdemu.tools.daemon_process import DaemonProcess
 from traces.mooncake import SAMPLE, Request, TraceReader
 from traces.synthetic import generate, write
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess
 
 BLOCK = 4096
 

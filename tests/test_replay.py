@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssdemu.profile import load
-from ssdemu.replay import replay_model
-from ssdemu.serving import LRUTier, SyntheticKV, drive_key, model_config, parse_capacities
+from ssdemu.replay.model_mode import replay_model
+from ssdemu.replay.serving import LRUTier, SyntheticKV, drive_key, model_config, parse_capacities
+from ssdemu.sim.profile import load
 from traces.mooncake import SAMPLE, Request, TraceError, TraceReader
 from traces.synthetic import generate, write
 
@@ -301,7 +301,7 @@ def test_an_overloaded_baseline_is_named():
 
 
 def test_prefill_rate_auto_gives_a_baseline_that_keeps_up():
-    from ssdemu.replay_job import ReplayJob, run
+    from ssdemu.replay.job import ReplayJob, run
 
     common = {"trace": str(SAMPLE), "profile": "star2000d", "model": "llama-3-8b",
               "mode": "model", "quant": "int8_g64", "capacity": "drive=unbounded",

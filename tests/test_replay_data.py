@@ -15,11 +15,11 @@ import sys
 import pytest
 
 import hostlib
-from ssdemu.daemon_process import DaemonProcess
-from ssdemu.profile import load
-from ssdemu.replay import replay_model
-from ssdemu.replay_data import DataModeError, replay_data
-from ssdemu.serving import ModelConfig, model_config, parse_capacities
+from ssdemu.replay.data_mode import DataModeError, replay_data
+from ssdemu.replay.model_mode import replay_model
+from ssdemu.replay.serving import ModelConfig, model_config, parse_capacities
+from ssdemu.sim.profile import load
+from ssdemu.tools.daemon_process import DaemonProcess
 from traces.mooncake import SAMPLE, TraceReader
 from traces.synthetic import generate, write
 
@@ -158,8 +158,8 @@ def test_data_mode_on_the_sample_prefix(daemon):
 
 def test_a_block_changed_on_the_drive_is_caught(daemon):
     """Verification can fail: overwrite a stored block behind the replay's back."""
-    from ssdemu.replay_data import DataDrive
-    from ssdemu.serving import drive_key
+    from ssdemu.replay.data_mode import DataDrive
+    from ssdemu.replay.serving import drive_key
 
     with hostlib.connect(daemon.socket_path) as dev:
         drive = DataDrive(dev, PROFILE, TINY, "int8_g64")

@@ -1,4 +1,4 @@
-"""The on-media store (format v2, c/sde_store.c): round trips, KV semantics, byte-level
+"""The on-media store (format v2, c/store): round trips, KV semantics, byte-level
 sharing, crash recovery, corruption, a journal that never runs out, and refusing media that
 is not ours.  Every test runs on 512-byte media (a file) and on 4 KiB media (a loop device
 with 4 KiB sectors)."""
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ssdemu.media import open_media
-from ssdemu.store import (
+from ssdemu.device.media import open_media
+from ssdemu.device.store import (
     FORMAT_VERSION,
     MAGIC,
     STORE_IF_EXISTS,
@@ -172,8 +172,8 @@ def test_identical_bytes_are_stored_once(drive):
 
 WRITER = textwrap.dedent("""
     import os, sys
-    from ssdemu.media import open_media
-    from ssdemu.store import Store
+    from ssdemu.device.media import open_media
+    from ssdemu.device.store import Store
     spec, durable = sys.argv[1], sys.argv[2] == "1"
     m = open_media(spec)
     s = Store.open(m, durable_on_completion=durable)
@@ -441,7 +441,7 @@ def test_an_early_record_whose_value_never_landed_is_skipped_at_open(drive):
     the values of the records the last block calls unsure: the key keeps its old value (or
     stays absent), a value that did land is kept, and a checkpoint ends that journal, so the
     record is never replayed unchecked by a later open."""
-    from ssdemu._engine import lib
+    from ssdemu.device._device import lib
 
     m, s = fresh(drive)
     old = b"old value " * 500

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from ssdemu.sweep_spec import WALL_FIELDS, SpecError, expand, flatten, load_spec
+from ssdemu.replay.sweep_spec import WALL_FIELDS, SpecError, expand, flatten, load_spec
 from traces.synthetic import generate, write
 
 

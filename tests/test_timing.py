@@ -9,8 +9,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssdemu.profile import FIGURES, PROFILE_DIR, ProfileError, available, load, parse
-from ssdemu.timing import (
+from ssdemu.sim.profile import FIGURES, PROFILE_DIR, ProfileError, available, load, parse
+from ssdemu.sim.timing import (
     DeviceModel,
     FixedLatencyModel,
     Resource,

@@ -1,4 +1,4 @@
-"""A request's blocks booked as one batch (c/sde_model.c, "batches": the dies die by die, on
+"""A request's blocks booked as one batch (c/model, "batches": the dies die by die, on
 one thread or two, everything else block by block) give exactly what booking the blocks one
 after the other gives: every completion, every resource's next free time, every counter."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from firmware.cost import dequantize_cost, quantize_cost
-from ssdemu import _engine
-from ssdemu.profile import available, load
-from ssdemu.timing import DeviceModel, budget_of
+from ssdemu.sim import _model
+from ssdemu.sim.cost import dequantize_cost, quantize_cost
+from ssdemu.sim.profile import available, load
+from ssdemu.sim.timing import DeviceModel, budget_of
 
-ffi, lib = _engine.ffi, _engine.lib
+ffi, lib = _model.ffi, _model.lib
 SCHEME = "int8_g64"
 
 

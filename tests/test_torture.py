@@ -8,7 +8,7 @@ import random
 import subprocess
 import sys
 
-from ssdemu.torture import Tally, crash_run, value_of, version_in
+from ssdemu.tools.torture import Tally, crash_run, value_of, version_in
 
 
 def test_a_short_torture_run_is_clean():

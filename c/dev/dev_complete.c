@@ -1,0 +1,220 @@
+/* Completions: counters, staging and posting, the held heap (real clock: completions wait for
+ * their modelled time), and the glue to the timing model. */
+#define _GNU_SOURCE
+#include "dev_internal.h"
+#include "sde_heap.h"
+
+static void account(sde_dev *dev, int cls, uint16_t status, uint64_t bytes, uint64_t lat)
+{
+    sde_class_stats *c = &dev->stats.cls[cls];
+    c->commands++;
+    if (status != SDE_SC_SUCCESS)
+        c->errors++;
+    else
+        c->bytes += bytes;
+    c->lat_ns_total += lat;
+    int b = lat ? 63 - __builtin_clzll(lat) : 0;
+    c->lat_hist[b]++;
+}
+
+/* Post what a queue pair has staged; one kick if its client sleeps. */
+void dev_flush_stage(struct dev_qp *q)
+{
+    if (!q->nstage)
+        return;
+    if (sde_cq_post(&q->v, q->stage, q->nstage))
+        kick(q->cfd);
+    qp_done(q, q->nstage);
+    q->nstage = 0;
+}
+
+static void stage(struct dev_qp *q, const sde_cqe *c)
+{
+    q->stage[q->nstage++] = *c;
+    if (q->nstage == STAGE)
+        dev_flush_stage(q);
+}
+
+static void drop(struct dev_qp *q)
+{
+    qp_done(q, 1);
+    if (!q->inflight)
+        q->in_use = 0;
+}
+
+#define HELD_DUE(x) ((x).due)
+SDE_HEAP(held, struct held, HELD_DUE)
+
+/* Hold a completion until its due time (real clock). */
+static void heap_push(sde_dev *dev, const struct held *h)
+{
+    if (dev->nheld == dev->cap_held) {
+        uint32_t cap = dev->cap_held ? 2 * dev->cap_held : 256;
+        struct held *n = realloc(dev->held, cap * sizeof(*n));
+        if (!n) { /* no memory to hold it: post it now rather than lose it */
+            if (dev->qps[h->qp].active)
+                stage(&dev->qps[h->qp], &h->cqe);
+            else
+                drop(&dev->qps[h->qp]);
+            return;
+        }
+        dev->held = n;
+        dev->cap_held = cap;
+    }
+    held_push(dev->held, &dev->nheld, *h);
+}
+
+/* Stage every held completion whose modelled time has come. */
+int dev_release_due(sde_dev *dev, uint64_t now)
+{
+    int n = 0;
+    while (dev->nheld && dev->held[0].due <= now) {
+        struct held h = held_pop(dev->held, &dev->nheld);
+        struct dev_qp *q = &dev->qps[h.qp];
+        if (q->active)
+            stage(q, &h.cqe);
+        else
+            drop(q);
+        n++;
+    }
+    return n;
+}
+
+/* Complete one command of queue pair qp: stage its completion (posted at the end of the
+ * dev_pass), hold it until `due` (real-time model), or drop it if the queue no longer serves.
+ * dtime: the CQE's device time, 0 for the measured latency. */
+void dev_finish_at(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
+                      uint64_t result, uint64_t bytes, uint64_t t0, uint64_t due,
+                      uint64_t dtime)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    uint64_t now = now_ns();
+    uint64_t lat = now - t0;
+    if (dev->ndelays) { /* a latency fault: the completion comes that much later */
+        for (uint32_t i = 0; i < dev->ndelays; i++) {
+            struct delay *d = &dev->delays[i];
+            if (d->qp != qp || d->cid != cid)
+                continue;
+            if (dev->virtual_time && dtime) {
+                dtime += d->ns;
+            } else {
+                due = (due > now ? due : now) + d->ns;
+                if (dtime)
+                    dtime += d->ns;
+            }
+            *d = dev->delays[--dev->ndelays];
+            break;
+        }
+    }
+    account(dev, cls, status, bytes, lat);
+    if (!q->active) {
+        drop(q);
+        return;
+    }
+    sde_cqe c = {.cid = cid, .status = status, .result = result,
+                 .device_time_ns = dtime ? dtime : lat};
+    if (due > now) {
+        dev->stats.held++;
+        heap_push(dev, &(struct held){due, qp, c});
+        return;
+    }
+    if (due && now > due)
+        dev->stats.host_lag++; /* the media took longer than the modelled device */
+    stage(q, &c);
+}
+
+void dev_finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
+                   uint64_t result, uint64_t bytes, uint64_t t0)
+{
+    dev_finish_at(dev, qp, cls, cid, status, result, bytes, t0, 0, 0);
+}
+
+/* The modelled submission of a command fetched at t0: the virtual clock (which never goes
+ * back) or the real one since the model's origin. */
+double dev_model_submit(sde_dev *dev, const sde_sqe *c, uint64_t t0)
+{
+    if (dev->virtual_time) {
+        if (dev->resuming) /* a deferred command: as it was when fetched */
+            return dev->resume_submit;
+        double s = (double)c->submit_time_ns;
+        if (s > dev->vclock)
+            dev->vclock = s;
+        return dev->vclock;
+    }
+    return (double)(t0 - dev->origin);
+}
+
+/* (due on the monotonic clock, CQE device time) of a command submitted at `submit` that the
+ * model completes at `done`.  Real time: due = origin + done, device time = the modelled
+ * latency.  Virtual time: due 0 (nothing is held), device time = the completion. */
+void dev_model_verdict(sde_dev *dev, double submit, double done, uint64_t *due,
+                          uint64_t *dtime)
+{
+    *due = 0;
+    *dtime = 0;
+    if (done < 0)
+        return;
+    if (dev->virtual_time) {
+        *dtime = (uint64_t)done;
+    } else {
+        if (dev->model)
+            *due = dev->origin + (uint64_t)done;
+        *dtime = (uint64_t)(done - submit);
+        if (!*dtime)
+            *dtime = 1;
+    }
+}
+
+/* The model's verdict for a command starting now (see dev_model_verdict); nothing without a
+ * model. */
+void dev_model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op,
+                        uint64_t off, uint64_t nbytes, uint64_t *due, uint64_t *dtime)
+{
+    *due = 0;
+    *dtime = 0;
+    if (!dev->model)
+        return;
+    double submit = dev_model_submit(dev, c, t0);
+    double done;
+    switch (op) {
+    case SDE_CMD_READ: done = sde_model_read(dev->model, submit, off, nbytes); break;
+    case SDE_CMD_WRITE: done = sde_model_write(dev->model, submit, off, nbytes); break;
+    case SDE_CMD_FLUSH: done = sde_model_flush(dev->model, submit); break;
+    default: done = sde_model_nop(dev->model, submit); break;
+    }
+    dev_model_verdict(dev, submit, done, due, dtime); /* done < 0 cannot happen: in time order */
+}
+
+/* Kernels and DMA share the controller's DRAM (sde_model_params.dram_bytes_per_s, which the
+ * daemon leaves 0 on the virtual clock: ssdemu/device/daemon.py). */
+void dev_share_dram(sde_dev *dev) { sde_budget_share_dram(&dev->budget, dev->model); }
+
+int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time)
+{
+    sde_model *m = NULL;
+    if (p) {
+        int r = sde_model_new(p, &m);
+        if (r < 0)
+            return r;
+    }
+    pthread_mutex_lock(&dev->lock);
+    sde_model_free(dev->model);
+    dev->model = m;
+    dev->write_cache = p ? p->write_cache : 0;
+    dev->virtual_time = virtual_time;
+    dev_share_dram(dev);
+    dev->origin = now_ns();
+    dev->vclock = 0;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    if (dev->model)
+        sde_model_get_stats(dev->model, out);
+    else
+        memset(out, 0, sizeof(*out));
+    pthread_mutex_unlock(&dev->lock);
+}

@@ -1,0 +1,422 @@
+/* The device's life and tables: creation, queue pairs and buffers of each client, namespaces,
+ * stats, the store and firmware attached, admin commands handed to the control plane. */
+#define _GNU_SOURCE
+#include "dev_internal.h"
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
+                sde_dev **out)
+{
+    if (io_depth == 0 || io_depth > 4096)
+        return -EINVAL;
+    sde_dev *dev = calloc(1, sizeof(*dev));
+    if (!dev)
+        return -ENOMEM;
+    pthread_mutex_init(&dev->lock, NULL);
+    dev->media_fd = media_fd;
+    dev->media_size = media_size;
+    dev->lba = lba_size;
+    dev->depth = io_depth;
+    struct stat st;
+    dev->is_block = fstat(media_fd, &st) == 0 && S_ISBLK(st.st_mode);
+    dev->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->origin = now_ns(); /* the device clock without a model too (compute times) */
+    dev->admin_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->ctx = calloc(io_depth, sizeof(*dev->ctx));
+    dev->free_ctx = calloc(io_depth, sizeof(*dev->free_ctx));
+    dev->admin = calloc(ADMIN_CAP, sizeof(*dev->admin));
+    dev->vwrites = calloc(2 * (size_t)io_depth, sizeof(*dev->vwrites));
+    int ret = -ENOMEM;
+    if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin ||
+        !dev->vwrites)
+        goto fail;
+    /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
+    ret = sde_engine_new(media_fd, media_size, lba_size, 2 * io_depth + 1 + ST_JOURNAL_SLOTS,
+                         0, &dev->eng);
+    if (ret < 0)
+        goto fail;
+    sde_register_buffer_slots(dev->eng, SDE_MAX_BUFS); /* failure: counted fallback */
+    for (uint32_t i = 0; i < io_depth; i++)
+        dev->free_ctx[i] = io_depth - 1 - i;
+    dev->nfree = io_depth;
+    dev->wait_head = dev->wait_tail = NO_CTX;
+    dev->park_head = dev->park_tail = NO_CTX;
+    dev->fw_head = dev->fw_tail = NO_CTX;
+    *out = dev;
+    return 0;
+fail:
+    sde_dev_free(dev);
+    return ret;
+}
+
+void sde_dev_free(sde_dev *dev)
+{
+    if (dev) {
+        sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
+        free(dev->pins);
+        free(dev->delays);
+        sde_undo_free(dev->undo);
+    }
+    if (!dev)
+        return;
+    if (dev->eng)
+        sde_engine_free(dev->eng); /* drains what is in flight */
+    for (uint32_t i = 0; dev->ctx && i < dev->depth; i++)
+        free(dev->ctx[i].bounce);
+    if (dev->doorbell >= 0)
+        close(dev->doorbell);
+    if (dev->admin_fd >= 0)
+        close(dev->admin_fd);
+    free(dev->ctx);
+    free(dev->free_ctx);
+    free(dev->admin);
+    free(dev->vwrites);
+    free(dev->held);
+    sde_model_free(dev->model);
+    pthread_mutex_destroy(&dev->lock);
+    free(dev);
+}
+
+int sde_dev_doorbell_fd(sde_dev *dev) { return dev->doorbell; }
+int sde_dev_admin_fd(sde_dev *dev) { return dev->admin_fd; }
+
+/* ---- tables (control plane) ---------------------------------------------------------- */
+
+/* The in-flight counter of a client: its own, or a slot no queue pair uses any more.  There
+ * is always one: a slot per queue pair. */
+static uint32_t *client_counter(sde_dev *dev, uint32_t client)
+{
+    int free_slot = -1;
+    for (int s = 0; s < SDE_MAX_QPS; s++) {
+        int used = 0;
+        for (int i = 0; i < dev->qp_hi && !used; i++)
+            used = dev->qps[i].in_use && dev->qps[i].client_inflight == &dev->clients[s].inflight;
+        if (used && dev->clients[s].client == client)
+            return &dev->clients[s].inflight;
+        if (!used && free_slot < 0)
+            free_slot = s;
+    }
+    dev->clients[free_slot].client = client;
+    dev->clients[free_slot].inflight = 0;
+    return &dev->clients[free_slot].inflight;
+}
+
+int sde_dev_set_client_quota(sde_dev *dev, uint32_t max_inflight)
+{
+    pthread_mutex_lock(&dev->lock);
+    dev->max_client_inflight = max_inflight;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
+                   uint32_t uid, uint64_t token)
+{
+    const sde_ring_hdr *h = mem;
+    if (sde_qp_check(mem, bytes) < 0)
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    int qp = -ENOSPC;
+    for (int i = 0; i < SDE_MAX_QPS; i++) {
+        if (!dev->qps[i].in_use) {
+            qp = i;
+            break;
+        }
+    }
+    if (qp >= 0) {
+        struct dev_qp *q = &dev->qps[qp];
+        if (qp >= dev->qp_hi)
+            dev->qp_hi = qp + 1;
+        memset(q, 0, sizeof(*q));
+        q->in_use = 1;
+        q->active = 1;
+        q->client = client;
+        q->client_inflight = client_counter(dev, client);
+        q->uid = uid;
+        q->token = token;
+        q->cfd = completion_fd;
+        /* trusted copies, taken now, before the client can touch the memory */
+        q->v.mem = mem;
+        q->v.bytes = bytes;
+        q->v.sq_entries = h->sq_entries;
+        q->v.cq_entries = h->cq_entries;
+        q->v.sq_offset = h->sq_offset;
+        q->v.cq_offset = h->cq_offset;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    kick(dev->doorbell);
+    return qp;
+}
+
+static int qp_ok(sde_dev *dev, int qp) { return qp >= 0 && qp < SDE_MAX_QPS && dev->qps[qp].in_use; }
+
+int sde_dev_remove_qp(sde_dev *dev, int qp)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (qp_ok(dev, qp)) {
+        struct dev_qp *q = &dev->qps[qp];
+        if (q->active)
+            sde_sq_set_dead(&q->v);
+        q->active = 0;
+        qp_done(q, q->nstage); /* staged completions go nowhere now */
+        q->nstage = 0;
+        ret = (int)q->inflight;
+        if (!ret)
+            q->in_use = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
+int sde_dev_qp_inflight(sde_dev *dev, int qp)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (qp_ok(dev, qp)) {
+        ret = (int)dev->qps[qp].inflight;
+        if (!ret && !dev->qps[qp].active)
+            dev->qps[qp].in_use = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
+void sde_dev_shutdown_qps(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    for (int i = 0; i < SDE_MAX_QPS; i++) {
+        struct dev_qp *q = &dev->qps[i];
+        if (q->in_use && q->active) {
+            sde_sq_set_dead(&q->v);
+            kick(q->cfd);
+        }
+    }
+    pthread_mutex_unlock(&dev->lock);
+}
+
+int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags)
+{
+    if (!addr || !len || ((uintptr_t)addr & 4095) || (flags & ~SDE_BUF_BOUNCE))
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    int h = -ENOSPC;
+    for (int i = 1; i <= SDE_MAX_BUFS; i++) {
+        if (!dev->bufs[i].active) {
+            h = i;
+            break;
+        }
+    }
+    if (h > 0) {
+        dev->bufs[h] = (struct dev_buf){1, client, addr, len, flags};
+        if (!(flags & SDE_BUF_BOUNCE))
+            sde_buffer_set(dev->eng, (uint32_t)h - 1, addr, len); /* failure: unregistered */
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return h;
+}
+
+int sde_dev_remove_buffer(sde_dev *dev, int handle)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (handle >= 1 && handle <= SDE_MAX_BUFS && dev->bufs[handle].active) {
+        if (!(dev->bufs[handle].flags & SDE_BUF_BOUNCE))
+            sde_buffer_set(dev->eng, (uint32_t)handle - 1, NULL, 0);
+        dev->bufs[handle].active = 0;
+        ret = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
+int sde_dev_client_inflight(sde_dev *dev, uint32_t client)
+{
+    pthread_mutex_lock(&dev->lock);
+    int n = 0;
+    for (int i = 0; i < SDE_MAX_QPS; i++)
+        if (dev->qps[i].in_use && dev->qps[i].client == client)
+            n += (int)dev->qps[i].inflight;
+    pthread_mutex_unlock(&dev->lock);
+    return n;
+}
+
+int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns)
+{
+    if (nsid < 1 || nsid > SDE_MAX_NS)
+        return -EINVAL;
+    if (ns && (ns->offset % dev->lba || ns->bytes % dev->lba ||
+               ns->offset > dev->media_size || ns->bytes > dev->media_size - ns->offset ||
+               !(ns->flags & SDE_NS_USED)))
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    if (ns) {
+        dev->ns[nsid] = *ns;
+    } else {
+        memset(&dev->ns[nsid], 0, sizeof(dev->ns[nsid]));
+        /* its keys went with it: so do the pins on them */
+        for (uint32_t i = 0; i < dev->npins;)
+            if (dev->pins[i].nsid == nsid)
+                dev->pins[i] = dev->pins[--dev->npins];
+            else
+                i++;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+/* Whether the client of queue pair q may use namespace nsid: it exists and is shared or its
+ * own (same uid and token).  Another owner's namespace looks exactly like a missing one. */
+int dev_ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid)
+{
+    if (nsid < 1 || nsid > SDE_MAX_NS)
+        return 0;
+    const sde_ns_info *ns = &dev->ns[nsid];
+    return (ns->flags & SDE_NS_USED) &&
+           ((ns->flags & SDE_NS_SHARED) || (ns->uid == q->uid && ns->token == q->token));
+}
+
+void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    *out = dev->stats;
+    out->pins = 0;
+    for (uint32_t i = 0; i < dev->npins; i++)
+        out->pins += dev->pins[i].count;
+    pthread_mutex_unlock(&dev->lock);
+}
+
+/* A range the store freed is a trim to the FTL (a delete or an overwrite no longer keeps
+ * its old value's units valid for GC). */
+static void trim_freed(void *ctx, uint64_t off, uint64_t nbytes)
+{
+    sde_dev *dev = ctx;
+    if (dev->model)
+        sde_model_trim(dev->model, off, nbytes);
+}
+
+int sde_dev_attach_store(sde_dev *dev, sde_store *st)
+{
+    pthread_mutex_lock(&dev->lock);
+    if (dev->store && dev->store != st)
+        sde_store_on_free(dev->store, NULL, NULL);
+    if (st)
+        sde_store_on_free(st, trim_freed, dev);
+    dev->store = st;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+void sde_dev_store_enter(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    while (dev->store && st_journal_busy(dev->store)) {
+        pthread_mutex_unlock(&dev->lock);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&dev->lock);
+    }
+}
+
+void sde_dev_store_leave(sde_dev *dev)
+{
+    pthread_mutex_unlock(&dev->lock);
+    kick(dev->doorbell); /* commands waiting for a group this call committed can complete */
+}
+
+/* ---- admin commands, handled by Python --------------------------------------------------- */
+
+/* An admin command's start: queued for the control plane, which an eventfd wakes. */
+void dev_admin_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    if (dev->admin_tail - dev->admin_head >= ADMIN_CAP) {
+        dev_finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+        return;
+    }
+    sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
+    a->qp = qp;
+    a->client = dev->qps[qp].client;
+    a->t0_ns = t0;
+    a->sqe = *c;
+    kick(dev->admin_fd);
+}
+
+int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max)
+{
+    uint64_t v;
+    ssize_t r = read(dev->admin_fd, &v, sizeof(v));
+    (void)r;
+    pthread_mutex_lock(&dev->lock);
+    uint32_t n = 0;
+    while (n < max && dev->admin_head != dev->admin_tail)
+        out[n++] = dev->admin[dev->admin_head++ % ADMIN_CAP];
+    pthread_mutex_unlock(&dev->lock);
+    return (int)n;
+}
+
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, uint32_t opcode,
+                     uint64_t bytes, uint64_t bytes_copied)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -EINVAL;
+    if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
+        int cls = sde_dev_opcode_class(opcode);
+        dev->stats.cls[cls].bytes_copied += bytes_copied;
+        uint64_t dtime = cqe->device_time_ns;
+        uint64_t due = dtime && dev->model && !dev->virtual_time ? t0_ns + dtime : 0;
+        dev_finish_at(dev, qp, cls, cqe->cid, cqe->status, cqe->result, bytes, t0_ns, due, dtime);
+        dev_flush_stage(&dev->qps[qp]);
+        ret = 0;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    if (ret == 0 && dev->nheld)
+        kick(dev->doorbell); /* the data plane may sleep with no timeout: it must see this */
+    return ret;
+}
+
+/* ---- the firmware and its budget ------------------------------------------------------ */
+
+int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
+                         uint64_t hash_chain, uint32_t threads, const sde_budget *budget)
+{
+    /* the budget as the profile built it (ssdemu.sim.timing.budget_of), idle */
+    if (!budget || !budget->units || budget->units > SDE_MAX_UNITS)
+        return -EINVAL;
+    sde_budget b = *budget;
+    int r;
+    sde_fw_entry e = {(sde_fw_quantize_fn)(uintptr_t)quantize,
+                      (sde_fw_dequantize_fn)(uintptr_t)dequantize,
+                      (sde_fw_hash_fn)(uintptr_t)hash_chain};
+    sde_fw *fw;
+    r = sde_fw_new(&e, threads, dev->doorbell, &fw);
+    if (r < 0)
+        return r;
+    pthread_mutex_lock(&dev->lock);
+    sde_fw *old = dev->fw;
+    int busy = old && sde_fw_pending(old);
+    if (!busy) {
+        dev->fw = fw;
+        dev->fw_entry = e;
+        dev->budget = b;
+        dev_share_dram(dev);
+    }
+    pthread_mutex_unlock(&dev->lock);
+    sde_fw_free(busy ? fw : old);
+    return busy ? -EBUSY : 0;
+}
+
+void sde_dev_budget(sde_dev *dev, sde_budget *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    *out = dev->budget;
+    pthread_mutex_unlock(&dev->lock);
+}
+
+double sde_dev_clock_ns(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    double t = dev->virtual_time ? dev->vclock : (double)(now_ns() - dev->origin);
+    pthread_mutex_unlock(&dev->lock);
+    return t;
+}

@@ -1,0 +1,251 @@
+/* The data plane's loop: a pass over the queues (fetch, start by the opcode table, reap the
+ * engine and the firmware, post completions), and the sleep between passes. */
+#define _GNU_SOURCE
+#include "dev_internal.h"
+
+/* Start one command fetched from queue pair qp.  t0: when it was fetched (one clock read for
+ * the commands fetched together). */
+void dev_start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
+{
+    struct dev_qp *q = &dev->qps[qp];
+    const struct dev_op *r = dev_op(c->opcode);
+    int cls = r ? r->cls : SDE_CLASS_INVALID;
+    q->inflight++;
+    if (++*q->client_inflight > dev->stats.client_inflight_peak)
+        dev->stats.client_inflight_peak = *q->client_inflight;
+    if (!r) {
+        dev_finish(dev, qp, cls, c->cid, SDE_SC_INVALID_OPCODE, 0, 0, t0);
+        return;
+    }
+    if (dev->faults.n && r->fault_dir && dev_inject_fault(dev, qp, c, r, t0))
+        return;
+    if (dev->virtual_time && dev->fw_head != NO_CTX && r->in_turn) {
+        /* compute commands fetched before it are booked at their turns (their kernels
+         * end in host order): so is it, so that the model books every command in fetch
+         * order whatever this host's scheduling */
+        struct dev_ctx *x = dev_ctx_take(dev, qp, c, cls, CTX_DEFERRED, t0);
+        x->sqe = *c;
+        x->msubmit = dev_model_submit(dev, c, t0);
+        x->fw_state = FW_DEFERRED;
+        dev_fifo_append(dev, x);
+        dev->stats.deferred++;
+        return;
+    }
+    dev_start_now(dev, qp, c, t0);
+}
+
+/* dev_start_command's second half: the command, now, by its row of the opcode table. */
+void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
+{
+    const struct dev_op *r = dev_op(c->opcode);
+    if (r->needs_store && !dev->store)
+        dev_finish(dev, qp, r->cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+    else
+        r->start(dev, qp, c, r->cls, t0);
+}
+
+static int reap_engine(sde_dev *dev)
+{
+    sde_io *done[64];
+    int n = sde_reap(dev->eng, done, 64, 0);
+    for (int i = 0; i < n; i++) {
+        uint64_t ud = done[i]->user_data;
+        if (dev->undo && done[i]->op == SDE_OP_WRITE)
+            sde_undo_done(dev->undo, done[i]);
+        if (ud >= UD_JOURNAL_LAST && ud <= UD_JOURNAL) {
+            dev_journal_io_done(dev, done[i]);
+            continue;
+        }
+        struct dev_ctx *x = &dev->ctx[ud & 0xffffffffu];
+        if (x->kind != CTX_BLOCK) {
+            sde_io *io = done[i];
+            if (io->res < 0 || (uint32_t)io->res != io->len)
+                x->io_failed = 1;
+            if (--x->nio == 0)
+                dev_kv_io_done(dev, x);
+            continue;
+        }
+        uint16_t st = SDE_SC_SUCCESS;
+        if (x->io.res < 0 || (x->io.op != SDE_OP_FSYNC && (uint32_t)x->io.res != x->io.len))
+            st = SDE_SC_MEDIA_ERROR;
+        if (x->bounce) {
+            if (st == SDE_SC_SUCCESS && x->io.op == SDE_OP_READ && dev->qps[x->qp].active) {
+                memcpy(x->client_addr, x->bounce, x->io.len);
+                dev->stats.cls[x->cls].bytes_copied += x->io.len;
+            }
+            free(x->bounce);
+            x->bounce = NULL;
+        }
+        uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
+        if (x->flush_id && st == SDE_SC_SUCCESS)
+            sde_undo_flush_done(dev->undo, x->flush_id);
+        dev_finish_at(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0, x->due,
+                  x->dtime);
+        x->used = 0;
+        dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
+    }
+    return n < 0 ? 0 : n;
+}
+
+/* One pass over every queue pair.  Returns the work done. */
+int dev_pass(sde_dev *dev)
+{
+    int work = 0;
+    sde_sqe batch[FETCH_BATCH];
+    dev->hold_writes = 1;
+    for (int qp = 0; qp < dev->qp_hi; qp++) {
+        struct dev_qp *q = &dev->qps[qp];
+        if (!q->active)
+            continue;
+        int space = sde_cq_space(&q->v);
+        if (space < 0 || !sde_sq_pending(&q->v) || dev->nfree == 0)
+            goto check_broken;
+        /* fetch no more than can complete: CQ room not yet promised, free contexts, and
+         * the client's quota of commands in flight (so that one client cannot hold every
+         * context and starve the others: its commands wait in its SQ, not fetched) */
+        int room = space - (int)q->inflight;
+        if (dev->max_client_inflight) {
+            int quota = (int)dev->max_client_inflight - (int)*q->client_inflight;
+            if (quota <= 0) {
+                dev->stats.quota_waits++;
+                continue;
+            }
+            if (room > quota)
+                room = quota;
+        }
+        if (room > FETCH_BATCH)
+            room = FETCH_BATCH;
+        if (room > (int)dev->nfree)
+            room = (int)dev->nfree;
+        if (room <= 0)
+            continue;
+        int k = sde_sq_fetch(&q->v, batch, (uint32_t)room);
+        if (k < 0)
+            goto broken;
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < k; i++)
+            dev_start_command(dev, qp, &batch[i], t0);
+        work += k;
+        continue;
+    check_broken:
+        if (space >= 0)
+            continue;
+    broken:
+        /* the client broke the ring protocol: stop its queue, keep serving the rest */
+        dev->stats.broken_queues++;
+        sde_sq_set_dead(&q->v);
+        q->active = 0;
+        qp_done(q, q->nstage);
+        q->nstage = 0;
+        kick(q->cfd);
+    }
+    work += dev_reap_firmware(dev); /* puts of quantized blocks queue their writes */
+    /* the records of the puts started here (early puts) go out ahead of their values: on
+     * media that serve writes in order (mem:, one io-wq worker) a put then completes with
+     * its own value, not with the last value of its group */
+    if (dev_journal_kick(dev))
+        work++;
+    dev_release_writes(dev);
+    sde_submit_queued(dev->eng);
+    work += reap_engine(dev);
+    if (dev_journal_kick(dev)) {
+        work++;
+        sde_submit_queued(dev->eng);
+    }
+    if (dev->undo)
+        dev_undo_housekeeping(dev);
+    work += dev_complete_committed(dev, 0);
+    if (dev->park_head != NO_CTX)
+        work += dev_unpark(dev);
+    if (dev->nheld)
+        work += dev_release_due(dev, now_ns());
+    for (int qp = 0; qp < dev->qp_hi; qp++)
+        if (dev->qps[qp].nstage)
+            dev_flush_stage(&dev->qps[qp]);
+    return work;
+}
+
+/* Sleep until an I/O completion, a doorbell kick, or (timeout_ns > 0) that much time.  First
+ * tell every client to kick the doorbell, then look once more (the other half of the
+ * handshake is theirs); then serve what woke us. */
+static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns)
+{
+    pthread_mutex_lock(&dev->lock);
+    int pending = 0;
+    for (int qp = 0; qp < dev->qp_hi; qp++)
+        if (dev->qps[qp].active)
+            pending |= sde_sq_prepare_sleep(&dev->qps[qp].v);
+    int armed = pending ? 0 : sde_engine_arm_poll(dev->eng, dev->doorbell);
+    pthread_mutex_unlock(&dev->lock);
+    if (armed < 0)
+        return armed;
+    if (!pending && !*stop) {
+        dev->stats.sleeps++;
+        /* I/O completions and doorbell kicks both end this wait; only this thread waits on
+         * the engine, so the lock is not held while blocked */
+        int r = timeout_ns ? sde_engine_wait_timeout(dev->eng, timeout_ns)
+                           : sde_engine_wait(dev->eng);
+        if (r < 0 && r != -ETIME)
+            return r;
+    }
+    pthread_mutex_lock(&dev->lock);
+    dev_pass(dev); /* consumes the poll's completion too */
+    if (sde_engine_take_poll(dev->eng)) {
+        uint64_t v;
+        if (read(dev->doorbell, &v, sizeof(v)) > 0)
+            dev->stats.wakeups++;
+    }
+    for (int qp = 0; qp < dev->qp_hi; qp++)
+        if (dev->qps[qp].active)
+            sde_sq_clear_wakeup(&dev->qps[qp].v);
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
+{
+    uint64_t idle_since = 0; /* 0: the last pass did work (the clock is read only when idle) */
+    while (!*stop) {
+        pthread_mutex_lock(&dev->lock);
+        int work = dev_pass(dev);
+        uint64_t next_due = dev->nheld ? dev->held[0].due : 0;
+        pthread_mutex_unlock(&dev->lock);
+        if (work) {
+            idle_since = 0;
+            continue;
+        }
+        uint64_t t = now_ns();
+        if (!idle_since)
+            idle_since = t;
+        uint64_t timeout = 0;
+        if (next_due) {
+            /* completions wait for their modelled time: poll up to it when it is near,
+             * else sleep no longer than that */
+            if (next_due <= t + 20000) {
+                __builtin_ia32_pause();
+                continue;
+            }
+            timeout = next_due - t - 10000;
+        } else if (t - idle_since < spin_ns) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        int r = sleep_and_serve(dev, stop, timeout);
+        if (r < 0)
+            return r;
+        idle_since = 0;
+    }
+    /* stopping: let the media I/O in flight end (the journal group among it), so that the
+     * store can be flushed and closed */
+    for (;;) {
+        pthread_mutex_lock(&dev->lock);
+        uint32_t left = sde_inflight(dev->eng) + (dev->fw ? sde_fw_pending(dev->fw) : 0);
+        if (left)
+            dev_pass(dev);
+        pthread_mutex_unlock(&dev->lock);
+        if (!left)
+            break;
+        __builtin_ia32_pause();
+    }
+    return 0;
+}

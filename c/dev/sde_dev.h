@@ -1,0 +1,173 @@
+/*
+ * The device core: the daemon's data plane, in C.  It polls every queue pair's SQ, copies
+ * each command out once, validates it against the sending client's own buffers and the
+ * namespaces, runs block I/O through the io_uring engine straight into the client's
+ * registered buffer, runs KV commands against the store and compute commands on the
+ * firmware's threads (c/fw/sde_fw.h), and posts completions.  Admin commands are handed to the
+ * daemon's Python side (sde_dev_admin_pop / sde_dev_complete).  Python owns the control plane and
+ * changes these tables only through the calls below, which take the core's lock.
+ */
+#ifndef SDE_DEV_H
+#define SDE_DEV_H
+#include <stdint.h>
+#include "sde_queue.h"
+#include "sde_model.h"
+#include "sde_store.h"
+#include "sde_budget.h"
+#include "sde_fault.h"
+#include "sde_undo.h"
+
+/* CDEF-BEGIN */
+#define SDE_MAX_QPS 256
+#define SDE_MAX_BUFS 1024
+#define SDE_MAX_NS 64
+#define SDE_MAX_IO_BYTES 1048576
+#define SDE_BUF_BOUNCE 1     /* sde_dev_add_buffer: not a fixed buffer, copy through a bounce */
+
+#define SDE_CLASS_NOP 0
+#define SDE_CLASS_READ 1
+#define SDE_CLASS_WRITE 2
+#define SDE_CLASS_FLUSH 3
+#define SDE_CLASS_ZERO 4
+#define SDE_CLASS_ADMIN 5
+#define SDE_CLASS_INVALID 6
+#define SDE_CLASS_KV 7
+#define SDE_CLASS_COMPUTE 8
+#define SDE_NCLASSES 9
+#define SDE_LAT_BUCKETS 64   /* latency histogram: power-of-two ns buckets */
+
+typedef struct sde_class_stats {
+    uint64_t commands;
+    uint64_t errors;
+    uint64_t bytes;
+    uint64_t bytes_copied;   /* bytes the daemon copied (bounce path) */
+    uint64_t lat_ns_total;
+    uint64_t lat_hist[64];   /* bucket b: latency in [2^b, 2^(b+1)) ns */
+} sde_class_stats;
+
+typedef struct sde_dev_stats {
+    sde_class_stats cls[9];
+    uint64_t broken_queues;  /* queues stopped because the client broke the ring protocol */
+    uint64_t sleeps;
+    uint64_t wakeups;
+    uint64_t held;           /* completions held until their modelled time (real time) */
+    uint64_t host_lag;       /* commands whose media I/O ended after their modelled time */
+    uint64_t quota_waits;    /* passes that left a client's commands unfetched: its quota */
+    uint64_t key_waits;      /* KV changes held back behind an early put of their key */
+    uint64_t deferred;       /* virtual time: commands started at their turn behind compute
+                              * commands (sde_dev_run: the model books in fetch order) */
+    uint64_t client_inflight_peak; /* the most commands one client had in flight */
+    uint64_t faults_injected; /* commands failed or delayed by a fault rule */
+    uint64_t pins;           /* pins held now, over every client */
+    uint64_t cache_destages; /* power-cut emulation: the write cache filled and was synced */
+    uint64_t undo_failures;  /* power-cut emulation: a write whose old bytes could not be kept */
+} sde_dev_stats;
+
+typedef struct sde_admin_cmd {
+    int32_t qp;
+    uint32_t client;
+    uint64_t t0_ns;  /* when the data plane fetched it: pass back to sde_dev_complete */
+    sde_sqe sqe;
+} sde_admin_cmd;
+
+typedef struct sde_dev sde_dev;
+
+int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
+                sde_dev **out);
+void sde_dev_free(sde_dev *dev);
+int sde_dev_doorbell_fd(sde_dev *dev);   /* clients kick it; Python kicks it to wake the loop */
+int sde_dev_admin_fd(sde_dev *dev);      /* readable when admin commands wait for Python */
+
+/* Queue pairs: mem is the mapped queue-pair memory (initialised by sde_qp_init).  uid and
+ * token: the client's owner identity, which namespaces it may use (sde_ns_info). */
+int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
+                   uint32_t uid, uint64_t token);
+/* Stop serving a queue pair (its client left).  Completions of its in-flight commands are
+ * dropped.  Returns the commands still in flight: unmap only when it reaches 0. */
+int sde_dev_remove_qp(sde_dev *dev, int qp);
+int sde_dev_qp_inflight(sde_dev *dev, int qp);
+/* Mark every queue pair dead (shutdown): clients waiting are woken with an error. */
+void sde_dev_shutdown_qps(sde_dev *dev);
+
+/* Most commands one client may have in flight over all its queue pairs (0: no quota).
+ * Past it, the data plane leaves its commands in its SQs until some complete. */
+int sde_dev_set_client_quota(sde_dev *dev, uint32_t max_inflight);
+
+/* Buffers of a client: handle >= 1, or -errno. */
+int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags);
+int sde_dev_remove_buffer(sde_dev *dev, int handle);
+int sde_dev_client_inflight(sde_dev *dev, uint32_t client);
+/* A client left: its pins go (returns how many). */
+int sde_dev_release_pins(sde_dev *dev, uint32_t client);
+
+/* Fault injection (c/dev/sde_fault.h): a rule's id, or -errno; clear one (id) or all (0),
+ * returning how many went; a copy of the rules now in force. */
+int sde_dev_fault_add(sde_dev *dev, const sde_fault_rule *r, uint64_t seed);
+int sde_dev_fault_clear(sde_dev *dev, uint32_t id);
+void sde_dev_faults(sde_dev *dev, sde_faults *out);
+
+/* Power-cut emulation (c/dev/sde_undo.h): from now on every media write keeps what it
+ * overwrites until a flush (or a checkpoint, or a cache of cache_bytes filling) makes it
+ * durable.  sde_dev_power_cut, once the data plane has stopped, undoes what a cut loses. */
+int sde_dev_set_power_cut(sde_dev *dev, uint64_t cache_bytes);
+int sde_dev_power_cut(sde_dev *dev, uint64_t seed, sde_cut_result *out);
+
+/* Zero a byte range of the media (a new namespace's: no client sees another's old bytes).
+ * 0, or -EINVAL / -EIO. */
+int sde_dev_zero(sde_dev *dev, uint64_t offset, uint64_t bytes);
+/* Namespaces 1..SDE_MAX_NS as the store keeps them (ns NULL: deleted, and the pins on its
+ * keys with it).  A client sees a namespace that is shared or its owner's own. */
+int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns);
+
+/* The data plane: serve until *stop becomes nonzero.  Polls for spin_ns after the last work,
+ * then sleeps on the doorbell.  Returns 0 or -errno. */
+int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
+
+/* Admin commands for Python, and their completions. */
+int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
+/* opcode: the command's (for its class); bytes it moved and bytes the daemon copied.  A
+ * non-zero cqe->device_time_ns is the modelled time: in real time the completion is held
+ * until t0_ns + that time. */
+int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, uint32_t opcode,
+                     uint64_t bytes, uint64_t bytes_copied);
+
+void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
+
+/* Time block commands, NOP and FLUSH with the timing model (c/model/sde_model.h).  Real time: a
+ * completion is held until its modelled time and its CQE carries the modelled latency; a
+ * media I/O that ends later than that counts as host lag.  Virtual time: the SQE's
+ * submit_time_ns is the submission on a clock that never goes back, the CQE carries the
+ * modelled completion time, nothing is held.  p NULL: no model (measured times). */
+int sde_dev_set_model(sde_dev *dev, const sde_model_params *p, int virtual_time);
+void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out);
+/* The KV store: once attached, KV commands (store, retrieve, delete, exist, list) and pins
+ * run in the data plane against it.  Python's synchronous store calls (sde_store_*) go
+ * between enter (the core's lock, no journal write in flight) and leave. */
+int sde_dev_attach_store(sde_dev *dev, sde_store *st);
+void sde_dev_store_enter(sde_dev *dev);
+void sde_dev_store_leave(sde_dev *dev);
+
+/* The firmware: the addresses of its entry points (firmware/entry.py), the threads that run
+ * them, and the TOPS budget (c/model/sde_budget.h) its kernels are charged to.  Compute commands
+ * answer INTERNAL until it is set; -EBUSY while the previous one has jobs. */
+int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
+                         uint64_t hash_chain, uint32_t threads, const sde_budget *budget);
+void sde_dev_budget(sde_dev *dev, sde_budget *out);   /* a copy of the budget's state */
+/* The device clock: the virtual clock's latest submission, or real time since the model's
+ * origin. */
+double sde_dev_clock_ns(sde_dev *dev);
+
+/* The command class an opcode dispatches to (SDE_CLASS_INVALID for none), and where it
+ * runs (SDE_RUN_*, -1 for none). */
+#define SDE_RUN_DATA_PLANE 0
+#define SDE_RUN_HOST 1
+int sde_dev_opcode_class(uint32_t op);
+int sde_dev_opcode_where(uint32_t op);
+/* An opcode's row of the table (c/dev/dev_ops.c), for tests and docs: -ENOENT for none. */
+typedef struct sde_opcode_info {
+    uint8_t op, cls, where, fault_dir, in_turn, needs_store, has_start, has_kernel_done;
+    char name[32];
+} sde_opcode_info;
+int sde_dev_opcode_info(uint32_t op, sde_opcode_info *out);
+/* CDEF-END */
+#endif

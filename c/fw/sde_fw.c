@@ -1,0 +1,148 @@
+/* The firmware's threads (c/fw/sde_fw.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sde_fw.h"
+
+struct sde_fw {
+    sde_fw_entry entry;
+    pthread_mutex_t lock;
+    pthread_cond_t work;
+    sde_fw_job *head, *tail;  /* queued, FIFO */
+    sde_fw_job *done;         /* finished, LIFO (the data plane does not need their order) */
+    uint32_t pending;
+    int stop;
+    int done_fd;
+    uint32_t nthreads;
+    pthread_t threads[SDE_FW_MAX_THREADS];
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void run_job(const sde_fw_entry *e, sde_fw_job *j)
+{
+    uint64_t t0 = mono_ns();
+    switch (j->kind) {
+    case SDE_FW_QUANTIZE:
+        j->ret = e->quantize(j->req, j->in, j->in_len, j->out, j->out_cap, j->info);
+        break;
+    case SDE_FW_DEQUANTIZE:
+        j->ret = e->dequantize(j->in, j->in_len, j->out, j->out_cap, j->info);
+        break;
+    case SDE_FW_HASH:
+        j->ret = e->hash_chain((const uint32_t *)j->in, j->in_len, j->block_tokens, j->req,
+                               j->out);
+        break;
+    default:
+        j->ret = SDE_FW_E_REQUEST;
+    }
+    j->host_ns = mono_ns() - t0;
+}
+
+static void *worker(void *arg)
+{
+    sde_fw *fw = arg;
+    pthread_mutex_lock(&fw->lock);
+    for (;;) {
+        while (!fw->head && !fw->stop)
+            pthread_cond_wait(&fw->work, &fw->lock);
+        if (!fw->head)
+            break; /* stopping, and nothing left */
+        sde_fw_job *j = fw->head;
+        fw->head = j->next;
+        if (!fw->head)
+            fw->tail = NULL;
+        pthread_mutex_unlock(&fw->lock);
+        run_job(&fw->entry, j);
+        pthread_mutex_lock(&fw->lock);
+        j->next = fw->done;
+        __atomic_store_n(&fw->done, j, __ATOMIC_RELEASE);
+        uint64_t one = 1;
+        ssize_t r = write(fw->done_fd, &one, sizeof(one));
+        (void)r;
+    }
+    pthread_mutex_unlock(&fw->lock);
+    return NULL;
+}
+
+int sde_fw_new(const sde_fw_entry *entry, uint32_t threads, int done_fd, sde_fw **out)
+{
+    if (!entry || !entry->quantize || !entry->dequantize || !entry->hash_chain || threads < 1 ||
+        threads > SDE_FW_MAX_THREADS)
+        return -EINVAL;
+    sde_fw *fw = calloc(1, sizeof(*fw));
+    if (!fw)
+        return -ENOMEM;
+    fw->entry = *entry;
+    fw->done_fd = done_fd;
+    pthread_mutex_init(&fw->lock, NULL);
+    pthread_cond_init(&fw->work, NULL);
+    for (uint32_t i = 0; i < threads; i++) {
+        if (pthread_create(&fw->threads[i], NULL, worker, fw)) {
+            sde_fw_free(fw);
+            return -EAGAIN;
+        }
+        fw->nthreads++;
+    }
+    *out = fw;
+    return 0;
+}
+
+void sde_fw_free(sde_fw *fw)
+{
+    if (!fw)
+        return;
+    pthread_mutex_lock(&fw->lock);
+    fw->stop = 1;
+    pthread_cond_broadcast(&fw->work);
+    pthread_mutex_unlock(&fw->lock);
+    for (uint32_t i = 0; i < fw->nthreads; i++)
+        pthread_join(fw->threads[i], NULL);
+    pthread_cond_destroy(&fw->work);
+    pthread_mutex_destroy(&fw->lock);
+    free(fw);
+}
+
+void sde_fw_submit(sde_fw *fw, sde_fw_job *job)
+{
+    job->next = NULL;
+    pthread_mutex_lock(&fw->lock);
+    if (fw->tail)
+        fw->tail->next = job;
+    else
+        fw->head = job;
+    fw->tail = job;
+    fw->pending++;
+    pthread_cond_signal(&fw->work);
+    pthread_mutex_unlock(&fw->lock);
+}
+
+sde_fw_job *sde_fw_take_done(sde_fw *fw)
+{
+    /* the data plane asks on every pass: no lock while there is nothing */
+    if (!__atomic_load_n(&fw->done, __ATOMIC_ACQUIRE))
+        return NULL;
+    pthread_mutex_lock(&fw->lock);
+    sde_fw_job *d = fw->done;
+    __atomic_store_n(&fw->done, NULL, __ATOMIC_RELEASE);
+    for (sde_fw_job *j = d; j; j = j->next)
+        fw->pending--;
+    pthread_mutex_unlock(&fw->lock);
+    return d;
+}
+
+uint32_t sde_fw_pending(sde_fw *fw)
+{
+    pthread_mutex_lock(&fw->lock);
+    uint32_t n = fw->pending;
+    pthread_mutex_unlock(&fw->lock);
+    return n;
+}

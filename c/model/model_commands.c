@@ -1,0 +1,236 @@
+/* Commands on the model: reads, senses, transfers, receives, programs, trims. */
+#define _GNU_SOURCE
+#include "model_private.h"
+
+static double page_programs(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes);
+
+/* nbytes through the DRAM from ready (ready itself without a DRAM) */
+double model_dram(sde_model *m, double ready, uint64_t nbytes)
+{
+    if (m->ns_per_dram_byte <= 0 || !nbytes)
+        return ready;
+    return model_hold(m, &m->dram, ready, (double)nbytes * m->ns_per_dram_byte);
+}
+
+double sde_model_dram(void *model, double ready, uint64_t nbytes)
+{
+    sde_model *m = model; /* never before the latest submission: older gaps are gone */
+    return model_dram(m, ready > m->horizon ? ready : m->horizon, nbytes);
+}
+
+/* The NAND half of a write of data in the controller at `arrived`: channel transfers and
+ * programs; returns when the last page is programmed. */
+double model_program_stages(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
+{
+    double floor = arrived;
+    if (m->ns_per_prog_byte > 0) {
+        /* the controller's program path (its power budget and write datapath) moves the data
+         * at program_bytes_per_s; each page goes on to its channel as it leaves */
+        double dur = (double)nbytes * m->ns_per_prog_byte;
+        double piped = model_hold(m, &m->prog_path, arrived, dur);
+        uint64_t first = nbytes < m->p.page_bytes ? nbytes : m->p.page_bytes;
+        arrived = piped - dur + (double)first * m->ns_per_prog_byte;
+        floor = piped + m->p.t_prog_ns;
+    }
+    /* the data leaves the DRAM write cache as the program path takes it */
+    double out = model_dram(m, arrived, nbytes) + m->p.t_prog_ns;
+    if (out > floor)
+        floor = out;
+    double done = model_use_bulk(m, offset, nbytes) ? model_write_bulk(m, arrived, offset, nbytes)
+                                              : page_programs(m, arrived, offset, nbytes);
+    return done > floor ? done : floor;
+}
+
+static double page_programs(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes)
+{
+    double programmed = arrived;
+    uint64_t page = m->p.page_bytes;
+    uint64_t end = offset + nbytes;
+    for (uint64_t p = offset / page; p * page < end; p++) {
+        uint64_t n = model_page_part(p, page, offset, end);
+        uint32_t plane, ch;
+        model_locate(m, p, &plane, &ch);
+        double moved = model_hold(m, &m->channels[ch], arrived, (double)n * m->ns_per_channel_byte);
+        double prog = model_hold(m, &m->dies[plane], moved, m->p.t_prog_ns);
+        if (prog > programmed)
+            programmed = prog;
+    }
+    return programmed;
+}
+
+/* The NAND half of a read from t (after the controller): senses and channel transfers, and
+ * the link per page when with_link; returns when the last byte is over (no link latency). */
+double model_read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbytes,
+                          int with_link)
+{
+    if (model_use_bulk(m, offset, nbytes))
+        return model_read_bulk(m, t, offset, nbytes, with_link);
+    double done = t;
+    uint64_t page = m->p.page_bytes;
+    uint64_t end = offset + nbytes;
+    for (uint64_t p = offset / page; p * page < end; p++) {
+        uint64_t n = model_page_part(p, page, offset, end);
+        uint32_t plane, ch;
+        model_locate(m, p, &plane, &ch);
+        double sensed = model_hold(m, &m->dies[plane], t, m->p.t_read_ns);
+        double moved = model_hold(m, &m->channels[ch], sensed, (double)n * m->ns_per_channel_byte);
+        double over = with_link ? model_hold(m, &m->link, moved, (double)n * m->ns_per_link_byte)
+                                : moved;
+        if (over > done)
+            done = over;
+    }
+    return done;
+}
+
+void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes)
+{
+    if (!m->ftl)
+        return;
+    uint64_t u0 = (offset + m->unit - 1) / m->unit, u1 = (offset + nbytes) / m->unit;
+    if (u1 - u0 > m->ftl_units)
+        u1 = u0 + m->ftl_units;
+    for (uint64_t u = u0; u < u1; u++)
+        sde_ftl_trim(m->ftl, u % m->ftl_units);
+}
+
+/* ---- commands ----------------------------------------------------------------------------- */
+
+double sde_model_read(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+{
+    if (model_advance(m, submit) < 0)
+        return -1.0;
+    double done = m->ops->read(m, submit, offset, nbytes);
+    m->nand_read += nbytes;
+    m->link_bytes += nbytes;
+    return done;
+}
+
+double model_detailed_read(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+{
+    double t = model_controller(m, submit) + m->p.read_latency_ns;
+    return model_nand_read(m, t, offset, nbytes, 1) + m->p.link_latency_ns;
+}
+
+double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+{
+    if (model_advance(m, submit) < 0)
+        return -1.0;
+    m->nand_read += nbytes;
+    return m->ops->sense(m, submit, offset, nbytes);
+}
+
+double model_detailed_sense(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
+{
+    double t = model_controller(m, submit) + m->p.read_latency_ns;
+    double sensed = model_nand_read(m, t, offset, nbytes, 0);
+    double landed = model_dram(m, t, nbytes); /* into the DRAM, for the firmware */
+    return sensed > landed ? sensed : landed;
+}
+
+/* Continuations start at `ready`, which a caller derives from its command's submission: never
+ * before the latest submission (the gaps before it are gone). */
+static double not_before_horizon(const sde_model *m, double ready)
+{
+    return ready > m->horizon ? ready : m->horizon;
+}
+
+double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes)
+{
+    ready = not_before_horizon(m, ready);
+    m->link_bytes += nbytes;
+    return m->ops->transfer(m, ready, nbytes);
+}
+
+double model_detailed_transfer(sde_model *m, double ready, uint64_t nbytes)
+{
+    double over = model_hold(m, &m->link, ready, (double)nbytes * m->ns_per_link_byte);
+    double out = model_dram(m, ready, nbytes); /* out of the DRAM */
+    return (over > out ? over : out) + m->p.link_latency_ns;
+}
+
+uint32_t sde_model_pieces(const sde_model *m, uint64_t nbytes)
+{
+    uint64_t rows = (nbytes + m->p.page_bytes - 1) / m->p.page_bytes;
+    uint64_t n = rows / m->p.channels;
+    return n < 1 ? 1 : n > 64 ? 64 : (uint32_t)n;
+}
+
+double sde_model_transfer_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
+                                   uint64_t nbytes)
+{
+    double done = sde_model_transfer(m, first, nbytes);
+    if (!m->ops->streams || !pieces)
+        return done;
+    double tail = prev_end + (double)nbytes * m->ns_per_link_byte / pieces + m->p.link_latency_ns;
+    return done > tail ? done : tail;
+}
+
+double sde_model_program_streamed(sde_model *m, double first, double prev_end, uint32_t pieces,
+                                  uint64_t offset, uint64_t nbytes, uint64_t *leaving)
+{
+    double done = sde_model_program_leaving(m, first, offset, nbytes, leaving);
+    if (!m->ops->streams || !pieces)
+        return done;
+    /* the last piece leaves the kernel at prev_end: its program can end no sooner */
+    double tail = prev_end + m->p.t_prog_ns;
+    return done > tail ? done : tail;
+}
+
+double sde_model_receive(sde_model *m, double submit, uint64_t nbytes)
+{
+    if (model_advance(m, submit) < 0)
+        return -1.0;
+    m->link_bytes += nbytes;
+    return m->ops->receive(m, submit, nbytes);
+}
+
+double model_detailed_receive(sde_model *m, double submit, uint64_t nbytes)
+{
+    double t = model_controller(m, submit);
+    double in = model_hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
+    double landed = model_dram(m, t, nbytes);
+    return in > landed ? in : landed;
+}
+
+/* The NAND half of a write whose data is in the controller at `ready`: when its programs are
+ * done.  With an FTL and the write cache, rows left partial wait for later writes (their
+ * time is the rows completed so far); without the cache the partial row is padded.
+ * *leaving: the bytes whose programs this booked, which leave the write cache when done
+ * (with an FTL, the rows it completed; without one, the write itself). */
+double model_nand_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes,
+                           uint64_t *leaving)
+{
+    *leaving = nbytes;
+    if (!m->ftl)
+        return model_program_stages(m, ready, offset, nbytes);
+    double done = model_ftl_write(m, ready, offset, nbytes, leaving);
+    if (!m->p.write_cache) {
+        double pad = model_ftl_pad(m, ready);
+        done = pad > done ? pad : done;
+    }
+    return done;
+}
+
+double sde_model_program_leaving(sde_model *m, double ready, uint64_t offset, uint64_t nbytes,
+                                 uint64_t *leaving)
+{
+    uint64_t ignored;
+    if (!leaving)
+        leaving = &ignored;
+    *leaving = nbytes;
+    ready = not_before_horizon(m, ready);
+    m->nand_written += nbytes;
+    return m->ops->program(m, ready, offset, nbytes, leaving);
+}
+
+double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes)
+{
+    return sde_model_program_leaving(m, ready, offset, nbytes, NULL);
+}
+
+const struct model_ops model_detailed_ops = {
+    .read = model_detailed_read, .sense = model_detailed_sense,
+    .transfer = model_detailed_transfer, .receive = model_detailed_receive,
+    .program = model_nand_program, .write = model_detailed_write,
+    .flush = model_detailed_flush, .nop = model_detailed_nop, .streams = 1,
+};

@@ -1,0 +1,161 @@
+/* The FTL's NAND work: rows programmed as units arrive, greedy GC, reads of mapped runs. */
+#define _GNU_SOURCE
+#include "model_private.h"
+
+static void rows_flush(sde_model *m, struct rows *r, double ready)
+{
+    if (!r->n)
+        return;
+    uint64_t row = m->p.page_bytes;
+    double done = model_program_stages(m, ready, r->first * row, r->n * row);
+    if (done > r->programmed)
+        r->programmed = done;
+    r->bytes += r->n * row;
+    r->n = 0;
+}
+
+/* Unit f was just appended: when it completes its row, the row joins the run. */
+static void rows_add(sde_model *m, struct rows *r, uint32_t f, double ready)
+{
+    if ((f + 1) % m->upr)
+        return;
+    uint64_t row = f / m->upr;
+    if (r->n && row != r->first + r->n)
+        rows_flush(m, r, ready);
+    if (!r->n)
+        r->first = row;
+    r->n++;
+}
+
+static double dies_busy(const sde_model *m)
+{
+    double b = 0;
+    for (uint32_t i = 0; i < m->ndies; i++)
+        b += m->dies[i].busy;
+    return b;
+}
+
+/* Senses a run of physical units [f0, f0 + n) for GC, from t; returns when they are in the
+ * controller. */
+static double gc_sense(sde_model *m, double t, uint32_t f0, uint32_t n)
+{
+    return model_read_stages(m, t, (uint64_t)f0 * m->unit, (uint64_t)n * m->unit, 0);
+}
+
+static void gc(sde_model *m, double t)
+{
+    double before = dies_busy(m);
+    uint32_t upl = m->upl;
+    while (sde_ftl_gc_needed(m->ftl)) {
+        int64_t victim = sde_ftl_victim(m->ftl);
+        if (victim < 0)
+            break;
+        struct rows r = {0};
+        double sensed_all = t;
+        uint32_t base = (uint32_t)victim * upl, run = 0;
+        for (uint32_t s = 0; s <= upl; s++) {
+            uint32_t owner = s < upl ? sde_ftl_owner(m->ftl, base + s) : SDE_FTL_UNMAPPED;
+            if (owner != SDE_FTL_UNMAPPED) {
+                run++;
+                continue;
+            }
+            if (!run)
+                continue;
+            uint32_t f0 = base + s - run;
+            double sensed = gc_sense(m, t, f0, run);
+            if (sensed > sensed_all)
+                sensed_all = sensed;
+            for (uint32_t k = 0; k < run; k++) {
+                uint32_t u = sde_ftl_owner(m->ftl, f0 + k);
+                uint32_t f = sde_ftl_append(m->ftl, 1, u);
+                if (f == SDE_FTL_UNMAPPED)
+                    break; /* no free line at all: cannot happen with the FTL's sizing */
+                rows_add(m, &r, f, sensed);
+            }
+            rows_flush(m, &r, sensed);
+            run = 0;
+        }
+        m->gc_programmed_rows += r.bytes / m->p.page_bytes;
+        double erase = m->p.t_erase_ns * m->p.ftl_erase_share;
+        for (uint32_t d = 0; d < m->ndies; d++)
+            model_hold(m, &m->dies[d], sensed_all, erase);
+        sde_ftl_erase(m->ftl, (uint32_t)victim);
+    }
+    m->gc_ns += dies_busy(m) - before;
+}
+
+/* Append the units of [offset, offset + nbytes) at the host write point (logical units wrap
+ * at the FTL's logical size) and program the rows they complete from `arrived`; returns the
+ * last row's program time (`arrived` when none completed) and the bytes of the rows in
+ * *rows_bytes. */
+double model_ftl_write(sde_model *m, double arrived, uint64_t offset, uint64_t nbytes,
+                        uint64_t *rows_bytes)
+{
+    struct rows r = {.programmed = arrived};
+    uint64_t u0 = offset / m->unit, u1 = (offset + nbytes + m->unit - 1) / m->unit;
+    for (uint64_t u = u0; u < u1; u++) {
+        if (sde_ftl_next_slot(m->ftl, 0) % m->upl == 0 && sde_ftl_gc_needed(m->ftl)) {
+            rows_flush(m, &r, arrived);
+            gc(m, arrived);
+        }
+        uint32_t f = sde_ftl_append(m->ftl, 0, u % m->ftl_units);
+        if (f == SDE_FTL_UNMAPPED)
+            break;
+        rows_add(m, &r, f, arrived);
+    }
+    rows_flush(m, &r, arrived);
+    m->host_programmed_rows += r.bytes / m->p.page_bytes;
+    *rows_bytes = r.bytes;
+    return r.programmed;
+}
+
+/* Program the host write point's partial row now (a flush, or a write without the cache):
+ * the rest of the row is padding. */
+double model_ftl_pad(sde_model *m, double ready)
+{
+    uint32_t next = sde_ftl_next_slot(m->ftl, 0);
+    if (next % m->upr == 0)
+        return ready;
+    uint32_t left = m->upr - next % m->upr;
+    m->padding += (uint64_t)left * m->unit;
+    uint64_t row = next / m->upr;
+    sde_ftl_skip(m->ftl, 0, left);
+    m->host_programmed_rows++;
+    return model_program_stages(m, ready, row * m->p.page_bytes, m->p.page_bytes);
+}
+
+/* The NAND half of reading [offset, offset + nbytes) with an FTL: each run of units that are
+ * contiguous where they live (a never-written unit is read where its offset says). */
+static double ftl_read_stages(sde_model *m, double t, uint64_t offset, uint64_t nbytes,
+                              int with_link)
+{
+    uint64_t end = offset + nbytes, run_at = 0, run_len = 0;
+    double done = t;
+    for (uint64_t at = offset; at < end;) {
+        uint64_t u = at / m->unit, take = (u + 1) * m->unit - at;
+        if (take > end - at)
+            take = end - at;
+        uint32_t f = sde_ftl_lookup(m->ftl, u % m->ftl_units);
+        uint64_t where = f == SDE_FTL_UNMAPPED ? at : (uint64_t)f * m->unit + at % m->unit;
+        if (run_len && where != run_at + run_len) {
+            double d = model_read_stages(m, t, run_at, run_len, with_link);
+            done = d > done ? d : done;
+            run_len = 0;
+        }
+        if (!run_len)
+            run_at = where;
+        run_len += take;
+        at += take;
+    }
+    if (run_len) {
+        double d = model_read_stages(m, t, run_at, run_len, with_link);
+        done = d > done ? d : done;
+    }
+    return done;
+}
+
+double model_nand_read(sde_model *m, double t, uint64_t offset, uint64_t nbytes, int with_link)
+{
+    return m->ftl ? ftl_read_stages(m, t, offset, nbytes, with_link)
+                  : model_read_stages(m, t, offset, nbytes, with_link);
+}

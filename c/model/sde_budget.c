@@ -1,0 +1,135 @@
+/* The firmware's cost formulas and TOPS budget (c/model/sde_budget.h; formulas explained in
+ * ssdemu/sim/cost.py). */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "sde_budget.h"
+#include "sde_model.h"
+
+static uint64_t groups(uint64_t n, uint32_t group) { return group ? (n + group - 1) / group : 0; }
+
+sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int kind,
+                                  uint32_t group, uint64_t compressed_bytes)
+{
+    uint64_t ops;
+    if (kind == SDE_SCHEME_FP8) {
+        ops = 7 * elements + 2;
+    } else {
+        ops = 8 * elements + 6 * groups(elements, group);
+        if (kind == SDE_SCHEME_KIVI)
+            ops += elements; /* the transpose */
+    }
+    return (sde_kernel_cost){.vector_ops = ops, .bytes = elements * element_bytes +
+                                                         compressed_bytes};
+}
+
+sde_kernel_cost sde_cost_dequantize(uint64_t elements, uint32_t element_bytes, int kind,
+                                    uint32_t group, uint64_t compressed_bytes)
+{
+    uint64_t ops = kind == SDE_SCHEME_FP8 ? 3 * elements
+                                          : 4 * elements + groups(elements, group);
+    return (sde_kernel_cost){.vector_ops = ops,
+                             .bytes = elements * element_bytes + compressed_bytes};
+}
+
+sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens)
+{
+    uint64_t message = 16 + 4 * (uint64_t)block_tokens;
+    uint64_t compressions = (message + 127) / 128;
+    return (sde_kernel_cost){.ops = blocks * compressions * 1400,
+                             .bytes = blocks * (message + 16)};
+}
+
+sde_kernel_cost sde_cost_prefix_match(uint64_t keys_probed)
+{
+    /* a hash-table probe per key: a dependent load from DRAM, then compare and step */
+    return (sde_kernel_cost){.ops = 20 * keys_probed, .bytes = 48 * keys_probed,
+                             .probes = keys_probed};
+}
+
+sde_kernel_cost sde_cost_index_insert(uint64_t keys)
+{
+    /* a probe for the slot, and the LRU list's neighbour */
+    return (sde_kernel_cost){.ops = 40 * keys, .bytes = 112 * keys, .probes = 2 * keys};
+}
+
+static int positive(double v) { return isfinite(v) && v > 0; }
+
+int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_bytes_per_s,
+                    double core_ops_per_s, uint32_t simd_lanes, double probe_ns)
+{
+    if (!positive(tops) || !positive(memory_bytes_per_s) || !positive(core_ops_per_s) ||
+        !simd_lanes || !(isfinite(probe_ns) && probe_ns >= 0) || units < 1 ||
+        units > SDE_MAX_UNITS)
+        return -EINVAL;
+    memset(b, 0, sizeof(*b));
+    b->tops = tops;
+    b->units = units;
+    b->memory_bytes_per_s = memory_bytes_per_s;
+    b->unit_ops_per_ns = tops * 1e12 / units / 1e9;
+    b->memory_bytes_per_ns = memory_bytes_per_s / 1e9;
+    b->core_ops_per_ns = core_ops_per_s / 1e9;
+    b->vector_ops_per_ns = core_ops_per_s * simd_lanes / 1e9;
+    b->probe_ns = probe_ns;
+    return 0;
+}
+
+void sde_budget_share_dram(sde_budget *b, void *model) { b->dram = model; }
+
+static double compute_ns(const sde_budget *b, sde_kernel_cost c)
+{
+    return (double)c.ops / b->core_ops_per_ns + (double)c.vector_ops / b->vector_ops_per_ns +
+           (double)c.mac_ops / b->unit_ops_per_ns + (double)c.probes * b->probe_ns;
+}
+
+double sde_budget_device_ns(const sde_budget *b, sde_kernel_cost c)
+{
+    double compute = compute_ns(b, c);
+    double memory = (double)c.bytes / b->memory_bytes_per_ns;
+    return compute > memory ? compute : memory;
+}
+
+double sde_budget_charge(sde_budget *b, int kernel, sde_kernel_cost c, double submit_ns,
+                         double host_ns, double *start)
+{
+    uint32_t unit = 0;
+    for (uint32_t u = 1; u < b->units; u++)
+        if (b->busy_until_ns[u] < b->busy_until_ns[unit])
+            unit = u;
+    double s = submit_ns > b->busy_until_ns[unit] ? submit_ns : b->busy_until_ns[unit];
+    double done;
+    if (b->dram) { /* its bytes wait their turn on the DRAM the NAND and PCIe DMA use */
+        double compute = s + compute_ns(b, c);
+        double memory = sde_model_dram(b->dram, s, c.bytes);
+        done = compute > memory ? compute : memory;
+    } else {
+        done = s + sde_budget_device_ns(b, c);
+    }
+    double duration = done - s;
+    b->busy_until_ns[unit] = done;
+    b->busy_ns[unit] += duration;
+    if (kernel >= 0 && kernel < SDE_NKERNELS) {
+        sde_kernel_stats *k = &b->kernels[kernel];
+        k->calls++;
+        k->ops += c.ops + c.vector_ops + c.mac_ops;
+        k->bytes += c.bytes;
+        k->device_ns += duration;
+        k->host_ns += host_ns;
+        if (host_ns > duration)
+            k->host_lag_calls++;
+    }
+    if (start)
+        *start = s;
+    return done;
+}
+
+double sde_budget_utilization(const sde_budget *b, double elapsed_ns)
+{
+    if (elapsed_ns <= 0)
+        return 0.0;
+    double busy = 0;
+    for (uint32_t u = 0; u < b->units; u++)
+        busy += b->busy_ns[u];
+    return busy / (elapsed_ns * b->units);
+}

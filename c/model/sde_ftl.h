@@ -1,0 +1,62 @@
+/*
+ * The flash translation layer's bookkeeping (no timing: c/model books the NAND work
+ * it asks for).  Page-level mapping in 4 KiB units (larger at a declared scale), as FEMU's and NVMeVirt's conventional
+ * FTLs do: a logical unit lives in one physical slot; a write appends to an open line (a
+ * superblock: one block on every die) and invalidates the unit's old slot; a trim only
+ * invalidates.  Two write points, host and GC, so that relocated (cold) data does not mix
+ * with new writes.  When free lines fall to the threshold, greedy GC picks the full line
+ * with the fewest valid units; the model relocates them and erases the line.
+ *
+ * Slots of a line are in program order: slot s of line l is physical unit
+ * l * units_per_line + s, and the model lays physical units out on the dies as it lays
+ * logical ones out without an FTL (die-rows striped channel-first), so an append stream is
+ * a sequential physical stream and a large write still takes the bulk path.
+ */
+#ifndef SDE_FTL_H
+#define SDE_FTL_H
+#include <stdint.h>
+
+#define SDE_FTL_UNMAPPED UINT32_MAX
+
+typedef struct sde_ftl sde_ftl;
+
+/* logical_units: the user capacity in 4 KiB units; lines and units_per_line: the physical
+ * space (lines * units_per_line > logical_units + gc_free_lines * units_per_line, the
+ * difference is the over-provisioning); gc_free_lines: GC runs while free lines are at most
+ * this.  -EINVAL when the physical space cannot hold the logical one with room for GC. */
+int sde_ftl_new(uint64_t logical_units, uint32_t lines, uint32_t units_per_line,
+                uint32_t gc_free_lines, sde_ftl **out);
+void sde_ftl_free(sde_ftl *f);
+
+/* Where logical unit u lives (a physical unit), or SDE_FTL_UNMAPPED. */
+uint32_t sde_ftl_lookup(const sde_ftl *f, uint64_t u);
+/* Write u at the next slot of write point wp (0 host, 1 GC): the old slot is invalidated.
+ * Returns the physical unit, or SDE_FTL_UNMAPPED when no free line is left (the caller runs
+ * GC first: sde_ftl_gc_needed). */
+uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u);
+/* Forget u (a trim or deallocate). */
+void sde_ftl_trim(sde_ftl *f, uint64_t u);
+/* Whether a write point is at a line boundary and free lines are at most the threshold. */
+int sde_ftl_gc_needed(const sde_ftl *f);
+/* The full line with the fewest valid units (greedy), or -1 when none would free space. */
+int64_t sde_ftl_victim(const sde_ftl *f);
+/* The logical unit in a physical slot, or SDE_FTL_UNMAPPED when it holds nothing valid. */
+uint32_t sde_ftl_owner(const sde_ftl *f, uint32_t phys);
+/* A victim whose valid units have all been relocated becomes free (erased). */
+void sde_ftl_erase(sde_ftl *f, uint32_t line);
+/* Leave the next n slots of wp empty (padding of a row programmed partly full). */
+void sde_ftl_skip(sde_ftl *f, int wp, uint32_t n);
+/* The slot the next append of wp goes to (units_per_line * line + position). */
+uint32_t sde_ftl_next_slot(const sde_ftl *f, int wp);
+
+typedef struct sde_ftl_stats {
+    uint64_t logical_units, lines, units_per_line;
+    uint64_t free_lines;
+    uint64_t host_units;   /* units appended by host writes */
+    uint64_t gc_units;     /* units relocated by GC */
+    uint64_t erases;       /* lines erased */
+    uint64_t trimmed_units;
+    uint64_t valid_units;
+} sde_ftl_stats;
+void sde_ftl_get_stats(const sde_ftl *f, sde_ftl_stats *out);
+#endif

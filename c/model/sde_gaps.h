@@ -1,0 +1,54 @@
+/*
+ * A resource's idle gaps before its next free time (c/model): disjoint, in time order.
+ * A stage takes the first gap, in time order, that ends after its ready time and holds it.
+ *
+ * Kept in chunks of up to SDE_GAP_CHUNK gaps, each chunk with its last end and its longest
+ * gap, so that finding the first gap that ends after a time is a binary search over chunks,
+ * chunks whose gaps are all too short are skipped whole, and an insert or a removal moves at
+ * most one chunk's gaps.  A flat sorted array did the same in O(n) per change: a drive whose
+ * writes queue far ahead (pcie4-tlc on a Mooncake trace) keeps thousands of gaps per plane,
+ * and moving them was most of a replay's time.
+ */
+#ifndef SDE_GAPS_H
+#define SDE_GAPS_H
+#include <stdint.h>
+
+#define SDE_GAP_CHUNK 64
+
+struct sde_gap {
+    double start, end;
+};
+
+struct sde_gap_chunk {
+    uint32_t n;
+    struct sde_gap g[SDE_GAP_CHUNK];
+};
+
+typedef struct sde_gaps {
+    struct sde_gap_chunk **chunk;
+    double *last;   /* each chunk's last end */
+    double *maxlen; /* each chunk's longest gap (end - start) */
+    /* a max-tree over maxlen (leaves from tsize on), so that the first chunk after another
+     * with a gap long enough is found in O(log chunks): a drive whose programs queue far ahead
+     * of its reads (GC under a full write cache) keeps thousands of short gaps per die, and a
+     * scan over their chunks for every program was 76% of a steady-state run's time */
+    double *tree;
+    uint32_t tsize;
+    uint32_t nchunks, cap;
+    uint32_t n; /* gaps in all */
+} sde_gaps;
+
+void sde_gaps_free(sde_gaps *g);
+/* The first gap that ends after `ready` and holds [max(its start, ready), + duration): the
+ * stage takes it (the parts before and after stay gaps) and *done is the stage's end; 1.
+ * 0 when no gap holds it. */
+int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done);
+/* A gap after every other.  0, or -ENOMEM (the gap is lost: the model stays valid, only
+ * pessimistic). */
+int sde_gaps_append(sde_gaps *g, double start, double end);
+/* Forget the gaps that end by t. */
+void sde_gaps_forget_before(sde_gaps *g, double t);
+
+static inline double sde_gaps_first_end(const sde_gaps *g) { return g->chunk[0]->g[0].end; }
+static inline double sde_gaps_last_end(const sde_gaps *g) { return g->last[g->nchunks - 1]; }
+#endif

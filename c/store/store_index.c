@@ -1,0 +1,58 @@
+/* The key index: an open hash table of entries. */
+#define _GNU_SOURCE
+#include "store_private.h"
+
+/* ---- the index --------------------------------------------------------------------- */
+
+static uint64_t key_hash(uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint8_t k[24] = {0};
+    memcpy(k, &nsid, 4);
+    k[4] = (uint8_t)klen;
+    memcpy(k + 8, key, klen);
+    return XXH3_64bits(k, sizeof(k));
+}
+
+uint32_t store_ent_find(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint32_t i = st->ent_heads[key_hash(nsid, key, klen) & st->ent_mask];
+    while (i != NIL) {
+        const struct ent *e = &st->ents[i];
+        if (e->nsid == nsid && e->klen == klen && !memcmp(e->key, key, klen))
+            return i;
+        i = e->hnext;
+    }
+    return NIL;
+}
+
+uint32_t store_ent_insert(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
+{
+    uint32_t i = st->ent_free;
+    if (i == NIL)
+        return NIL;
+    struct ent *e = &st->ents[i];
+    st->ent_free = e->hnext;
+    memset(e, 0, sizeof(*e));
+    memcpy(e->key, key, klen);
+    e->klen = (uint8_t)klen;
+    e->nsid = nsid;
+    e->used = 1;
+    uint64_t b = key_hash(nsid, key, klen) & st->ent_mask;
+    e->hnext = st->ent_heads[b];
+    st->ent_heads[b] = i;
+    st->nkeys++;
+    return i;
+}
+
+void store_ent_remove(sde_store *st, uint32_t i)
+{
+    struct ent *e = &st->ents[i];
+    uint32_t *p = &st->ent_heads[key_hash(e->nsid, e->key, e->klen) & st->ent_mask];
+    while (*p != i)
+        p = &st->ents[*p].hnext;
+    *p = e->hnext;
+    e->used = 0;
+    e->hnext = st->ent_free;
+    st->ent_free = i;
+    st->nkeys--;
+}

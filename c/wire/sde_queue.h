@@ -1,0 +1,167 @@
+/*
+ * ssdemu queue pairs: the command layout and the shared-memory rings between a host client
+ * and the device daemon.  This header is the one definition of both; the block between
+ * CDEF-BEGIN and CDEF-END is read by cffi, and ssdemu_wire/layout.py derives its numpy
+ * views from the compiled structs (a test checks sizes and offsets on both sides).
+ *
+ * A queue pair is one shared memory region (a memfd the daemon creates and passes to the
+ * client):  [sde_ring_hdr][SQ: sq_entries x sde_sqe][CQ: cq_entries x sde_cqe].
+ * Entries are powers of two; indices are free-running uint32 (masked on use).
+ *   SQ: the client produces (writes entries, then sq_tail with release); the daemon consumes
+ *       (reads sq_tail with acquire, copies each SQE out once, then sq_head with release).
+ *   CQ: the daemon produces (cq_tail), the client consumes (cq_head).
+ * Each index sits on its own cache line, written by one side only.  The daemon never trusts
+ * the header: it keeps its own copy of the sizes and its own head/tail, and reads only the
+ * client's sq_tail and cq_head, which it checks against the ring size.
+ * Doorbells: the daemon sets SDE_SQF_NEED_WAKEUP in sq_flags before it sleeps on its eventfd;
+ * the client, after publishing sq_tail, does a full fence and kicks the eventfd only if the
+ * flag is set (the SQPOLL handshake of io_uring).  The mirror image wakes a sleeping client:
+ * SDE_CQF_WAITING in cq_flags, the client's completion eventfd.
+ */
+#ifndef SDE_QUEUE_H
+#define SDE_QUEUE_H
+#include <stdint.h>
+
+/* CDEF-BEGIN */
+#define SDE_PROTOCOL_VERSION 1
+#define SDE_RING_MAGIC 0x53444551
+
+/* opcodes */
+#define SDE_CMD_NOP 0
+#define SDE_CMD_READ 1
+#define SDE_CMD_WRITE 2
+#define SDE_CMD_FLUSH 3
+#define SDE_CMD_WRITE_ZEROES 4
+#define SDE_CMD_DEALLOCATE 5
+#define SDE_CMD_IDENTIFY 16
+#define SDE_CMD_NS_CREATE 17
+#define SDE_CMD_NS_DELETE 18
+#define SDE_CMD_NS_LIST 19
+#define SDE_CMD_GET_LOG 20
+/* KV commands (the NVMe KV command set's Store, Retrieve, Delete, Exist, List): the key is
+ * lba (bytes 0-7) and key_hi (bytes 8-15), its length in param1 (1..16); Store's option in
+ * param0 (1 only if the key exists, 2 only if it does not). */
+#define SDE_CMD_KV_STORE 32
+#define SDE_CMD_KV_RETRIEVE 33
+#define SDE_CMD_KV_DELETE 34
+#define SDE_CMD_KV_EXIST 35
+#define SDE_CMD_KV_LIST 36
+/* Compute commands, run by the in-drive firmware under the TOPS budget:
+ * KV_STORE_QUANTIZED: the buffer holds a 64-byte request (magic SQRQ, element dtype, scheme
+ *   name, block shape) and the raw KV block; the drive quantizes it and stores the compressed
+ *   block under the key (KV_RETRIEVE returns that compressed block).
+ * KV_RETRIEVE_DEQUANTIZED: the drive dequantizes the stored block into the buffer.
+ * PREFIX_MATCH: the buffer holds N 16-byte keys; result = the leading run present.
+ * PREFIX_MATCH_TOKENS: the buffer holds a 16-byte root key and token ids (uint32), param0 the
+ *   block size in tokens; the drive hashes the chain itself, then matches.
+ * PIN / UNPIN: a 16-byte key that in-flight work uses is never evicted. */
+#define SDE_CMD_KV_STORE_QUANTIZED 40
+#define SDE_CMD_KV_RETRIEVE_DEQUANTIZED 41
+#define SDE_CMD_PREFIX_MATCH 42
+#define SDE_CMD_PREFIX_MATCH_TOKENS 43
+#define SDE_CMD_PIN 44
+#define SDE_CMD_UNPIN 45
+#define SDE_CMD_LAST 46
+#define SDE_CMD_COUNT 22 /* opcodes defined above: the data plane's table has a row each */
+
+/* completion status */
+#define SDE_SC_SUCCESS 0
+#define SDE_SC_INVALID_OPCODE 1
+#define SDE_SC_INVALID_FIELD 2
+#define SDE_SC_INVALID_NAMESPACE 3
+#define SDE_SC_INVALID_BUFFER 4
+#define SDE_SC_LBA_OUT_OF_RANGE 5
+#define SDE_SC_MEDIA_ERROR 6
+#define SDE_SC_ABORTED 7
+#define SDE_SC_CAPACITY_EXCEEDED 8
+#define SDE_SC_INTERNAL 9
+/* the NVMe KV command set's own status codes */
+#define SDE_SC_KV_INVALID_VALUE_SIZE 0x85
+#define SDE_SC_KV_INVALID_KEY_SIZE 0x86
+#define SDE_SC_KV_KEY_NOT_EXIST 0x87
+#define SDE_SC_KV_KEY_EXISTS 0x89
+
+/* namespace flags: NS_CREATE's param1 takes SDE_NS_SHARED (every client may use it;
+ * otherwise only its owner); SDE_NS_USED marks a taken id in the store's table */
+#define SDE_NS_USED 1
+#define SDE_NS_SHARED 2
+
+/* ring flags */
+#define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */
+#define SDE_SQF_DEAD 2        /* daemon: shut down, nothing more will complete */
+#define SDE_CQF_WAITING 1     /* client: asleep, signal the completion eventfd */
+
+/* A command: 64 bytes, in the NVMe spirit. */
+typedef struct sde_sqe {
+    uint8_t opcode;
+    uint8_t flags;
+    uint16_t cid;            /* the client's command id, echoed in the completion */
+    uint32_t nsid;           /* namespace, 0 for none */
+    uint32_t buf;            /* registered buffer handle, 0 for none */
+    uint32_t length;         /* bytes */
+    uint64_t buf_offset;     /* byte offset into the buffer */
+    uint64_t lba;            /* first logical block (block commands); key bytes 0-7 (KV) */
+    uint64_t key_hi;         /* key bytes 8-15 (KV) */
+    uint64_t param0;
+    uint64_t param1;
+    uint64_t submit_time_ns; /* virtual-time submission stamp; 0 in real time */
+} sde_sqe;
+
+/* A completion: 32 bytes. */
+typedef struct sde_cqe {
+    uint16_t cid;
+    uint16_t status;
+    uint32_t reserved;
+    uint64_t result;
+    uint64_t device_time_ns; /* modelled latency (real time) or completion time (virtual) */
+    uint64_t reserved2;
+} sde_cqe;
+
+typedef struct sde_ring_hdr {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t sq_entries;
+    uint32_t cq_entries;
+    uint32_t sq_offset;
+    uint32_t cq_offset;
+    uint32_t qid;
+    uint32_t reserved[9];
+    uint32_t sq_tail;  /* client */
+    uint32_t pad1[15];
+    uint32_t sq_head;  /* daemon */
+    uint32_t pad2[15];
+    uint32_t cq_tail;  /* daemon */
+    uint32_t pad3[15];
+    uint32_t cq_head;  /* client */
+    uint32_t pad4[15];
+    uint32_t sq_flags; /* daemon */
+    uint32_t pad5[15];
+    uint32_t cq_flags; /* client */
+    uint32_t pad6[15];
+} sde_ring_hdr;
+
+/* Bytes of queue-pair memory for these ring sizes (powers of two, 2..65536); 0 if invalid. */
+uint64_t sde_qp_bytes(uint32_t sq_entries, uint32_t cq_entries);
+/* Daemon: lay out a fresh queue pair in mem (sde_qp_bytes long). */
+int sde_qp_init(void *mem, uint32_t sq_entries, uint32_t cq_entries, uint32_t qid);
+/* Client: check a queue pair it was handed (magic, version, sizes within `bytes`). */
+int sde_qp_check(const void *mem, uint64_t bytes);
+
+/* Client: publish up to n commands; returns how many fit.  Kicks doorbell_fd (an eventfd)
+ * if the daemon is asleep; *kicked tells whether it did. */
+int sde_sq_submit(void *mem, const sde_sqe *sqes, uint32_t n, int doorbell_fd, int *kicked);
+/* Client: take up to max completions. */
+int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
+/* Client: wait until a completion is there, or until timeout_ns (0: forever): poll for
+ * spin_ns, then sleep on completion_fd.  hangup_fd (the control socket, or -1) becoming
+ * readable or hung up means the daemon is gone: -ENOTCONN, as for a queue marked dead.
+ * Returns completions ready, 0 on timeout, -errno. */
+int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
+                uint64_t timeout_ns);
+/* Client, event-loop style (hostlib.aio): waiting 1 asks the daemon to signal completion_fd
+ * for every completion it posts from now on, 0 stops it.  Returns the completions ready
+ * (look at them before sleeping: one may have been posted just before the flag was seen). */
+int sde_cq_arm(void *mem, int waiting);
+/* CDEF-END */
+
+#endif

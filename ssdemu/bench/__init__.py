@@ -1,0 +1,3 @@
+"""Benchmarks behind `ssdemu bench ...`: each measures its figure and the baseline it names
+(fio, memcpy, a Python reference) in the same run and prints one JSON object with --json.
+`_client_loop` (c/tools) is the C client side of `bench queue` and `bench kv`."""

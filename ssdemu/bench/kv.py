@@ -1,0 +1,204 @@
+"""`ssdemu bench kv`: the drive's own commands against its block path, through the same queue.
+
+One closed-loop client at QD32, in C (c/tools/sde_client_loop.c, as `bench queue`), so that the
+ratios measure the daemon and not Python in the client.  In one run, on one daemon (timing
+off), each KV figure beside the block figure it is held to:
+
+- 4 KiB kv_put / kv_get (ops/s) against 4 KiB block writes / reads;
+- 2 MiB kv_put / kv_get (bytes/s) against 1 MiB block writes / reads (a 2 MiB transfer as
+  two 1 MiB commands, the block path's largest);
+- a quantized store and a dequantized retrieve of a 512-token block of the tiny model at
+  int8_g64 (bytes/s of the fp16 block) against the firmware kernel called directly on the
+  same block shape;
+- the bytes the daemon copies per KV put and get from registered buffers.
+Every put carries a fresh serial number in its value, so deduplication never turns a put
+into a comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+import hostlib
+from ssdemu.bench import _client_loop
+from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu_wire.layout import OPCODES, QUANT_REQUEST, pack_quant_request
+
+ffi, lib = _client_loop.ffi, _client_loop.lib
+QD = 32
+KEY_HI = b"skv00000"  # the keys the C loop sends: index in bytes 0-7, this in 8-15
+SIZES = {"4k": 4096, "2m": 2 << 20}
+KEYS = {"4k": 16384, "2m": 96}
+SCHEME = "int8_g64"
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(8, "little") + KEY_HI
+
+
+def _loop(dev, opcode: int, buf, bs: int, span: int, seconds: float, nsid: int = 0,
+          stamp: bool = False, stamp_at: int = 0) -> dict:
+    handle, _ = dev._locate(buf)
+    hist = np.zeros(lib.SDE_HIST_BUCKETS, np.uint64)
+    out = ffi.new("uint64_t[3]")
+    qp = dev.qp
+    r = lib.sde_client_loop(qp.mem, qp.doorbell_fd, qp.completion_fd, opcode, nsid, handle, bs,
+                            QD, span, int(seconds * 1e9), 11,
+                            ffi.cast("void *", buf.ctypes.data + stamp_at) if stamp else ffi.NULL,
+                            ffi.cast("uint64_t *", hist.ctypes.data), out)
+    if r < 0:
+        raise RuntimeError(f"client loop failed: {os.strerror(-r)}")
+    if out[1]:
+        raise RuntimeError(f"{out[1]} of {out[0]} commands (opcode {opcode}) failed")
+    secs = out[2] / 1e9
+    return {"ops_per_s": out[0] / secs, "bytes_per_s": out[0] * bs / secs, "commands": out[0]}
+
+
+def _copied(dev, cls: str, fn, n: int) -> float:
+    before = dev.log()["classes"][cls]
+    for i in range(n):
+        fn(i)
+    after = dev.log()["classes"][cls]
+    return (after["bytes_copied"] - before["bytes_copied"]) / max(
+        1, after["commands"] - before["commands"])
+
+
+def _kernel_rate(block: np.ndarray, seconds: float) -> tuple[float, float]:
+    """fp16 bytes/s of the firmware's quantize and dequantize called directly."""
+    from firmware.quant import _block_shape as shape_of
+    from firmware.quant import compressed_nbytes, dequantize, quantize
+
+    out = np.empty(compressed_nbytes(shape_of(block), SCHEME, "fp16"), np.uint8)
+    quantize(block, "fp16", SCHEME, out=out)
+    dequantize(out)  # compiled before timing
+    rates = []
+    for fn in (lambda: quantize(block, "fp16", SCHEME, out=out), lambda: dequantize(out)):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            fn()
+            n += 1
+        rates.append(n * block.nbytes / (time.perf_counter() - t0))
+    return rates[0], rates[1]
+
+
+def run_bench(socket_path: str, seconds: float) -> dict:
+    dev = hostlib.connect(socket_path, entries=256)
+    try:
+        out: dict = {"qd": QD}
+        ns_bytes = 256 << 20
+        nsid = dev.ns_create(ns_bytes)
+        rng = np.random.default_rng(5)
+        for name, bs in SIZES.items():
+            buf = dev.alloc(QD * bs)
+            buf[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
+            nkeys = KEYS[name]
+            # load every key the gets will ask for
+            for i in range(0, nkeys, QD):
+                with dev.batch():
+                    fs = [dev.kv_put_async(_key(k), buf[(k % QD) * bs:(k % QD + 1) * bs])
+                          for k in range(i, min(nkeys, i + QD))]
+                for f in fs:
+                    f.result()
+            blk = min(bs, 1 << 20)
+            span = ns_bytes // 512
+            w = _loop(dev, OPCODES["WRITE"], buf, blk, span, seconds, nsid, stamp=True)
+            p = _loop(dev, OPCODES["KV_STORE"], buf, bs, nkeys, seconds, stamp=True)
+            r = _loop(dev, OPCODES["READ"], buf, blk, span, seconds, nsid)
+            g = _loop(dev, OPCODES["KV_RETRIEVE"], buf, bs, nkeys, seconds)
+            unit = "ops_per_s" if name == "4k" else "bytes_per_s"
+            out[f"kv_put_{name}"] = {unit: p[unit], "block_write": w[unit],
+                                     "ratio_block": p[unit] / w[unit]}
+            out[f"kv_get_{name}"] = {unit: g[unit], "block_read": r[unit],
+                                     "ratio_block": g[unit] / r[unit]}
+            if name == "4k":
+                one = buf[:bs]
+                out["bytes_copied_per_kv_put"] = _copied(
+                    dev, "kv", lambda i, one=one: dev.kv_put(b"copy%d" % i, one), 64)
+                out["bytes_copied_per_kv_get"] = _copied(
+                    dev, "kv", lambda i, one=one: dev.kv_get(b"copy%d" % i, one), 64)
+            dev.free(buf)
+
+        # the firmware: a 512-token block of the tiny model, fp16
+        from ssdemu.replay.serving import SyntheticKV, model_config
+
+        kv = SyntheticKV(model_config("tiny"))
+        block = np.ascontiguousarray(kv.block(1))
+        t, _, layers, heads, dim = block.shape
+        req = np.frombuffer(pack_quant_request(0, SCHEME, t, layers, heads, dim), np.uint8)
+        slot = QUANT_REQUEST.size + block.nbytes
+        qbuf = dev.alloc(QD * slot)
+        for i in range(QD):
+            qbuf[i * slot:i * slot + QUANT_REQUEST.size] = req
+            qbuf[i * slot + QUANT_REQUEST.size:(i + 1) * slot] = block.reshape(-1).view(np.uint8)
+        nq = 64
+        for k in range(nq):
+            dev.kv_put_quantized(_key(k), block, "fp16", SCHEME)
+        before = dev.log()["store"]["dedup_hits"]
+        # stamped after the request: every block differs, so every put is quantized and
+        # written (the loop keeps the stamps finite)
+        qp_ = _loop(dev, OPCODES["KV_STORE_QUANTIZED"], qbuf, slot, nq, seconds, stamp=True,
+                    stamp_at=QUANT_REQUEST.size)
+        dedup = dev.log()["store"]["dedup_hits"] - before
+        dbuf = dev.alloc(QD * block.nbytes)
+        qg = _loop(dev, OPCODES["KV_RETRIEVE_DEQUANTIZED"], dbuf, block.nbytes, nq, seconds)
+        q_rate, d_rate = _kernel_rate(block, seconds)
+        put_bps = qp_["ops_per_s"] * block.nbytes
+        get_bps = qg["ops_per_s"] * block.nbytes
+        out["kv_put_quantized"] = {"bytes_per_s": put_bps, "kernel_bytes_per_s": q_rate,
+                                   "ratio_kernel": put_bps / q_rate, "block_bytes": block.nbytes,
+                                   "dedup_hits": dedup, "commands": qp_["commands"]}
+        out["kv_get_dequantized"] = {"bytes_per_s": get_bps, "kernel_bytes_per_s": d_rate,
+                                     "ratio_kernel": get_bps / d_rate}
+        store = dev.log()["store"]
+        out["store"] = {k: store[k] for k in ("checkpoints", "journal_writes", "journal_records",
+                                              "dedup_hits", "keys")}
+        out["records_per_group_commit"] = (store["journal_records"]
+                                           / max(1, store["journal_writes"] + store["checkpoints"]))
+        return out
+    finally:
+        dev.close()
+
+
+def bench_kv(socket_path: str | None, media: str | None, seconds: float) -> dict:
+    """On a running daemon, or on one started here (timing off) on `media`."""
+    if socket_path:
+        return run_bench(socket_path, seconds)
+    tmp = tempfile.mkdtemp(prefix="ssdemu-bench-kv-")
+    try:
+        d = DaemonProcess(os.path.join(tmp, "s.sock"), media or "mem:1536M",
+                          ["--timing", "off"])
+        try:
+            report = run_bench(d.socket_path, seconds)
+        finally:
+            d.terminate()
+        report["media"] = media or "mem:1536M"
+        return report
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def format_table(r: dict) -> str:
+    lines = [f"bench kv (QD{r['qd']}, one client in C, timing off)"]
+    for name in ("kv_put_4k", "kv_get_4k"):
+        x = r[name]
+        lines.append(f"  {name:<20} {x['ops_per_s']:>12,.0f} ops/s   block "
+                     f"{x.get('block_write', x.get('block_read')):>12,.0f}   ratio "
+                     f"{x['ratio_block']:.2f}")
+    for name in ("kv_put_2m", "kv_get_2m"):
+        x = r[name]
+        lines.append(f"  {name:<20} {x['bytes_per_s'] / 1e9:>10.2f} GB/s   block "
+                     f"{x.get('block_write', x.get('block_read')) / 1e9:>10.2f}   ratio "
+                     f"{x['ratio_block']:.2f}")
+    for name in ("kv_put_quantized", "kv_get_dequantized"):
+        x = r[name]
+        lines.append(f"  {name:<20} {x['bytes_per_s'] / 1e9:>10.2f} GB/s   kernel "
+                     f"{x['kernel_bytes_per_s'] / 1e9:>10.2f}   ratio {x['ratio_kernel']:.2f}")
+    lines.append(f"  bytes copied per kv put / get (registered): "
+                 f"{r['bytes_copied_per_kv_put']:.0f} / {r['bytes_copied_per_kv_get']:.0f}")
+    lines.append(f"  records per group commit: {r['records_per_group_commit']:.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""`ssdemu bench lmcache`: LMCache's store and retrieve of Llama-style chunks through the
+ssdemu plug-in (hostlib.lmcache, a daemon on a file) and through LMCache's own
+LocalDiskBackend on the same filesystem, in one run (ssdemu/bench/lmcache_run.py, in the LMCache
+venv that `make test` builds).  Timing off: the figures measure the software path on this
+machine, not the modelled drive."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+from ssdemu.errors import SsdemuError
+from ssdemu.tools.daemon_process import DaemonProcess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LMCACHE_PYTHON = ROOT / ".venv-lmcache" / "bin" / "python"
+
+
+class BenchUnavailable(SsdemuError):
+    """LMCache is not installed here (the reason in one line)."""
+
+
+def bench_lmcache(chunks: int = 16, where: str | None = None, quant: str = "none",
+                  python: str | None = None) -> dict:
+    py = pathlib.Path(python) if python else LMCACHE_PYTHON
+    unavailable = ROOT / ".venv-lmcache" / "UNAVAILABLE"
+    if not py.exists() or (python is None and unavailable.exists()):
+        why = unavailable.read_text().strip() if unavailable.exists() else \
+            f"{py} not found: `make test` (or `make lmcache-venv`) builds the LMCache venv"
+        raise BenchUnavailable(why)
+    base = tempfile.mkdtemp(prefix="ssdemu-bench-lmcache-", dir=where or "/var/tmp")
+    try:
+        disk = os.path.join(base, "local-disk")
+        os.makedirs(disk)
+        size_gib = max(2, -(-chunks * 32 * 3 // 1024))  # the chunks, room to spare
+        d = DaemonProcess(os.path.join(base, "s.sock"),
+                          media=f"file:{os.path.join(base, 'drive.img')}:{size_gib}G",
+                          extra=["--timing", "off"], log_path=os.path.join(base, "d.log"))
+        try:
+            # -I: not the script's folder on sys.path (ssdemu/bench/queue.py would shadow queue)
+            p = subprocess.run([str(py), "-I", str(ROOT / "bench" / "lmcache_run.py"),
+                                d.socket_path,
+                                disk, str(chunks), quant], capture_output=True, text=True,
+                               timeout=1800, cwd=base,
+                               # LMCache's metrics files, else in /tmp/lmcache_prometheus
+                               env=os.environ | {"PROMETHEUS_MULTIPROC_DIR":
+                                                 os.path.join(base, "prometheus")})
+        finally:
+            d.terminate()
+        if p.returncode != 0:
+            raise RuntimeError(f"the LMCache run failed: {p.stderr.strip().splitlines()[-1]}")
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    out["filesystem_dir"] = where or "/var/tmp"
+    out["timing"] = "off"
+    for op in ("store", "retrieve"):
+        out[f"{op}_ratio"] = out["plugin"][f"{op}_MBps"] / out["local_disk"][f"{op}_MBps"]
+    return out
+
+
+def format_table(r: dict) -> str:
+    rows = [f"LMCache, {r['chunks']} chunks of {r['chunk_bytes'] >> 20} MiB (Llama-3-8B, 256 "
+            f"tokens), quant {r['quant']}, on {r['filesystem_dir']}",
+            f"{'backend':<12}{'store MB/s':>12}{'retrieve MB/s':>15}{'bit-exact':>11}"]
+    for name in ("plugin", "local_disk"):
+        b = r[name]
+        rows.append(f"{name:<12}{b['store_MBps']:>12.0f}{b['retrieve_MBps']:>15.0f}"
+                    f"{str(b['bit_exact']):>11}")
+    rows.append(f"plugin / local disk: store {r['store_ratio']:.2f}x, retrieve "
+                f"{r['retrieve_ratio']:.2f}x")
+    return "\n".join(rows)

@@ -1,0 +1,103 @@
+"""The admin commands, which the data plane hands to the daemon's Python side: identify,
+namespaces, log pages.  Every other command (block I/O, KV, pins, compute) runs in the data
+plane (c/dev); one opcode table there says which.  One handler per admin opcode in
+HANDLERS; a test checks that every opcode the C table routes here has one and no other
+does.  Each returns an Outcome."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ssdemu.device.store import KeyNotFound, StoreFull
+from ssdemu_wire.layout import NS_SHARED, OPCODES, STATUS
+
+
+@dataclass
+class Outcome:
+    status: int
+    result: int = 0
+    bytes: int = 0  # moved for the client
+
+
+def _ok(result: int = 0, nbytes: int = 0) -> Outcome:
+    return Outcome(STATUS["SUCCESS"], result, nbytes)
+
+
+def _err(name: str, result: int = 0) -> Outcome:
+    return Outcome(STATUS[name], result)
+
+
+class Admin:
+    def __init__(self, daemon):
+        self.d = daemon
+
+    def run(self, client, sqe) -> Outcome:
+        handler = HANDLERS.get(sqe.opcode)
+        if handler is None:
+            return _err("INVALID_OPCODE")
+        return handler(self, client, sqe)
+
+    def _region(self, client, sqe):
+        """The client's buffer range named by the command, or None."""
+        buf = client.buffers.get(int(sqe.buf)) if client else None
+        off, length = int(sqe.buf_offset), int(sqe.length)
+        if buf is None or off > buf.nbytes or length > buf.nbytes - off:
+            return None
+        return buf.mm, off, length
+
+    def _reply_json(self, client, sqe, data) -> Outcome:
+        region = self._region(client, sqe)
+        if region is None:
+            return _err("INVALID_BUFFER")
+        mm, off, length = region
+        payload = json.dumps(data).encode()
+        if len(payload) > length:
+            return _err("INVALID_BUFFER", len(payload))
+        mm[off:off + len(payload)] = payload
+        return _ok(len(payload))
+
+    def identify(self, client, sqe):
+        return self._reply_json(client, sqe, self.d.identify())
+
+    def ns_list(self, client, sqe):
+        return self._reply_json(client, sqe, self.d.namespace_list(client))
+
+    def get_log(self, client, sqe):
+        page = self.d.log_page(int(sqe.param0))
+        if page is None:
+            return _err("INVALID_FIELD")
+        return self._reply_json(client, sqe, page)
+
+    def ns_create(self, client, sqe):
+        """param0: bytes (0: keys only); param1: 0, or NS_SHARED for every client's use."""
+        if int(sqe.param1) not in (0, NS_SHARED) or sqe.nsid or sqe.flags:
+            return _err("INVALID_FIELD")
+        if client is None:  # it left meanwhile: it would own a namespace no one can reach
+            return _err("ABORTED")
+        try:
+            nsid = self.d.create_namespace(int(sqe.param0), client,
+                                           shared=int(sqe.param1) == NS_SHARED)
+        except ValueError:
+            return _err("INVALID_FIELD")
+        except StoreFull:
+            return _err("CAPACITY_EXCEEDED")
+        except OSError:
+            return _err("MEDIA_ERROR")
+        return _ok(nsid)
+
+    def ns_delete(self, client, sqe):
+        try:
+            self.d.delete_namespace(int(sqe.nsid), client)
+        except KeyNotFound:
+            return _err("INVALID_NAMESPACE")
+        return _ok()
+
+
+HANDLERS = {
+    OPCODES["IDENTIFY"]: Admin.identify,
+    OPCODES["NS_CREATE"]: Admin.ns_create,
+    OPCODES["NS_DELETE"]: Admin.ns_delete,
+    OPCODES["NS_LIST"]: Admin.ns_list,
+    OPCODES["GET_LOG"]: Admin.get_log,
+}

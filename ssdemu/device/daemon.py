@@ -1,0 +1,790 @@
+"""`ssdemu serve`: the device process.
+
+Threads: the data plane runs in C (`sde_dev_run`, the GIL released) and serves every queue
+pair; this Python thread runs the control plane on a Unix SOCK_SEQPACKET socket (clients,
+queue pairs, buffers), the admin commands the data plane hands over, and shutdown.  The
+firmware's threads (C pthreads calling the Numba entry points of firmware/entry.py) run the
+compute commands' kernels for the data plane.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import math
+import mmap
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from firmware import entry
+from ssdemu.device import _device, faults
+from ssdemu.device.admin import Admin, Outcome
+from ssdemu.device.media import Media
+from ssdemu.device.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreError, probe
+from ssdemu.sim.cost import kernel_stats
+from ssdemu.sim.profile import Profile
+from ssdemu.sim.timing import budget_of, model_param_fields
+from ssdemu_wire import control
+from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, STATUS
+
+ffi, lib = _device.ffi, _device.lib
+log = logging.getLogger("ssdemu.serve")
+
+LOG_PAGE_COUNTERS = 1
+# the command classes of the data plane's counters, by their SDE_CLASS_* number
+# (c/dev/sde_dev.h, the one definition)
+CLASS_NAMES = [name for _, name in sorted(
+    (getattr(lib, n), n[len("SDE_CLASS_"):].lower()) for n in dir(lib)
+    if n.startswith("SDE_CLASS_"))]
+
+
+@dataclass
+class QueuePair:
+    index: int
+    fd: int
+    mm: mmap.mmap
+    cfd: int
+
+
+@dataclass
+class Buffer:
+    handle: int
+    fd: int
+    mm: mmap.mmap
+    nbytes: int
+    bounce: bool
+
+
+@dataclass
+class Departure:
+    """What a departed client (or a destroyed queue pair) held, freed once the data plane has
+    no command of it in flight."""
+
+    qps: list[QueuePair]
+    buffers: list[tuple[int, Buffer]]
+
+
+@dataclass
+class Client:
+    cid: int
+    sock: socket.socket
+    uid: int
+    pid: int
+    token: int = 0  # the owner name given at hello, hashed (0: none): see owner_token
+    qps: dict[int, QueuePair] = field(default_factory=dict)
+    buffers: dict[int, Buffer] = field(default_factory=dict)
+
+
+class Daemon:
+    def __init__(self, profile: Profile, media: Media, socket_path: str,
+                 allowed_uids: set[int] | None = None, format_media: bool = False,
+                 timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
+                 group: int | None = None, max_buffers: int = 256,
+                 max_queue_pairs: int | None = None, max_inflight: int | None = None,
+                 power_cut: bool = False, metrics: str | None = None):
+        self.profile = profile
+        self.metrics_address = metrics
+        self.metrics_server = None
+        # per-client quotas, so that no client takes what the others need
+        self.max_buffers = max_buffers
+        self.max_queue_pairs = max_queue_pairs or profile.queue.max_queue_pairs
+        # commands in flight: by default three quarters of the data plane's contexts, so
+        # one client can drive a deep queue and a quarter always remains for the others
+        self.max_inflight = max_inflight or max(1, profile.queue.io_depth * 3 // 4)
+        self.group = group  # the socket's group (mode 0660): its members may connect
+        self.media = media
+        self.socket_path = socket_path
+        self.allowed_uids = allowed_uids if allowed_uids is not None else {os.getuid(), 0}
+        out = ffi.new("sde_dev **")
+        r = lib.sde_dev_new(media.fd, media.size, media.lba_size, profile.queue.io_depth, out)
+        if r < 0:
+            raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
+        self.dev = out[0]
+        lib.sde_dev_set_client_quota(self.dev, self.max_inflight)
+        self.timing, self.clock = timing, clock
+        if timing != "off":
+            # the drive's FTL maps the whole media (at a declared scale past 64 GiB).  The
+            # controller's DRAM, which kernels share with the NAND and PCIe DMA, only on the
+            # real clock: the data plane books a kernel's bytes (and a dequantized result's
+            # transfer, a quantized store's program) when a firmware thread hands it back, so
+            # where they fall among other commands' DMA follows this host's thread timing, and
+            # a virtual-time run would not repeat itself.  Model-mode replay and bench device
+            # model it.
+            params = ffi.new("sde_model_params *", model_param_fields(
+                profile, fixed=timing == "fixed", ftl_bytes=media.size, dram=clock != "virtual"))
+            r = lib.sde_dev_set_model(self.dev, params, int(clock == "virtual"))
+            if r < 0:
+                raise OSError(-r, f"cannot build the timing model: {os.strerror(-r)}")
+        self.store = open_store(media, format_media, not profile.write_cache.enabled,
+                                profile, journal_blocks)
+        for nsid, ns in self.store.namespace_table().items():
+            lib.sde_dev_set_ns(self.dev, nsid, ns)
+        # from here on KV commands run in the data plane against the store (c/store)
+        self.store.attach(self.dev)
+        self.power_cut = power_cut
+        if power_cut:
+            check_power_cut(profile, media)
+            r = lib.sde_dev_set_power_cut(self.dev, profile.write_cache.bytes)
+            if r < 0:
+                raise OSError(-r, "cannot start power-cut emulation")
+        # the firmware: as many threads as the drive has compute units, at most one per core
+        # of this host (more would only take turns)
+        c = profile.compute
+        threads = max(1, min(c.units, os.cpu_count() or 1, lib.SDE_FW_MAX_THREADS))
+        r = lib.sde_dev_set_firmware(self.dev, *entry.addresses(), threads,
+                                     budget_of(profile).copy_into(ffi))
+        if r < 0:
+            raise OSError(-r, f"cannot start the firmware: {os.strerror(-r)}")
+        self.admin = Admin(self)
+        self.clients: dict[int, Client] = {}
+        self.draining: list[Departure] = []
+        self._next_client = 1
+        self._stop_flag = ffi.new("int *", 0)
+        self._stopping = False
+        self.removed_until: float | None = None  # a surprise removal: until then (inf: reinsert)
+        self._remove_now = False
+        self._cut_seed: int | None = None  # a power cut asked for: done after its reply
+        self.sel = selectors.DefaultSelector()
+        self.listener: socket.socket | None = None
+        self.data_plane: threading.Thread | None = None
+
+    # -- lifecycle --
+    def start(self) -> None:
+        if self.metrics_address:  # before the socket: once it exists, everything serves
+            from ssdemu.device.metrics import serve_metrics
+
+            # scraped from the server's own thread: the log page takes the core's locks
+            self.metrics_server = serve_metrics(self.metrics_address,
+                                                lambda: self.log_page(LOG_PAGE_COUNTERS))
+            log.info("metrics at http://%s/metrics", self.metrics_address)
+        if check_socket_path(self.socket_path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                probe.connect(self.socket_path)
+                raise OSError(errno.EADDRINUSE, f"a daemon already serves {self.socket_path}")
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(self.socket_path)  # a stale socket from a daemon that died
+            finally:
+                probe.close()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # the socket is created 0600 (0660 with a group): other users cannot reach it at all;
+        # SO_PEERCRED then checks those who can
+        # bound and listening under a temporary name, then renamed into place: a client that
+        # sees the socket can connect at once (between bind and listen it would be refused,
+        # which a loaded machine showed)
+        binding = f"{self.socket_path}.{os.getpid()}.tmp"
+        old = os.umask(0o177 if self.group is None else 0o117)
+        try:
+            self.listener.bind(binding)
+        finally:
+            os.umask(old)
+        try:
+            if self.group is not None:
+                os.chown(binding, -1, self.group)
+            self.listener.listen(64)
+            os.replace(binding, self.socket_path)
+        except BaseException:
+            os.unlink(binding)
+            raise
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
+        spin_ns = self.profile.queue.spin_us * 1000
+        self.data_plane = threading.Thread(
+            target=lib.sde_dev_run, args=(self.dev, self._stop_flag, spin_ns),
+            name="ssdemu-data-plane", daemon=True)
+        self.data_plane.start()
+        log.info("serving %s on %s: %s, %d bytes, %d-byte blocks", self.profile.name,
+                 self.socket_path, self.media.spec, self.media.size, self.media.lba_size)
+
+    def request_stop(self, *_):
+        self._stopping = True
+
+    def serve_forever(self) -> None:
+        while not self._stopping:
+            for key, _ in self.sel.select(timeout=0.2):
+                kind, client = key.data
+                try:
+                    if kind == "accept":
+                        self._accept()
+                    elif kind == "admin":
+                        self._admin()
+                    else:
+                        self._client_message(client)
+                except Exception:  # a bug on our side: log it, drop that client, go on
+                    log.exception("serving %s failed", kind)
+                    if client is not None and client.cid in self.clients:
+                        self._drop_client(client)
+            if self._cut_seed is not None:
+                self._power_cut(self._cut_seed)
+            if self._remove_now:
+                self._surprise_removal()
+            elif self.removed_until is not None and time.monotonic() >= self.removed_until:
+                self.removed_until = None
+                log.warning("the device is back after its injected removal")
+            self._reap_drained()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        log.info("shutting down: %d clients", len(self.clients))
+        if self.metrics_server is not None:
+            server = self.metrics_server[0] if isinstance(self.metrics_server, tuple) \
+                else self.metrics_server
+            server.shutdown()
+            server.server_close()
+        lib.sde_dev_shutdown_qps(self.dev)  # clients waiting are woken and told
+        self._stop_flag[0] = 1
+        os.eventfd_write(lib.sde_dev_doorbell_fd(self.dev), 1)
+        stuck = False
+        if self.data_plane:
+            self.data_plane.join(timeout=10)
+            stuck = self.data_plane.is_alive()
+        for client in list(self.clients.values()):
+            self._drop_client(client)
+        deadline = time.monotonic() + 5
+        while self.draining and time.monotonic() < deadline:
+            self._reap_drained(force=True)
+        if self.listener:
+            self.sel.unregister(self.listener)
+            self.listener.close()
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        if stuck:  # freeing under a running data plane would crash: leave it to exit()
+            log.error("the data plane did not stop; exiting without freeing the device")
+        else:
+            self.store.flush()  # the data plane drained its media I/O before it returned
+            self.store.close()
+            lib.sde_dev_free(self.dev)
+        self.dev = ffi.NULL
+        log.info("stopped")
+
+    # -- clients --
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        try:
+            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET,
+                                                                socket.SO_PEERCRED, 12))
+        except OSError:
+            sock.close()
+            return
+        # with a group, the socket's mode already let in only its members (and the owner)
+        if uid not in self.allowed_uids and self.group is None:
+            self._refuse(sock, pid, uid)
+            return
+        client = Client(self._next_client, sock, uid, pid)
+        self._next_client += 1
+        self.clients[client.cid] = client
+        sock.setblocking(True)
+        sock.settimeout(5)
+        self.sel.register(sock, selectors.EVENT_READ, ("client", client))
+        log.info("client %d connected: pid %d uid %d", client.cid, pid, uid)
+
+    def _refuse(self, sock: socket.socket, pid: int, uid: int) -> None:
+        """Tell a client it may not use the device, at no cost to anyone else: nothing here
+        blocks, and nothing the peer does (close at once, never read) is an error of ours."""
+        log.warning("refused pid %d: uid %d is not allowed", pid, uid)
+        sock.setblocking(False)
+        try:
+            # read the hello if it is there: closing with unread data resets the connection
+            # and the client would not see why
+            try:
+                sock.recv(65536)
+            except OSError:
+                pass
+            try:
+                control.send(sock, {"ok": False,
+                                    "error": f"uid {uid} is not allowed to use this device"})
+            except (OSError, control.ControlError):
+                pass  # gone already, or not reading: its loss
+        finally:
+            sock.close()
+
+    def _client_message(self, client: Client) -> None:
+        try:
+            msg, fds = control.recv(client.sock)
+        except (OSError, control.ControlError) as e:
+            log.warning("client %d: %s; dropping it", client.cid, e)
+            self._drop_client(client)
+            return
+        if msg is None or msg.get("op") == "bye":
+            log.info("client %d disconnected", client.cid)
+            self._drop_client(client)
+            return
+        try:
+            reply, out_fds = self._handle(client, msg, fds)
+        except Exception as e:  # a bug on our side: tell the client, keep serving
+            log.exception("client %d: request %r failed", client.cid, msg.get("op"))
+            reply, out_fds = {"ok": False, "error": f"internal error: {e}"}, []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            control.send(client.sock, reply, out_fds)
+        except OSError:
+            self._drop_client(client)
+
+    def _handle(self, client: Client, msg: dict, fds: list[int]):
+        op = msg.get("op")
+        if op == "hello":
+            if msg.get("version") != PROTOCOL_VERSION:
+                return {"ok": False, "error": f"protocol version {msg.get('version')!r} is "
+                        f"not supported: this daemon speaks {PROTOCOL_VERSION}"}, []
+            owner = msg.get("owner")
+            if owner is not None:
+                if not isinstance(owner, str) or not 1 <= len(owner) <= 255:
+                    return {"ok": False, "error": "an owner name is 1 to 255 characters"}, []
+                if client.qps:
+                    return {"ok": False, "error": "the owner is named before any queue "
+                            "pair is made"}, []
+                client.token = owner_token(owner)
+            return {"ok": True, "version": PROTOCOL_VERSION, "device": self.identify()}, []
+        if op == "create_qp":
+            if self.removed_until is not None:
+                return {"ok": False, "error": "the device was removed (an injected surprise "
+                        "removal): " + self._removal_left()}, []
+            return self._create_qp(client, msg)
+        if op == "destroy_qp":
+            qp = client.qps.pop(int(msg.get("qid", -1)), None)
+            if qp is None:
+                return {"ok": False, "error": "no such queue pair"}, []
+            lib.sde_dev_remove_qp(self.dev, qp.index)
+            self.draining.append(Departure([qp], []))
+            return {"ok": True}, []
+        if op == "fault":
+            return self._fault(client, msg), []
+        if op == "register_buffer":
+            return self._register_buffer(client, msg, fds)
+        if op == "unregister_buffer":
+            return self._unregister_buffer(client, int(msg.get("handle", -1)))
+        return {"ok": False, "error": f"unknown request {op!r}"}, []
+
+    # -- fault injection (ssdemu/device/faults.py holds the rule format) --
+    def _fault(self, client: Client, msg: dict) -> dict:
+        if client.uid not in (os.getuid(), 0):
+            return {"ok": False, "error": "fault injection is for the daemon's own user and "
+                    "root"}
+        action = msg.get("action")
+        try:
+            if action == "add":
+                rule, seed = faults.rule_from_request(msg)
+                fid = lib.sde_dev_fault_add(self.dev, rule, seed)
+                if fid < 0:
+                    return {"ok": False, "error": "the device holds at most "
+                            f"{lib.SDE_FAULT_MAX} fault rules" if fid == -errno.ENOSPC
+                            else "the fault rule is not valid"}
+                log.warning("fault %d injected: %s", fid, faults.describe(msg))
+                return {"ok": True, "id": fid}
+            if action == "clear":
+                n = lib.sde_dev_fault_clear(self.dev, int(msg.get("id", 0)))
+                return {"ok": True, "cleared": n}
+            if action == "list":
+                table = ffi.new("sde_faults *")
+                lib.sde_dev_faults(self.dev, table)
+                return {"ok": True, "rules": [faults.rule_to_dict(table.rules[i])
+                                              for i in range(table.n)]}
+            if action == "remove":
+                seconds = faults.finite_number(msg.get("seconds", 0), "seconds")
+                self.removed_until = (time.monotonic() + seconds) if seconds > 0 else math.inf
+                self._remove_now = True  # after this reply is sent
+                return {"ok": True}
+            if action == "power-cut":
+                if not self.power_cut:
+                    return {"ok": False, "error": "power cuts need the daemon started with "
+                            "--power-cut"}
+                seed = msg.get("seed", 0)
+                if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+                    return {"ok": False, "error": "seed must be an integer in 0..2^64-1"}
+                self._cut_seed = seed  # after this reply is sent
+                return {"ok": True}
+            if action == "reinsert":
+                was = self.removed_until is not None
+                self.removed_until = None
+                if was:
+                    log.warning("the device is back (reinserted)")
+                return {"ok": True, "was_removed": was}
+        except faults.FaultError as e:
+            return {"ok": False, "error": str(e)}
+        return {"ok": False, "error": f"unknown fault action {action!r} (add, clear, list, "
+                "remove, reinsert)"}
+
+    def _removal_left(self) -> str:
+        if self.removed_until == math.inf:
+            return "it returns at 'ssdemu ctl fault reinsert'"
+        return f"it returns in {max(0.0, self.removed_until - time.monotonic()):.1f} s"
+
+    def _power_cut(self, seed: int) -> None:
+        """As if power were lost: the queues die, the data plane stops where it is, the
+        writes the volatile cache had not made durable are undone as a real cut could lose
+        them (c/dev/sde_undo.h, seeded), and the daemon starts again on the same media and socket
+        as the drive would at power-on (same process: exec)."""
+        log.warning("power cut injected (seed %d): %d clients cut off", seed, len(self.clients))
+        lib.sde_dev_shutdown_qps(self.dev)
+        self._stop_flag[0] = 1
+        os.eventfd_write(lib.sde_dev_doorbell_fd(self.dev), 1)
+        if self.data_plane:
+            self.data_plane.join(timeout=10)
+        res = ffi.new("sde_cut_result *")
+        r = lib.sde_dev_power_cut(self.dev, seed, res)
+        if r < 0:
+            log.error("the power cut could not undo the lost writes: %s", os.strerror(-r))
+        log.warning("power cut: block writes kept %d lost %d, store writes kept %d lost %d, "
+                    "%d bytes put back; powering on again", res.block_writes_kept,
+                    res.block_writes_lost, res.store_writes_kept, res.store_writes_lost,
+                    res.bytes_restored)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        argv = [a for a in sys.argv[1:] if a != "--format"]  # power-on keeps the contents
+        os.closerange(3, 65536)  # the old process's rings, memfds and sockets go with it
+        os.execv(sys.executable, [sys.executable, "-m", "ssdemu", *argv])
+
+    def _surprise_removal(self) -> None:
+        """As if the drive were pulled: every queue dies at once (clients waiting are woken
+        and see the device gone), every connection is closed; what was acknowledged stays."""
+        self._remove_now = False
+        log.warning("surprise removal injected: %d clients cut off; %s", len(self.clients),
+                    self._removal_left())
+        lib.sde_dev_shutdown_qps(self.dev)
+        for client in list(self.clients.values()):
+            self._drop_client(client)
+
+    def _create_qp(self, client: Client, msg: dict):
+        entries = msg.get("entries")
+        q = self.profile.queue
+        if (not isinstance(entries, int) or entries < 2 or entries > q.max_entries
+                or entries & (entries - 1)):
+            return {"ok": False, "error": f"queue entries must be a power of two in "
+                    f"2..{q.max_entries}"}, []
+        if len(client.qps) >= self.max_queue_pairs:
+            return {"ok": False, "error": f"at most {self.max_queue_pairs} queue pairs per "
+                    "client (serve --max-queue-pairs-per-client)"}, []
+        nbytes = lib.sde_qp_bytes(entries, entries)
+        fd = os.memfd_create("ssdemu-qp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, nbytes)
+        # sealed before the client gets it: a client that could shrink it would fault the
+        # data plane (SIGBUS) and stop every other client
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
+        addr = ffi.cast("void *", ffi.from_buffer(mm))
+        cfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        lib.sde_qp_init(addr, entries, entries, 0)
+        index = lib.sde_dev_add_qp(self.dev, addr, nbytes, client.cid, cfd, client.uid,
+                                   client.token)
+        if index < 0:
+            mm.close()
+            os.close(fd)
+            os.close(cfd)
+            return {"ok": False, "error": "the device has no free queue pair"}, []
+        client.qps[index] = QueuePair(index, fd, mm, cfd)
+        return ({"ok": True, "qid": index, "bytes": nbytes, "entries": entries},
+                [fd, lib.sde_dev_doorbell_fd(self.dev), cfd])
+
+    def _register_buffer(self, client: Client, msg: dict, fds: list[int]):
+        nbytes = msg.get("bytes")
+        if len(fds) != 1 or not isinstance(nbytes, int) or nbytes <= 0:
+            return {"ok": False, "error": "register_buffer takes one memfd and its size"}, []
+        if len(client.buffers) >= self.max_buffers:
+            return {"ok": False, "error": f"at most {self.max_buffers} buffers per client "
+                    "(serve --max-buffers-per-client)"}, []
+        fd = os.dup(fds[0])
+        try:
+            st = os.fstat(fd)
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError as e:
+            os.close(fd)
+            return {"ok": False, "error": f"buffer descriptor unusable: {e.strerror}"}, []
+        # a buffer the client could shrink would fault the daemon: require the seal
+        if not seals & fcntl.F_SEAL_SHRINK or st.st_size < nbytes or nbytes % mmap.PAGESIZE:
+            os.close(fd)
+            return {"ok": False, "error": "buffers must be memfds sealed against shrinking, "
+                    "whole pages, at least as large as declared"}, []
+        try:
+            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
+        except OSError as e:
+            # a memfd sealed against writes cannot be mapped shared and writable: refused,
+            # and nothing of it kept (its descriptor would keep its memory alive)
+            os.close(fd)
+            return {"ok": False, "error": "buffers must be memfds the device can map shared "
+                    f"and writable (not sealed against writes): {e.strerror}"}, []
+        addr = ffi.cast("void *", ffi.from_buffer(mm))
+        bounce = bool(msg.get("bounce"))
+        handle = lib.sde_dev_add_buffer(self.dev, client.cid, addr, nbytes,
+                                        lib.SDE_BUF_BOUNCE if bounce else 0)
+        if handle < 0:
+            mm.close()
+            os.close(fd)
+            return {"ok": False, "error": "the device has no free buffer slot"}, []
+        client.buffers[handle] = Buffer(handle, fd, mm, nbytes, bounce)
+        return {"ok": True, "handle": handle}, []
+
+    def _unregister_buffer(self, client: Client, handle: int):
+        buf = client.buffers.get(handle)
+        if buf is None:
+            return {"ok": False, "error": "no such buffer"}, []
+        if lib.sde_dev_client_inflight(self.dev, client.cid):
+            return {"ok": False, "error": "commands are in flight: reap them first"}, []
+        lib.sde_dev_remove_buffer(self.dev, handle)
+        del client.buffers[handle]
+        self._release_buffer(buf)
+        return {"ok": True}, []
+
+    def _release_buffer(self, buf: Buffer) -> None:
+        _close_mapping(buf.mm)
+        os.close(buf.fd)
+
+    def _drop_client(self, client: Client) -> None:
+        if self.clients.pop(client.cid, None) is None:
+            return
+        try:
+            self.sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+        for qp in client.qps.values():
+            lib.sde_dev_remove_qp(self.dev, qp.index)
+        released = lib.sde_dev_release_pins(self.dev, client.cid)
+        if released:
+            log.info("client %d left %d pins: released", client.cid, released)
+        self.draining.append(Departure(list(client.qps.values()),
+                                       list(client.buffers.items())))
+
+    def _reap_drained(self, force: bool = False) -> None:
+        """Free what departed clients held once none of their commands is in flight (their
+        media I/O may still be writing into those buffers)."""
+        still = []
+        for dep in self.draining:
+            if any(lib.sde_dev_qp_inflight(self.dev, qp.index) > 0 for qp in dep.qps):
+                still.append(dep)
+                continue
+            for qp in dep.qps:
+                _close_mapping(qp.mm)
+                os.close(qp.fd)
+                os.close(qp.cfd)
+            for handle, buf in dep.buffers:
+                lib.sde_dev_remove_buffer(self.dev, handle)
+                self._release_buffer(buf)
+        self.draining = still
+        if force and still:
+            time.sleep(0.01)
+
+    # -- admin commands --
+    def identify(self) -> dict:
+        return {
+            "model": "ssdemu", "profile": self.profile.name,
+            "description": self.profile.description,
+            "capacity_bytes": self.store.d_len, "media_bytes": self.media.size,
+            "logical_block_bytes": self.media.lba_size,
+            # the KV store's allocation unit: values of whole units move with no copy
+            "store_unit_bytes": self.store.block,
+            "max_io_bytes": lib.SDE_MAX_IO_BYTES, "max_namespaces": lib.SDE_MAX_NS,
+            "max_queue_entries": self.profile.queue.max_entries,
+            "max_key_bytes": lib.SDE_KEY_MAX, "max_value_bytes": self.store.max_value,
+            "index_keys": self.store.index_keys,
+            "media": str(self.media.spec), "media_path": self.media.fio_path,
+            "timing": self.timing, "clock": self.clock,
+            "power_cut_emulation": self.power_cut,
+            "compute_units": self.profile.compute.units, "tops": self.profile.compute.tops,
+            "protocol_version": PROTOCOL_VERSION,
+            "commands": sorted(OPCODES),
+        }
+
+    def log_page(self, page: int) -> dict | None:
+        if page != LOG_PAGE_COUNTERS:
+            return None
+        st = ffi.new("sde_dev_stats *")
+        lib.sde_dev_get_stats(self.dev, st)
+        classes = {}
+        for i, name in enumerate(CLASS_NAMES):
+            c = st.cls[i]
+            classes[name] = {
+                "commands": c.commands, "errors": c.errors, "bytes": c.bytes,
+                "bytes_copied": c.bytes_copied,
+                "mean_latency_ns": c.lat_ns_total / c.commands if c.commands else 0.0,
+                "latency_ns_total": c.lat_ns_total,
+                # bucket b holds latencies in [2^b, 2^(b+1)) ns
+                "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
+                                              if c.lat_hist[b]},
+            }
+        budget = ffi.new("sde_budget *")
+        lib.sde_dev_budget(self.dev, budget)
+        compute = {name: {"calls": k.calls, "ops": k.ops, "bytes": k.bytes,
+                          "device_ns": k.device_ns, "host_ns": k.host_ns,
+                          "host_lag_calls": k.host_lag_calls}
+                   for name, k in kernel_stats(budget).items()}
+        ms = ffi.new("sde_model_stats *")
+        lib.sde_dev_model_stats(self.dev, ms)
+        model = {name: getattr(ms, name) for name, _ in ffi.typeof("sde_model_stats").fields}
+        return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
+                "timing": self.timing, "clock": self.clock, "held": st.held,
+                "host_lag": st.host_lag, "model": model,
+                "compute": compute,
+                "compute_utilization": lib.sde_budget_utilization(budget,
+                                                                   self.device_now_ns()),
+                "compute_busy_until_ns": max(budget.busy_until_ns[0:max(1, budget.units)]),
+                "sleeps": st.sleeps, "wakeups": st.wakeups,
+                "faults_injected": st.faults_injected, "pins": st.pins,
+                # KV changes held back behind an in-flight put of the same key
+                "key_waits": st.key_waits,
+                # virtual time: commands started at their turn, behind compute commands
+                "deferred": st.deferred,
+                "power_cut": {"enabled": self.power_cut, "cache_destages": st.cache_destages,
+                              "undo_failures": st.undo_failures},
+                "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,
+                           "inflight": self.max_inflight, "waits": st.quota_waits,
+                           "client_inflight_peak": st.client_inflight_peak},
+                "logical_bytes": self.store.logical_bytes,
+                "physical_bytes": self.store.physical_bytes,
+                "store": self.store.info()}
+
+    def _admin(self) -> None:
+        cmds = ffi.new("sde_admin_cmd[64]")
+        while True:
+            n = lib.sde_dev_admin_pop(self.dev, cmds, 64)
+            if n <= 0:
+                return
+            for i in range(n):
+                a = cmds[i]
+                try:
+                    out = self.admin.run(self.clients.get(a.client), a.sqe)
+                except Exception:  # a bug on our side: the client gets an error, we go on
+                    log.exception("command %d failed", a.sqe.opcode)
+                    out = Outcome(STATUS["INTERNAL"])
+                cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": out.status,
+                                            "result": out.result})
+                lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns, a.sqe.opcode, out.bytes, 0)
+
+    # -- the drive's clock and prefix index --
+    def device_now_ns(self) -> int:
+        """The drive's clock: since the daemon started (real), or the latest submission stamp
+        (virtual)."""
+        if self.clock == "virtual":  # block I/O stamps the model, compute the data plane
+            ms = ffi.new("sde_model_stats *")
+            lib.sde_dev_model_stats(self.dev, ms)
+            return int(max(lib.sde_dev_clock_ns(self.dev), ms.horizon_ns))
+        return int(lib.sde_dev_clock_ns(self.dev))
+
+    # -- namespaces, kept in the store on the media with their owners --
+    def _visible(self, client: Client | None) -> dict:
+        """The namespaces a client may see: shared ones and its owner's own (the data plane
+        applies the same rule, c/dev/dev_core.c, dev_ns_visible)."""
+        return {nsid: ns for nsid, ns in self.store.namespace_table().items()
+                if ns.flags & lib.SDE_NS_SHARED
+                or (client is not None and (ns.uid, ns.token) == (client.uid, client.token))}
+
+    def namespace_list(self, client: Client | None) -> list[dict]:
+        return [{"nsid": nsid, "bytes": ns.bytes, "start": ns.offset,
+                 "shared": bool(ns.flags & lib.SDE_NS_SHARED)}
+                for nsid, ns in sorted(self._visible(client).items())]
+
+    def create_namespace(self, nbytes: int, client: Client | None, shared: bool = False) -> int:
+        owner = None if shared or client is None else (client.uid, client.token)
+        nsid, offset = self.store.ns_create(nbytes, owner)
+        # zeroed before anyone can read it: the space may have held another client's
+        # namespace or values (a punched hole or BLKZEROOUT, not a write of every block)
+        r = lib.sde_dev_zero(self.dev, offset, nbytes) if nbytes else 0
+        if r < 0:
+            self.store.ns_delete(nsid)
+            raise OSError(-r, f"cannot zero the new namespace: {os.strerror(-r)}")
+        lib.sde_dev_set_ns(self.dev, nsid, self.store.namespace_table()[nsid])
+        log.info("namespace %d created: %d bytes at %d, %s", nsid, nbytes, offset,
+                 "shared" if owner is None else f"owner uid {owner[0]}")
+        return nsid
+
+    def delete_namespace(self, nsid: int, client: Client | None) -> None:
+        if nsid not in self._visible(client):
+            raise KeyNotFound(nsid)  # another owner's is as if it did not exist
+        # the data plane stops taking its commands first; a put already under way fails
+        # at its commit (the store checks the namespace's generation)
+        lib.sde_dev_set_ns(self.dev, nsid, ffi.NULL)
+        self.store.ns_delete(nsid)
+        log.info("namespace %d deleted", nsid)
+
+
+def owner_token(name: str) -> int:
+    """The 64-bit token an owner name is kept as (on the media, with its namespaces)."""
+    token = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    return token or 1  # 0 means no name
+
+
+def check_power_cut(profile: Profile, media: Media) -> None:
+    """Power cuts need something to lose (a volatile write cache) and media that outlives
+    the daemon (not mem:)."""
+    if not profile.write_cache.enabled:
+        raise StoreError(f"--power-cut needs a volatile write cache: profile {profile.name} "
+                         "has write_cache.enabled false (every write is durable already)")
+    if media.spec.kind == "mem":
+        raise StoreError("--power-cut needs file or block-device media: mem: media does not "
+                         "outlive the daemon")
+
+
+def check_socket_path(path: str) -> bool:
+    """Whether a socket exists at path (maybe stale); anything else there is refused, never
+    removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StoreError(f"{path} exists and is not a socket: refusing to replace it")
+    return True
+
+
+def open_store(media: Media, format_media: bool, durable_on_completion: bool,
+               profile: Profile | None = None, journal_blocks: int = 0) -> Store:
+    """Serve media that holds an ssdemu device; format blank media (or any, with
+    --format); refuse everything else with one clear line."""
+    state = probe(media)
+    if format_media or state == "blank":
+        log.info("formatting %s", media.spec)
+        kv = profile.kv if profile else None
+        return Store.format(media, durable_on_completion,
+                            index_keys=kv.index_keys if kv else 0,
+                            max_value=kv.max_value_bytes if kv else DEFAULT_MAX_VALUE,
+                            journal_blocks=journal_blocks)
+    if state == "foreign":
+        raise StoreError(f"{media.spec} holds something that is not an ssdemu device; "
+                         "give --format to overwrite it")
+    return Store.open(media, durable_on_completion)
+
+
+def _close_mapping(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # cffi still holds a view: the mapping goes when that view does
+
+
+def serve(profile: Profile, media: Media, socket_path: str,
+          allowed_uids: set[int] | None = None, format_media: bool = False,
+          timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
+          group: int | None = None, max_buffers: int = 256,
+          max_queue_pairs: int | None = None, max_inflight: int | None = None,
+          power_cut: bool = False, metrics: str | None = None) -> int:
+    check_socket_path(socket_path)  # before the media is touched
+    if power_cut:
+        check_power_cut(profile, media)
+    daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
+                    journal_blocks, group, max_buffers, max_queue_pairs, max_inflight,
+                    power_cut, metrics)
+    # handlers before the socket exists: a client (or a test) that sees the socket may stop
+    # us at once, and that must be a clean stop
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    daemon.start()
+    daemon.serve_forever()
+    return 0

@@ -1,0 +1,252 @@
+"""Device profiles: YAML files, validated on load, units in the field names.  A profile is
+named (a file in ssdemu/sim/profiles/) or given as a path.  Nothing anywhere branches on a
+profile's name: only its figures matter."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from dataclasses import dataclass
+
+import yaml
+
+from ssdemu.errors import SsdemuError
+
+PROFILE_DIR = pathlib.Path(__file__).resolve().parent / "profiles"
+
+
+class ProfileError(SsdemuError):
+    """A profile that cannot be found or does not hold."""
+
+
+@dataclass(frozen=True)
+class HostLink:
+    bandwidth_bytes_per_s: float  # effective, after encoding and protocol overhead
+    latency_ns: float  # one way, added once per command
+
+
+@dataclass(frozen=True)
+class Nand:
+    channels: int
+    dies_per_channel: int
+    planes_per_die: int
+    page_bytes: int
+    t_read_ns: float
+    t_prog_ns: float
+    t_erase_ns: float
+    channel_bytes_per_s: float
+    pages_per_block: int   # per plane: a block's pages (its erase unit)
+    blocks_per_plane: int
+
+
+@dataclass(frozen=True)
+class Controller:
+    cores: int
+    command_overhead_ns: float  # per command, on one core
+    read_latency_ns: float   # firmware latency before a read's NAND work (not a held core)
+    write_latency_ns: float  # firmware latency of a write's acknowledgement from the cache
+    program_bytes_per_s: float  # the most the controller can have programmed (power, datapath)
+
+
+@dataclass(frozen=True)
+class WriteCache:
+    enabled: bool  # volatile: with it, flush makes writes durable; without, completion does
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Ftl:
+    user_capacity_bytes: int  # what the host sees; raw NAND beyond it is over-provisioning
+    gc_free_lines: int        # GC runs while this many free lines (superblocks) or fewer are left
+    reserved_fraction: float  # raw NAND the FTL does not use for data (parity, bad blocks, map)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure the profile is calibrated to: a value or a [low, high] range, and where it
+    comes from (`assumed` when no public source gives it)."""
+    name: str
+    low: float
+    high: float
+    source: str
+    assumed: bool
+
+
+@dataclass(frozen=True)
+class Compute:
+    tops: float                # the MAC array (scoring, dot products)
+    units: int                 # embedded cores that run the firmware's kernels
+    memory_bytes_per_s: float  # the controller's DRAM, shared with NAND and PCIe DMA
+    core_ops_per_s: float      # scalar ops per second per core (hashing, bookkeeping)
+    simd_lanes: int            # element-wise ops a core does at once (quantizing, packing)
+    dram_probe_ns: float       # a dependent probe of a table in the DRAM
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    max_queue_pairs: int
+    max_entries: int
+    io_depth: int
+    spin_us: int
+
+
+@dataclass(frozen=True)
+class KvConfig:
+    index_keys: int       # keys the drive's DRAM index holds (the store's index capacity)
+    max_value_bytes: int  # the largest value one key holds
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    host_link: HostLink
+    nand: Nand
+    controller: Controller
+    write_cache: WriteCache
+    compute: Compute
+    queue: QueueConfig
+    kv: KvConfig
+    ftl: Ftl
+    calibration: tuple[Figure, ...] = ()
+
+    @property
+    def raw_bytes(self) -> int:
+        n = self.nand
+        return (n.channels * n.dies_per_channel * n.planes_per_die * n.blocks_per_plane
+                * n.pages_per_block * n.page_bytes)
+
+    @property
+    def overprovisioning(self) -> float:
+        """The NAND GC can use beyond the user capacity (raw less the reserved fraction), as
+        a fraction of the user capacity."""
+        return self.raw_bytes * (1 - self.ftl.reserved_fraction) / self.ftl.user_capacity_bytes - 1
+
+
+# The figures `ssdemu bench device` measures, by name (units in the names).
+FIGURES = ("seq_read_bytes_per_s", "seq_write_bytes_per_s", "rand_read_4k_iops",
+           "rand_read_4k_iops_steady", "rand_write_4k_iops_fresh", "rand_write_4k_iops_steady",
+           "qd1_read_4k_latency_ns", "qd1_write_4k_latency_ns")
+
+SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
+            "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig,
+            "ftl": Ftl}
+# upper bounds that catch unit mistakes (a latency in seconds, a size in GB)
+_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
+           "program_bytes_per_s": 1e12, "memory_bytes_per_s": 1e13, "tops": 1e4,
+           "max_queue_pairs": 256, "max_entries": 65536, "io_depth": 4096, "channels": 256,
+           "cores": 256, "units": 1024, "core_ops_per_s": 1e12, "simd_lanes": 256,
+           "dram_probe_ns": 1e5, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
+           "max_value_bytes": 1 << 31, "pages_per_block": 1 << 16, "blocks_per_plane": 1 << 20,
+           "read_latency_ns": 1e7, "write_latency_ns": 1e7, "gc_free_lines": 64,
+           "user_capacity_bytes": 1 << 60, "reserved_fraction": 1}
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def _section(where: str, data, cls):
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where} must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
+    missing = set(fields) - set(data)
+    if missing:
+        raise ProfileError(f"{where}: missing fields {sorted(missing)}")
+    values = {}
+    for name, f in fields.items():
+        v = data[name]
+        if f.type == "bool":
+            if not isinstance(v, bool):
+                raise ProfileError(f"{where}.{name} must be true or false, got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ProfileError(f"{where}.{name} must be a number, got {v!r}")
+        elif not math.isfinite(v):  # NaN passes every comparison below; inf is no figure
+            raise ProfileError(f"{where}.{name} must be a finite number, got {v!r}")
+        elif f.type == "int" and int(v) != v:
+            raise ProfileError(f"{where}.{name} must be a whole number, got {v!r}")
+        elif v <= 0 and not (name in ("bytes", "reserved_fraction")
+                             or name.endswith("latency_ns")):
+            raise ProfileError(f"{where}.{name} must be positive, got {v!r}")
+        elif v < 0:
+            raise ProfileError(f"{where}.{name} must not be negative, got {v!r}")
+        elif v > _LIMITS.get(name, float("inf")):
+            raise ProfileError(f"{where}.{name} = {v!r} is past {_LIMITS[name]:g}: check units")
+        values[name] = int(v) if f.type == "int" else v
+    return cls(**values)
+
+
+def load(name_or_path: str) -> Profile:
+    path = pathlib.Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"no profile {name_or_path!r} (shipped: {', '.join(available())})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ProfileError(f"{path}{at}: not valid YAML: {why}") from None
+    return parse(data, str(path))
+
+
+def parse(data, where: str = "profile") -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where} must be a mapping")
+    unknown = set(data) - {"name", "description", "calibration", *SECTIONS}
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProfileError(f"{where}: name must be a non-empty string")
+    sections = {key: _section(f"{where}: {key}", data.get(key), cls)
+                for key, cls in SECTIONS.items()}
+    q = sections["queue"]
+    if q.max_entries & (q.max_entries - 1):
+        raise ProfileError(f"{where}: queue.max_entries must be a power of two")
+    profile = Profile(name=name, description=str(data.get("description", "")),
+                      calibration=_calibration(where, data.get("calibration", [])), **sections)
+    if profile.ftl.reserved_fraction >= 1:
+        raise ProfileError(f"{where}: ftl.reserved_fraction must be below 1")
+    if profile.overprovisioning <= 0:
+        raise ProfileError(f"{where}: ftl.user_capacity_bytes {profile.ftl.user_capacity_bytes} "
+                           f"is not below the raw NAND less its reserve "
+                           f"({profile.raw_bytes} bytes): no room for GC")
+    return profile
+
+
+def _calibration(where: str, items) -> tuple[Figure, ...]:
+    """calibration: a list of {figure, value | range: [low, high], source | assumed: why}."""
+    if not isinstance(items, list):
+        raise ProfileError(f"{where}: calibration must be a list")
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}: calibration[{i}]"
+        if not isinstance(item, dict) or set(item) - {"figure", "value", "range", "source",
+                                                       "assumed"}:
+            raise ProfileError(f"{at}: fields are figure, value or range, source or assumed")
+        name = item.get("figure")
+        if name not in FIGURES:
+            raise ProfileError(f"{at}: figure {name!r} is none of {', '.join(FIGURES)}")
+        if ("value" in item) == ("range" in item):
+            raise ProfileError(f"{at}: give one of value or range")
+        lo_hi = item["range"] if "range" in item else [item["value"]] * 2
+        if (not isinstance(lo_hi, list) or len(lo_hi) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and math.isfinite(v) and v > 0 for v in lo_hi)
+                or lo_hi[0] > lo_hi[1]):
+            raise ProfileError(f"{at}: a value is a positive number, a range [low, high]")
+        if ("source" in item) == ("assumed" in item):
+            raise ProfileError(f"{at}: give one of source (where the figure comes from) or "
+                               f"assumed (why no source gives it)")
+        why = item.get("source") or item.get("assumed")
+        if not isinstance(why, str) or not why.strip():
+            raise ProfileError(f"{at}: source or assumed must say something")
+        out.append(Figure(name, float(lo_hi[0]), float(lo_hi[1]), why, "assumed" in item))
+    return tuple(out)

@@ -1,0 +1,55 @@
+"""Constants that C and Python share have one definition, the C headers; every Python copy is
+derived from them, and these tests fail when one disagrees."""
+
+import importlib.util
+import pathlib
+
+from firmware import abi, blockops, entry
+from ssdemu.device import _device
+from ssdemu.device.daemon import CLASS_NAMES
+from ssdemu.sim import _model
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _gen_abi():
+    spec = importlib.util.spec_from_file_location("gen_abi", ROOT / "c" / "gen_abi.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_firmware_abi_module_is_what_the_headers_generate():
+    """firmware/abi.py is c/gen_abi.py's output for today's headers: a header changed
+    without regenerating it fails here."""
+    gen = _gen_abi()
+    assert (ROOT / "firmware" / "abi.py").read_text() == gen.render()
+    assert len(gen.constants()) == 15  # 7 INFO_, 5 E_, 3 SCHEME_: none dropped by the parser
+
+
+def test_the_firmware_uses_the_compiled_headers_values():
+    """What the kernels compile with is what the data plane was compiled with."""
+    names = [n for n in dir(abi) if n.isupper()]
+    assert names
+    for n in names:
+        c_name = {"INFO_": "SDE_FW_INFO_", "E_": "SDE_FW_E_", "SCHEME_": "SDE_SCHEME_"}
+        prefix = next(p for p in c_name if n.startswith(p))
+        assert getattr(_device.lib, c_name[prefix] + n[len(prefix):]) == getattr(abi, n), n
+    assert blockops.SCHEME_KIVI == _model.lib.SDE_SCHEME_KIVI
+    assert entry.INFO_RAW == _device.lib.SDE_FW_INFO_RAW
+    assert blockops.E_SCHEME == _device.lib.SDE_FW_E_SCHEME
+
+
+def test_class_names_follow_the_c_numbering():
+    assert len(CLASS_NAMES) == _device.lib.SDE_NCLASSES
+    for i, name in enumerate(CLASS_NAMES):
+        assert getattr(_device.lib, "SDE_CLASS_" + name.upper()) == i
+
+
+def test_the_device_and_the_model_agree_on_shared_structs():
+    """The device's and the timing model's modules are compiled from the same headers: the
+    daemon copies a budget and fills model parameters across them."""
+    for ctype in ("sde_budget", "sde_model_params", "sde_kernel_cost"):
+        a, b = _device.ffi.typeof(ctype), _model.ffi.typeof(ctype)
+        assert _device.ffi.sizeof(ctype) == _model.ffi.sizeof(ctype), ctype
+        assert [(n, f.offset) for n, f in a.fields] == [(n, f.offset) for n, f in b.fields]
