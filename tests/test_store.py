@@ -472,6 +472,26 @@ def test_an_early_record_whose_value_never_landed_is_skipped_at_open(drive):
             s2.close()
 
 
+def test_a_put_of_bytes_already_stored_waits_for_the_record_that_stored_them(drive):
+    """Issue 33, item 1: an early put's value lands and the index takes it before its
+    record's group is written; a second put of the same bytes under the same key has
+    nothing to write.  It must not be acknowledged before that record is committed, or a
+    FLUSH right after its acknowledgement would not cover the record (a power cut then lost
+    the key).  The store tells the data plane which group it waits for: the open one."""
+    from ssdemu.device._device import lib
+
+    m, s = fresh(drive)
+    value = np.random.default_rng(3).integers(0, 256, 20_000, np.uint8).tobytes()
+    group = lib.sde_store_test_reput_group(s._st, b"K", 1, value, len(value))
+    assert group > 0  # not at once (0 before the fix)
+    assert s.get(b"K") == value
+    # with every record written, a put of the same bytes has nothing to wait for
+    s.flush()
+    s.put(b"K", value)
+    s.close()
+    m.close()
+
+
 def _fragment(s, hole: int, n: int) -> list[bytes]:
     """Fill the data region with n values of `hole` bytes and delete every other one: the
     free space is then holes of that size (and what lies past them)."""

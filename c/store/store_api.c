@@ -261,3 +261,36 @@ int sde_store_ns_delete(sde_store *st, uint32_t nsid)
                        store_roundup(ns.bytes, st->block) / st->block);
     return c < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
 }
+
+int64_t sde_store_test_reput_group(sde_store *st, const uint8_t *key, uint32_t klen,
+                                   const void *value, uint64_t len)
+{
+    if (!st_early_ok(st))
+        return -EINVAL;
+    st_put_plan p, q;
+    uint64_t group;
+    int s = st_put_begin(st, 0, key, klen, value, len, SDE_KV_STORE_ANY, &p);
+    if (s || !p.wrote || st_put_record(st, &p))
+        return -EINVAL; /* not an early put */
+    /* its value lands (written here, synchronously) and the index takes it; its record is
+     * still in the open group */
+    const struct ext *e = &st->exts[p.ext];
+    uint8_t *buf = store_scratch(st, e->nbytes);
+    if (!buf)
+        return -ENOMEM;
+    memcpy(buf, value, len);
+    memset(buf + len, 0, e->nbytes - len);
+    if (store_ext_pio(st, e, 1, buf) || st_put_apply(st, &p, &group))
+        return -EIO;
+    /* the same bytes again, under the same key */
+    s = st_put_begin(st, 0, key, klen, value, len, SDE_KV_STORE_ANY, &q);
+    if (s || !q.noop)
+        return -EINVAL;
+    s = st_put_commit(st, &q, &group);
+    if (s)
+        return -EIO;
+    int64_t ret = (int64_t)group;
+    if (store_commit_sync(st) < 0)  /* leave the store as a synchronous caller expects it */
+        return -EIO;
+    return ret;
+}

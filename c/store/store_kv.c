@@ -187,8 +187,15 @@ undo:
 int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
 {
     *group = 0;
-    if (p->noop)
+    if (p->noop) {
+        /* these bytes are under this key already, maybe by a change whose record is not
+         * written yet (an early put is applied when its value lands, before its group is
+         * committed): acknowledged once every record before it is, so that a FLUSH after
+         * the acknowledgement covers that record too */
+        uint64_t before = st->npending ? st->open_group : st->last_taken;
+        *group = before > st->committed ? before : 0;
         return SDE_SC_SUCCESS;
+    }
     uint32_t i;
     int st_code = put_checks(st, p, &i);
     if (!st_code && append_put(st, p) < 0)
