@@ -67,3 +67,33 @@ def test_a_daemon_that_goes_fails_the_awaiters(tmp_path):
         asyncio.run(main())
     finally:
         d.kill()
+
+
+@pytest.mark.parametrize("entries", [1024, 4])
+def test_blocking_and_asyncio_waiters_on_one_connection_never_lose_a_wake_up(daemon, entries):
+    """Issue 35: a blocking call waiting in place on a connection whose event loop is armed
+    for completions (a blocking get beside LMCache's async ones; a submission waiting for
+    room in a full queue: entries=4 with 4 gets already in flight) must leave the ring
+    armed.  It cleared the flag, the loop's later completions came without a signal, and
+    the awaiters hung (37 of 40 rounds of this on the old code).  Every round here has a
+    watchdog of seconds."""
+    async def main():
+        adev = await hostlib.aio.connect(daemon.socket_path, entries=entries)
+        dev = adev.dev
+        value = np.arange(1 << 20, dtype=np.uint8) * 7
+        await adev.kv_put(b"big", value)
+        outs = [adev.alloc(1 << 20) for _ in range(4)]
+        for r in range(200):
+            tasks = [asyncio.ensure_future(adev.kv_get(b"big", out)) for out in outs]
+            await asyncio.sleep(0)  # submitted, and the ring armed for them
+            if r % 2:
+                dev.nop()  # blocking, on the same queue pair: waits in place
+            else:
+                assert dev.kv_get(b"big") == value.tobytes()  # the whole bounce buffer
+            done, pending = await asyncio.wait(tasks, timeout=5)
+            assert not pending, f"round {r}: {len(pending)} awaiters never woke"
+            assert all(t.result() == value.nbytes for t in done)
+            assert all((out == value).all() for out in outs)
+        await adev.close()
+
+    asyncio.run(main())

@@ -155,7 +155,9 @@ int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
 /* Client: wait until a completion is there, or until timeout_ns (0: forever): poll for
  * spin_ns, then sleep on completion_fd.  hangup_fd (the control socket, or -1) becoming
  * readable or hung up means the daemon is gone: -ENOTCONN, as for a queue marked dead.
- * Returns completions ready, 0 on timeout, -errno. */
+ * Returns completions ready, 0 on timeout, -errno.  The ring's CQ_WAITING flag is left as
+ * the wait found it: a waiter that armed it (sde_cq_arm: an event loop) keeps its wake-ups
+ * whoever else waits on the queue pair. */
 int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                 uint64_t timeout_ns);
 /* Client, event-loop style (hostlib.aio): waiting 1 asks the daemon to signal completion_fd

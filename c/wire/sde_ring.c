@@ -113,6 +113,10 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                 uint64_t timeout_ns)
 {
     sde_ring_hdr *h = mem;
+    /* another waiter's arming (an event loop watching the completion eventfd for its
+     * commands on this queue pair) is the ring's state, not this wait's: it is put back as
+     * it was on every way out, never cleared (clearing it lost that waiter's wake-ups) */
+    const uint32_t armed = LOAD_ACQ(&h->cq_flags) & SDE_CQF_WAITING;
     uint64_t start = now_ns();
     uint32_t polls = 0;
     for (;;) {
@@ -135,14 +139,14 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
         FENCE(); /* pairs with the daemon's fence after posting */
         uint32_t ready = LOAD_ACQ(&h->cq_tail) - h->cq_head;
         if (ready || (LOAD_ACQ(&h->sq_flags) & SDE_SQF_DEAD)) {
-            STORE_REL(&h->cq_flags, 0);
+            STORE_REL(&h->cq_flags, armed);
             return ready ? (int)ready : -ENOTCONN;
         }
         int wait_ms = -1;
         if (timeout_ns) {
             uint64_t spent = now_ns() - start;
             if (spent >= timeout_ns) {
-                STORE_REL(&h->cq_flags, 0);
+                STORE_REL(&h->cq_flags, armed);
                 return 0;
             }
             wait_ms = (int)((timeout_ns - spent + 999999) / 1000000);
@@ -154,11 +158,11 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                               {.fd = hangup_fd, .events = POLLRDHUP}};
         int r = poll(p, hangup_fd >= 0 ? 2 : 1, wait_ms);
         if (r < 0 && errno != EINTR) {
-            STORE_REL(&h->cq_flags, 0);
+            STORE_REL(&h->cq_flags, armed);
             return -errno;
         }
         if (r > 0 && hangup_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-            STORE_REL(&h->cq_flags, 0);
+            STORE_REL(&h->cq_flags, armed);
             if (LOAD_ACQ(&h->cq_tail) != h->cq_head)
                 return (int)(LOAD_ACQ(&h->cq_tail) - h->cq_head);
             return -ENOTCONN; /* the daemon closed its end: it is gone */
@@ -166,7 +170,7 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
         if (r > 0 && p[0].revents) {
             uint64_t v;
             if (read(completion_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
-                STORE_REL(&h->cq_flags, 0);
+                STORE_REL(&h->cq_flags, armed);
                 return -errno;
             }
         }
