@@ -103,7 +103,9 @@ _positive_float = _finite_number(zero_ok=False)
 _finite_float = _finite_number(zero_ok=True)
 
 
-def _prefill_rate(text: str) -> float | str:
+def _prefill_rate(text: str) -> float | str | None:
+    if text == "model":
+        return None  # the model config's own rate
     return "auto" if text == "auto" else _positive_float(text)
 
 
@@ -252,10 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the drive's in-drive quantization scheme ('none': fp16)")
     rp.add_argument("--capacity", default="hbm=0,dram=0,drive=unbounded",
                     help="hbm=SIZE,dram=SIZE,drive=SIZE; SIZE bytes, blocks:N or unbounded")
-    rp.add_argument("--prefill-rate", type=_prefill_rate,
-                    help="the modelled GPU's prefill tokens/s (default: the model's); 'auto': "
-                    "the rate at which the no-drive baseline is offered 0.8 of its capacity "
-                    "(a GPU that keeps up)")
+    rp.add_argument("--prefill-rate", type=_prefill_rate, default="auto",
+                    help="the modelled GPU's prefill tokens/s; 'auto' (the default): the rate "
+                    "at which the no-drive baseline is offered 0.8 of its capacity (a GPU that "
+                    "keeps up, so that TTFT without the drive is not that of an overloaded "
+                    "GPU); 'model': the model config's own rate; or a number")
     rp.add_argument("--requests", type=_positive_int, metavar="N",
                     help="replay only the first N requests")
     rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")

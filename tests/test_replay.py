@@ -318,6 +318,26 @@ def test_prefill_rate_auto_gives_a_baseline_that_keeps_up():
     assert p.returncode == 2 and "not a number" in p.stderr
 
 
+def test_the_cli_compares_with_a_gpu_that_keeps_up_by_default():
+    """Issue 31: the command line's default baseline is a GPU that keeps up ('auto'): the
+    report of the demo's Llama-3-8B replay carries no warning about its own defaults; the
+    model's own rate (an overloaded GPU on this trace) is still one flag away, and warns."""
+    def cli(*extra):
+        p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(SAMPLE), "--model",
+                            "llama-3-8b", "--json", "--no-progress",
+                            *extra], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout), p.stderr
+
+    report, err = cli()
+    assert report["warnings"] == [] and "warning" not in err.lower()
+    assert report["baseline_gpu_offered_load"] == pytest.approx(0.8)
+    overloaded, err = cli("--prefill-rate", "model")
+    assert overloaded["baseline_gpu_offered_load"] > 1 and overloaded["warnings"]
+    assert "offered" in err
+    assert overloaded["block_hit_ratio"] == report["block_hit_ratio"]
+
+
 def test_dequantizing_on_the_gpu_sends_fewer_bytes_and_cuts_ttft():
     """The bundled trace, Llama-3-8B on star2000d at the defaults, int4_g64: the drive's link
     carries the fp16 blocks when the drive dequantizes, the compressed ones when the GPU does;

@@ -111,9 +111,7 @@ def test_a_sweep_on_local_ray_is_its_single_replays(tmp_path, trace):
             continue
         args = ["replay", trace, "--model", "tiny", "--json", "--no-progress",
                 "--capacity", r["cell.capacity"], "--quant", r["cell.quant"],
-                "--mode", r["cell.mode"]]
-        if r["cell.prefill_rate"] != "model":
-            args += ["--prefill-rate", r["cell.prefill_rate"]]
+                "--mode", r["cell.mode"], "--prefill-rate", r["cell.prefill_rate"]]
         if r["cell.mode"] == "data":
             args += ["--media", "mem:512M"]
         q = _cli(*args)

@@ -23,3 +23,4 @@ def test_parse_size_rejects(text):
 @given(st.integers(min_value=0, max_value=1 << 50))
 def test_format_parse_round_trip(n):
     assert parse_size(format_size(n)) == n
+

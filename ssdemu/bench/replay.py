@@ -20,7 +20,9 @@ BAR_SECONDS = 10.0  # issue 6: the whole synthetic trace, llama-3-8b, one CLI ca
 
 def _cli(trace: str, model: str, profile: str, quant: str) -> tuple[float, dict]:
     cmd = [sys.executable, "-m", "ssdemu", "replay", trace, "--model", model, "--profile",
-           profile, "--quant", quant, "--json", "--no-progress"]
+           profile, "--quant", quant, "--json", "--no-progress",
+           # the model's own rate, as the page-by-page baseline below replays it
+           "--prefill-rate", "model"]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0

@@ -34,7 +34,7 @@ DIMENSIONS = {
     "capacities": ("capacity", "hbm=0,dram=0,drive=unbounded"),
     "quant": ("quant", "int8_g64"),
     "dequant": ("dequant", "drive"),
-    "prefill_rates": ("prefill_rate", "model"),
+    "prefill_rates": ("prefill_rate", "auto"),  # a baseline GPU that keeps up
     "modes": ("mode", "model"),
     "instances": ("instances", 1),
     "pools": ("pool", "private"),
