@@ -326,3 +326,21 @@ def test_refused_buffer_registrations_keep_no_descriptor(tmp_path):
         _serves(d.socket_path)  # and it serves
     finally:
         assert d.terminate()[0] == 0
+
+
+def test_shutdown_removes_only_the_socket_it_bound(tmp_path):
+    """Issue 33, item 7: what stands at the socket path when the daemon stops is removed only
+    if it is still the socket this daemon bound (same device and inode): a file someone put
+    there since is left as it is."""
+    path = tmp_path / "s.sock"
+    d = DaemonProcess(str(path))
+    _serves(str(path))
+    os.unlink(path)
+    path.write_text("not the daemon's")
+    rc, log = d.terminate()
+    assert rc == 0
+    assert path.read_text() == "not the daemon's"
+    assert "no longer this daemon's socket" in log
+    d2 = DaemonProcess(str(tmp_path / "t.sock"))  # and its own socket it does remove
+    assert d2.terminate()[0] == 0
+    assert not (tmp_path / "t.sock").exists()

@@ -156,6 +156,7 @@ class Daemon:
         self._cut_seed: int | None = None  # a power cut asked for: done after its reply
         self.sel = selectors.DefaultSelector()
         self.listener: socket.socket | None = None
+        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket
         self.data_plane: threading.Thread | None = None
 
     # -- lifecycle --
@@ -192,10 +193,17 @@ class Daemon:
             if self.group is not None:
                 os.chown(binding, -1, self.group)
             self.listener.listen(64)
-            os.replace(binding, self.socket_path)
-        except BaseException:
+            # linked into place, never renamed over: whatever appeared at the path since the
+            # check above (another daemon's socket, a user's file) is not replaced
+            try:
+                os.link(binding, self.socket_path)
+            except FileExistsError:
+                raise OSError(errno.EEXIST, f"{self.socket_path} appeared while this daemon "
+                              "started: not replaced") from None
+            bound = os.lstat(binding)
+            self._socket_id = (bound.st_dev, bound.st_ino)  # shutdown removes only this one
+        finally:
             os.unlink(binding)
-            raise
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
@@ -258,7 +266,12 @@ class Daemon:
             self.sel.unregister(self.listener)
             self.listener.close()
             try:
-                os.unlink(self.socket_path)
+                st = os.lstat(self.socket_path)
+                if (st.st_dev, st.st_ino) == self._socket_id:
+                    os.unlink(self.socket_path)
+                else:  # not the socket this daemon bound: someone else's now
+                    log.warning("%s is no longer this daemon's socket: left in place",
+                                self.socket_path)
             except FileNotFoundError:
                 pass
         if stuck:  # freeing under a running data plane would crash: leave it to exit()
