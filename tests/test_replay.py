@@ -438,3 +438,18 @@ def test_a_bounded_drive_is_its_ftls_user_capacity():
     assert evicted > 0 and evicted * slot // 2 <= ftl["trimmed_bytes"] <= evicted * slot
     assert ftl["scale"]["logical_bytes"] == 60 * slot
     assert ftl["write_amplification"] >= 1.0 and ftl["erases"] > 0
+
+
+@pytest.mark.parametrize("content, extra, says", [
+    ("", [], "the trace is empty)"),
+    ('{"timestamp": "soon"}\nnot json\n', ["--skip-bad"], "--skip-bad dropped every line"),
+])
+def test_a_trace_with_no_requests_is_an_error(tmp_path, content, extra, says):
+    """Issue 33, item 13: an empty trace, or one whose every line --skip-bad drops, exits 1
+    with one line (it printed an all-zero report and exited 0)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(content)
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "replay", str(path), "--json", *extra],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "no requests to replay" in p.stderr and says in p.stderr

@@ -100,6 +100,9 @@ def run(job: ReplayJob) -> dict:
         if job.requests is not None and len(requests) >= job.requests:
             break
         requests.append(r)
+    if not requests:
+        raise SsdemuError(f"{job.trace}: no requests to replay (the trace is empty"
+                         + (", or --skip-bad dropped every line)" if job.skip_bad else ")"))
     if job.prefill_rate == "auto":
         model = dataclasses.replace(model, prefill_tokens_per_s=stable_prefill_rate(
             requests, job.instances))
