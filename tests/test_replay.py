@@ -453,3 +453,43 @@ def test_a_trace_with_no_requests_is_an_error(tmp_path, content, extra, says):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and "no requests to replay" in p.stderr and says in p.stderr
+
+
+@settings(deadline=None, max_examples=200)
+@given(booked=st.lists(st.tuples(st.floats(0, 1e9), st.floats(0, 1e9), st.floats(0, 1e10),
+                                 st.floats(0, 1e9)), min_size=1, max_size=30),
+       window=st.floats(1e7, 1e9), drives=st.integers(1, 4))
+def test_the_utilization_series_never_reads_above_one(booked, window, drives):
+    """Issue 33, item 8: the per-window series plotted as drive_utilization.png is bounded as
+    the summary is (it counted busy time when booked: 2.17 on the bundled trace's first 800
+    requests on pcie4-tlc, 10^7 on a dense trace).  Each window serves at most its capacity;
+    what is booked is served in full once the series drains."""
+    from ssdemu.replay.model_mode import _BUSY, UtilizationSeries
+
+    profile = load("pcie4-tlc")
+    s = UtilizationSeries(profile, drives)
+    counters = dict.fromkeys(_BUSY.values(), 0.0)
+    total = dict.fromkeys(_BUSY, 0.0)
+    for i, b in enumerate(booked):
+        for k, v in zip(_BUSY, b, strict=True):
+            counters[_BUSY[k]] += v
+            total[k] += v
+        s.sample(i * window / 1e9, dict(counters), window)
+    s.drain(len(booked) * window / 1e9, window, 10**4)  # enough: 30 x 1e9 / 1e7 windows
+    for _, u in s.points:
+        assert all(0.0 <= v <= 1.0 for v in u.values()), u
+        assert u["link"] == max(u["link_to_host"], u["link_to_device"])
+    for k in _BUSY:
+        served = sum(u[k] for _, u in s.points) * s.cap[k] * window
+        assert served == pytest.approx(total[k], rel=1e-6, abs=1e-3 * window), k
+
+
+def test_the_bundled_trace_s_utilization_series_is_bounded():
+    """The issue's case: pcie4-tlc, the first 800 requests (the booked series read 2.17)."""
+    reqs = list(TraceReader(SAMPLE))[:800]
+    rep = replay_model(reqs, load("pcie4-tlc"), model_config("llama-3-8b"), "int8_g64",
+                       parse_capacities("drive=unbounded", {"hbm": 1, "dram": 1, "drive": 1}))
+    pts = rep["series"]["utilization"]
+    assert len(pts) >= 50
+    assert max(v for _, u in pts for v in u.values()) <= 1.0
+    assert max(u["link"] for _, u in pts) > 0.5  # it does show the busy windows

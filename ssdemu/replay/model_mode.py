@@ -189,18 +189,68 @@ class ModelDrive:
                 "trimmed_bytes": st["trimmed_bytes"], "scale": self.device.ftl.as_dict()}
 
 
+_BUSY = {"link_to_host": "link_busy_ns", "link_to_device": "link_in_busy_ns",
+         "nand_channels": "channel_busy_ns", "compute": "compute_busy_ns"}
+
+
+def _capacities(profile: Profile) -> dict:
+    """Resources of each kind (busy time over span counts against that many)."""
+    return {"link_to_host": 1, "link_to_device": 1, "nand_channels": profile.nand.channels,
+            "compute": profile.compute.units}
+
+
+def _with_link(u: dict) -> dict:
+    # the link is full duplex: its utilization is the busier direction's
+    return {"link": max(u["link_to_host"], u["link_to_device"]), **u}
+
+
 def _utilization(profile: Profile, counters: dict, prev: dict, span_ns: float,
                  drives: int = 1) -> dict:
     """Busy time over available time; for several drives, their mean."""
     span_ns = max(span_ns, 1.0) * drives
-    d = {k: counters[k] - prev.get(k, 0.0) for k in ("link_busy_ns", "link_in_busy_ns",
-                                                    "channel_busy_ns", "compute_busy_ns")}
-    # the link is full duplex: its utilization is the busier direction's
-    return {"link": max(d["link_busy_ns"], d["link_in_busy_ns"]) / span_ns,
-            "link_to_host": d["link_busy_ns"] / span_ns,
-            "link_to_device": d["link_in_busy_ns"] / span_ns,
-            "nand_channels": d["channel_busy_ns"] / (profile.nand.channels * span_ns),
-            "compute": d["compute_busy_ns"] / (profile.compute.units * span_ns)}
+    cap = _capacities(profile)
+    return _with_link({k: (counters[c] - prev.get(c, 0.0)) / (cap[k] * span_ns)
+                       for k, c in _BUSY.items()})
+
+
+class UtilizationSeries:
+    """Utilization per window of trace time, never above 1.  Work is booked on the model when
+    its command arrives, so a window can book more busy time than its resources have (a
+    burst of stores whose programs run for seconds after): each window serves at most its
+    capacity of what is booked and waiting, and the rest waits for the next windows (work
+    conserving, as the resources serve it); after the last arrival, windows go on until
+    what was booked is served.  Pure: fed the drives' counters."""
+
+    def __init__(self, profile: Profile, drives: int = 1):
+        self.cap = {k: v * drives for k, v in _capacities(profile).items()}
+        self.prev: dict = {}
+        self.waiting = dict.fromkeys(_BUSY, 0.0)
+        self.points: list = []
+
+    def sample(self, t_s: float, counters: dict, window_ns: float) -> None:
+        booked = {k: counters[c] - self.prev.get(c, 0.0) for k, c in _BUSY.items()}
+        self.prev = dict(counters)
+        self._serve(t_s, booked, window_ns)
+
+    def _serve(self, t_s: float, booked: dict, window_ns: float) -> None:
+        window_ns = max(window_ns, 1.0)
+        u = {}
+        for k, b in booked.items():
+            avail = self.cap[k] * window_ns
+            want = self.waiting[k] + b
+            served = min(want, avail)
+            self.waiting[k] = want - served
+            u[k] = served / avail
+        self.points.append((t_s, _with_link(u)))
+
+    def drain(self, t_s: float, window_ns: float, most: int) -> None:
+        """Windows after t_s until what was booked is served (at most `most` of them)."""
+        window_ns = max(window_ns, 1.0)
+        for i in range(most):
+            if not any(v > 1e-9 * window_ns for v in self.waiting.values()):
+                break
+            self._serve(t_s + (i + 1) * window_ns / 1e9, dict.fromkeys(_BUSY, 0.0),
+                        window_ns)
 
 
 def _counters(drives) -> dict:
@@ -400,12 +450,13 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
     gpu_free = [0.0] * K
     hits = {t: 0 for t in TIERS}
     blocks_total = hit_blocks = tokens_saved = 0
-    ttft, load_ns, timeline, util = [], [], [], []
+    ttft, load_ns, timeline = [], [], []
+    util = UtilizationSeries(profile, K)
     per = [{"requests": 0, "blocks": 0, "hit_blocks": 0, "ttft": []} for _ in range(K)]
     span_ns = (requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6 if requests else 0
     window = max(span_ns / UTILIZATION_SAMPLES, 1.0)
     t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
-    next_sample, prev = t0_ns + window, {}
+    next_sample = t0_ns + window
     t_ns = t0_ns
     evictions = {t: 0 for t in TIERS}
     for i, req in enumerate(requests):
@@ -415,9 +466,8 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
             enter_pending(t_ns)
         submitted_ns = t_ns
         if store is not None and t_ns >= next_sample:
-            c = _counters(drives)
-            util.append((t, _utilization(profile, c, prev, t_ns - (next_sample - window), K)))
-            prev, next_sample = c, t_ns + window
+            util.sample(t, _counters(drives), t_ns - (next_sample - window))
+            next_sample = t_ns + window
         ids = req.hash_ids
         k = i % K
         if route == "prefix" and K > 1:
@@ -494,8 +544,8 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
     }
     if store is not None:
         c = _counters(drives)
-        util.append((t_ns / 1e9, _utilization(profile, c, prev,
-                                              t_ns - (next_sample - window), K)))
+        util.sample(t_ns / 1e9, c, t_ns - (next_sample - window))
+        util.drain(t_ns / 1e9, window, UTILIZATION_SAMPLES)
         # over the span in which the work ran: stores booked near the end of the trace run
         # past its last arrival (divided by the trace's span alone, utilization read > 1)
         work_ns = max(span_ns, c["busy_until_ns"] - t0_ns)
@@ -503,7 +553,7 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
                         "host_lag": c["host_lag"],
                         "utilization": _utilization(profile, c, {}, work_ns, K),
                         "utilization_span_s": work_ns / 1e9,
-                        "utilization_over_time": util,
+                        "utilization_over_time": util.points,
                         # a bounded model-mode drive's FTL, per drive (None: unbounded)
                         "ftl": [d.ftl_report() for d in drives if hasattr(d, "ftl_report")]}
     if progress is not None:

@@ -70,8 +70,9 @@ def ttft_cdf(series: dict, title: str, path: str) -> None:
 
 
 def drive_utilization(series: dict, title: str, path: str) -> None:
-    """Busy time booked per window of trace time on the host link, the NAND channels and the
-    compute units (work is booked when its command arrives)."""
+    """Utilization per window of trace time of the host link, the NAND channels and the
+    compute units: busy time served in the window (at most its capacity; work booked beyond
+    it is served in the windows after: UtilizationSeries)."""
     plt, fig, ax = _figure()
     pts = series["utilization"]
     if pts:
