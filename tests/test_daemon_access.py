@@ -344,3 +344,39 @@ def test_shutdown_removes_only_the_socket_it_bound(tmp_path):
     d2 = DaemonProcess(str(tmp_path / "t.sock"))  # and its own socket it does remove
     assert d2.terminate()[0] == 0
     assert not (tmp_path / "t.sock").exists()
+
+
+def test_a_client_that_never_reads_its_replies_stalls_no_one(tmp_path):
+    """Issue 33, item 3: one client sends requests and never reads the replies.  The control
+    loop never waits for it (it waited up to 5 s per reply, and another client's connect
+    took 4.7 s): the others connect and identify as fast as ever, and the greedy client is
+    dropped once its socket is full of unread replies."""
+    import time
+
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    try:
+        greedy = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        greedy.connect(d.socket_path)
+        control.send(greedy, {"op": "hello", "version": PROTOCOL_VERSION})
+        assert control.recv(greedy)[0]["ok"]
+        greedy.settimeout(0.5)
+        sent = 0
+        try:
+            for _ in range(2000):  # each gets an error reply it never reads
+                control.send(greedy, {"op": "destroy_qp", "qid": 12345})
+                sent += 1
+        except OSError:
+            pass  # dropped: its socket closed under it
+        assert sent > 100
+        times = []  # while the greedy client is still connected, not reading
+        for _ in range(5):
+            t0 = time.perf_counter()
+            with hostlib.connect(d.socket_path) as dev:
+                assert dev.identify()["model"] == "ssdemu"
+            times.append(time.perf_counter() - t0)
+        assert max(times) <= 0.1, times
+        assert "does not read its replies; dropping it" in d.terminate()[1]
+        greedy.close()
+    finally:
+        if d.proc.poll() is None:
+            d.terminate()

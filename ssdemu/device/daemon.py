@@ -302,8 +302,8 @@ class Daemon:
         client = Client(self._next_client, sock, uid, pid)
         self._next_client += 1
         self.clients[client.cid] = client
-        sock.setblocking(True)
-        sock.settimeout(5)
+        # non-blocking: the control loop serves every client, and waits for none of them
+        sock.setblocking(False)
         self.sel.register(sock, selectors.EVENT_READ, ("client", client))
         log.info("client %d connected: pid %d uid %d", client.cid, pid, uid)
 
@@ -330,6 +330,8 @@ class Daemon:
     def _client_message(self, client: Client) -> None:
         try:
             msg, fds = control.recv(client.sock)
+        except BlockingIOError:
+            return  # nothing after all
         except (OSError, control.ControlError) as e:
             log.warning("client %d: %s; dropping it", client.cid, e)
             self._drop_client(client)
@@ -348,6 +350,12 @@ class Daemon:
                 os.close(fd)
         try:
             control.send(client.sock, reply, out_fds)
+        except BlockingIOError:
+            # its socket's buffer is full of replies it has not read (hundreds of them): a
+            # client that sends requests and never reads their replies is dropped rather
+            # than waited for, so that it cannot stall the control plane for the others
+            log.warning("client %d does not read its replies; dropping it", client.cid)
+            self._drop_client(client)
         except OSError:
             self._drop_client(client)
 
