@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -190,10 +191,11 @@ with hostlib.connect(path) as dev:
 def test_another_uid_cannot_see_or_touch_a_private_namespace():
     where = tempfile.mkdtemp(prefix="ssdemu-owner-")
     os.chmod(where, 0o755)
-    d = DaemonProcess(os.path.join(where, "s.sock"), extra=["--allow-uid", "65534",
-                                                            "--group", "root"])
+    # --allow-uid alone (issue 33, item 9: with --group the uid check was skipped and the
+    # test then made the socket 0666 by hand, so --allow-uid itself went untested)
+    d = DaemonProcess(os.path.join(where, "s.sock"), extra=["--allow-uid", "65534"])
     try:
-        os.chmod(d.socket_path, 0o666)  # let uid 65534 reach it; the daemon allows it
+        assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o666  # others can reach it
         with hostlib.connect(d.socket_path) as dev:
             ns = dev.ns_create(1 << 20)
             shared = dev.ns_create(0, shared=True)
@@ -207,6 +209,11 @@ def test_another_uid_cannot_see_or_touch_a_private_namespace():
         assert lines[1] == lines[2] == "INVALID_NAMESPACE INVALID_NAMESPACE INVALID_NAMESPACE"
         with hostlib.connect(d.socket_path) as dev:
             assert dev.kv_get(b"secret", nsid=ns) == b"root's"
+        # a uid it does not allow reaches the socket and is refused in one line
+        q = subprocess.run([sys.executable, "-c", _OTHER_UID.replace("65534", "65533"),
+                            d.socket_path, str(ns)], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert q.returncode != 0 and "uid 65533 is not allowed" in q.stderr, q.stderr
     finally:
         code, err = d.terminate()
         shutil.rmtree(where, ignore_errors=True)

@@ -184,7 +184,11 @@ class Daemon:
         # sees the socket can connect at once (between bind and listen it would be refused,
         # which a loaded machine showed)
         binding = f"{self.socket_path}.{os.getpid()}.tmp"
-        old = os.umask(0o177 if self.group is None else 0o117)
+        # 0600; 0660 in the group, whose members may connect; 0666 when --allow-uid names
+        # users beyond this one and root, who could not reach a 0600 socket (SO_PEERCRED
+        # still refuses everyone not allowed, at no cost)
+        others = self.allowed_uids - {os.getuid(), 0}
+        old = os.umask(0o117 if self.group is not None else 0o111 if others else 0o177)
         try:
             self.listener.bind(binding)
         finally:
