@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     qb.add_argument("--seconds", type=_positive_float, default=5.0)
     qb.add_argument("--ns-size", type=_size_arg, default=256 << 20,
                     help="namespace the reads run over")
+    qb.add_argument("--neighbours", type=_nonnegative_int, default=0, metavar="N",
+                    help="N CPU-bound processes beside the run and its baseline (a busy "
+                    "machine anyone can reproduce)")
     qb.add_argument("--json", action="store_true", help="print one JSON object")
 
     kb = bsub.add_parser("kv", help="KV and compute commands against block commands of the "
@@ -334,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--media", default=None, help="media of the daemon started here "
                     "(default mem:1536M, sized to the workload)")
     kb.add_argument("--seconds", type=_positive_float, default=2.0, help="per figure")
+    kb.add_argument("--neighbours", type=_nonnegative_int, default=0, metavar="N",
+                    help="N CPU-bound processes beside the run and its baseline (a busy "
+                    "machine anyone can reproduce)")
     kb.add_argument("--json", action="store_true", help="print one JSON object")
 
     lb = bsub.add_parser("lmcache", help="LMCache storing and retrieving Llama-style chunks "
@@ -369,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--profile", default="star2000d")
     rb.add_argument("--quant", default="int8_g64")
     rb.add_argument("--no-baseline", action="store_true", help="skip the page-by-page run")
+    rb.add_argument("--neighbours", type=_nonnegative_int, default=0, metavar="N",
+                    help="N CPU-bound processes beside the run and its baseline")
     rb.add_argument("--json", action="store_true", help="print one JSON object")
 
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
@@ -454,16 +462,22 @@ def _cmd_bench_hops(args) -> int:
 
 def _cmd_bench_kv(args) -> int:
     from ssdemu.bench.kv import bench_kv, format_table
+    from ssdemu.bench.neighbours import Neighbours
 
-    report = bench_kv(args.socket, args.media, args.seconds)
+    with Neighbours(args.neighbours):
+        report = bench_kv(args.socket, args.media, args.seconds)
+    report["neighbours"] = args.neighbours
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
 
 def _cmd_bench_queue(args) -> int:
+    from ssdemu.bench.neighbours import Neighbours
     from ssdemu.bench.queue import bench_queue, format_table
 
-    report = bench_queue(args.socket, args.media, args.seconds, args.ns_size)
+    with Neighbours(args.neighbours):
+        report = bench_queue(args.socket, args.media, args.seconds, args.ns_size)
+    report["neighbours"] = args.neighbours
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
@@ -504,11 +518,14 @@ def _cmd_bench_device(args) -> int:
 
 
 def _cmd_bench_replay(args) -> int:
+    from ssdemu.bench.neighbours import Neighbours
     from ssdemu.bench.replay import bench_replay, format_table
     from traces.mooncake import SAMPLE
 
-    report = bench_replay(args.trace or SAMPLE, args.model, args.profile, args.quant,
-                          baseline=not args.no_baseline)
+    with Neighbours(args.neighbours):
+        report = bench_replay(str(args.trace or SAMPLE), args.model, args.profile, args.quant,
+                              baseline=not args.no_baseline)
+    report["neighbours"] = args.neighbours
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 

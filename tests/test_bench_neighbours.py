@@ -1,0 +1,61 @@
+"""--neighbours: the benches' reproducible busy machine (issue 34, item 3)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ssdemu.bench.neighbours import MARK, Neighbours
+
+
+def _running() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", MARK], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_neighbours_spin_while_the_block_runs_and_are_gone_after():
+    assert _running() == []
+    with Neighbours(2) as n:
+        pids = [p.pid for p in n.procs]
+        assert sorted(_running()) == sorted(pids)
+        t0 = [_cpu_ticks(p) for p in pids]
+        time.sleep(0.5)
+        assert all(_cpu_ticks(p) - t > 10 for p, t in zip(pids, t0, strict=True))  # busy
+    assert _running() == []
+
+
+def test_a_killed_bench_leaves_no_neighbour_spinning():
+    code = ("import time\nfrom ssdemu.bench.neighbours import Neighbours\n"
+            "with Neighbours(1):\n    print('up', flush=True)\n    time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        assert len(_running()) == 1
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 5
+        while _running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _running() == []
+    finally:
+        p.kill()
+
+
+def test_bench_replay_reports_its_neighbours():
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "replay", "--no-baseline",
+                        "--neighbours", "2", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["neighbours"] == 2
+    assert _running() == []
+    bad = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "queue", "--neighbours",
+                          "-1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
