@@ -151,6 +151,9 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
     model_batch_dies(m, programs, programmed, 0);
+    uint64_t before = job - 1;
+    if (atomic_compare_exchange_strong(&h->taken, &before, job))
+        return; /* every die booked here, and the helper never started: nothing to merge */
     if (atomic_load(&h->finished) != job)
         model_spin_while(&h->finished, job - 1);
     pthread_mutex_lock(&h->mu);

@@ -165,12 +165,20 @@ struct batched {
  * all on one thread). */
 #define HELPER_MIN_HOLDS 512
 #define HELPER_SPIN_NS 2000000.0
+#define HELPER_MISSES 8
 
 struct helper {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    _Atomic uint64_t posted, finished;
+    /* posted: the latest batch handed out; finished: the latest the helper completed;
+     * taken: the latest claimed, by the helper when it starts on it, or by the posting
+     * thread when it has booked every die before the helper started (it then does not wait
+     * for a helper that is not running: a busy host's scheduler may not run it for ms) */
+    _Atomic uint64_t posted, finished, taken;
+    uint32_t missed; /* batches in a row the poster took alone: past HELPER_MISSES, the
+                      * helper sleeps between batches instead of spinning on a core that
+                      * someone else needs */
     int stop, programs;
     double *programmed;
     uint32_t cap;
