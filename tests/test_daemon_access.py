@@ -374,7 +374,9 @@ def test_a_client_that_never_reads_its_replies_stalls_no_one(tmp_path):
             with hostlib.connect(d.socket_path) as dev:
                 assert dev.identify()["model"] == "ssdemu"
             times.append(time.perf_counter() - t0)
-        assert max(times) <= 0.1, times
+        # 1.4-3.5 ms each here; 4.5 s for the first on the old code.  The bound is loose
+        # so that a loaded machine does not fail it: it is a stall this looks for
+        assert max(times) <= 1.0, times
         assert "does not read its replies; dropping it" in d.terminate()[1]
         greedy.close()
     finally:
