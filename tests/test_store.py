@@ -482,12 +482,12 @@ def test_a_put_of_bytes_already_stored_waits_for_the_record_that_stored_them(dri
 
     m, s = fresh(drive)
     value = np.random.default_rng(3).integers(0, 256, 20_000, np.uint8).tobytes()
-    group = lib.sde_store_test_reput_group(s._st, b"K", 1, value, len(value))
+    group = lib.sde_store_test_reput_group(s._st, b"K", 1, value, len(value), 0)
     assert group > 0  # not at once (0 before the fix)
     assert s.get(b"K") == value
-    # with every record written, a put of the same bytes has nothing to wait for
-    s.flush()
-    s.put(b"K", value)
+    # with the early put's record written first, the same bytes again wait for nothing
+    assert lib.sde_store_test_reput_group(s._st, b"L", 1, value[::-1], len(value), 1) == 0
+    assert s.get(b"L") == value[::-1]
     s.close()
     m.close()
 

@@ -370,7 +370,7 @@ static void start_deferred(sde_dev *dev, struct dev_ctx *x)
     dev->resume_submit = x->msubmit;
     dev_ctx_put(dev, x);
     dev->resuming = 1;
-    dev_start_now(dev, qp, &c, t0);
+    dev_start_now(dev, qp, &c, dev_op(c.opcode), t0);
     dev->resuming = 0;
 }
 

@@ -368,7 +368,8 @@ void dev_undo_housekeeping(sde_dev *dev);
 
 /* dev_loop.c */
 void dev_start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0);
-void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0);
+void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r,
+                   uint64_t t0);
 int dev_pass(sde_dev *dev);
 
 #endif

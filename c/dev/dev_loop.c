@@ -31,13 +31,12 @@ void dev_start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
         dev->stats.deferred++;
         return;
     }
-    dev_start_now(dev, qp, c, t0);
+    dev_start_now(dev, qp, c, r, t0);
 }
 
 /* dev_start_command's second half: the command, now, by its row of the opcode table. */
-void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
+void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r, uint64_t t0)
 {
-    const struct dev_op *r = dev_op(c->opcode);
     if (r->needs_store && !dev->store)
         dev_finish(dev, qp, r->cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
     else

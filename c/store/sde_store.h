@@ -110,11 +110,11 @@ void sde_store_free(sde_store *st);
 int sde_store_test_early_put(sde_store *st, const uint8_t *key, uint32_t klen,
                              const void *value, uint64_t len, int write_value);
 /* Tests: an early put of key=value whose value landed and was applied while its record is
- * still in the open group, then a put of the same bytes under the same key (nothing to
- * write).  Returns the journal group that second put is acknowledged after (0: at once),
- * or -errno. */
+ * still in the open group (or, commit_first, written), then a put of the same bytes under
+ * the same key (nothing to write).  Returns the journal group that second put is
+ * acknowledged after (0: at once), or -errno. */
 int64_t sde_store_test_reput_group(sde_store *st, const uint8_t *key, uint32_t klen,
-                                   const void *value, uint64_t len);
+                                   const void *value, uint64_t len, int commit_first);
 void sde_store_get_info(const sde_store *st, sde_store_info *out);
 
 /* Synchronous KV calls (keys are klen bytes, 1..16; nsid 0 is the shared default). */

@@ -263,7 +263,7 @@ int sde_store_ns_delete(sde_store *st, uint32_t nsid)
 }
 
 int64_t sde_store_test_reput_group(sde_store *st, const uint8_t *key, uint32_t klen,
-                                   const void *value, uint64_t len)
+                                   const void *value, uint64_t len, int commit_first)
 {
     if (!st_early_ok(st))
         return -EINVAL;
@@ -281,6 +281,8 @@ int64_t sde_store_test_reput_group(sde_store *st, const uint8_t *key, uint32_t k
     memcpy(buf, value, len);
     memset(buf + len, 0, e->nbytes - len);
     if (store_ext_pio(st, e, 1, buf) || st_put_apply(st, &p, &group))
+        return -EIO;
+    if (commit_first && store_commit_sync(st) < 0) /* its record written too */
         return -EIO;
     /* the same bytes again, under the same key */
     s = st_put_begin(st, 0, key, klen, value, len, SDE_KV_STORE_ANY, &q);
