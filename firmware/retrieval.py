@@ -1,0 +1,303 @@
+"""Query-aware retrieval inside the drive: page summaries, Quest's page score, top-k page
+selection, an exact re-rank, and softmax attention over chosen pages.
+
+Everything here works on one layer of one sequence, per KV head, in float32:
+- keys, values: (kv_heads, tokens, head_dim); a page is `page` consecutive tokens (the last
+  one may be short);
+- queries: (q_heads, head_dim) with q_heads = kv_heads x group (GQA): query head j reads KV
+  head j // group, as in Llama-style grouped-query attention;
+- summaries (Quest, Tang et al., ICML 2024, github mit-han-lab/Quest): per page, per KV head,
+  per channel the min and max of the keys, as float32 or as int8 codes with a scale per page
+  and head, rounded outwards (min down, max up) so that the decoded bounds still contain every
+  key: the score stays an upper bound.
+
+A page's Quest score for query q is sum_c max(q_c min_c, q_c max_c) >= q.k for every key k of
+the page.  A KV head's score of a page is the largest over its query group (a page one query
+head of the group needs is needed).  Sums run in float64 over channels in order (products of
+two float32 are exact in float64), so the scores, and the pages chosen, are the same bits as
+the numpy reference that sums in the same order (tests/retrieval_ref.py).
+
+Selection is by score, ties to the lower page id; `sink_pages` first and `recent_pages` last
+pages are never candidates (the caller always keeps them: attention sinks and the window of
+recent tokens, as Quest keeps the current page).
+
+Inputs are trusted to be finite and shaped as documented: the drive's command layer checks
+them before a kernel runs (no kernel raises; nothing raised can cross a C callback).
+"""
+
+import numpy as np
+from numba import njit
+
+# int8 summaries: the scale leaves room so that the largest bound still fits after rounding
+# outwards (|bound| / scale <= 126.5, +1 for the rounding, < 127)
+INT8_SPAN = np.float32(126.5)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def pages_of(tokens, page):
+    return (tokens + page - 1) // page
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def page_bounds(keys, page, mins, maxs):
+    """Per page per KV head per channel min and max of keys (H, T, D) into mins, maxs
+    (H, pages, D)."""
+    H, T, D = keys.shape
+    for h in range(H):
+        for p in range(pages_of(T, page)):
+            t0 = p * page
+            t1 = min(T, t0 + page)
+            for d in range(D):
+                mins[h, p, d] = keys[h, t0, d]
+                maxs[h, p, d] = keys[h, t0, d]
+            for t in range(t0 + 1, t1):
+                for d in range(D):
+                    v = keys[h, t, d]
+                    if v < mins[h, p, d]:
+                        mins[h, p, d] = v
+                    if v > maxs[h, p, d]:
+                        maxs[h, p, d] = v
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bounds_to_int8(mins, maxs, cmin, cmax, scales):
+    """float32 bounds (H, P, D) -> int8 codes (H, P, D) and a float32 scale per (H, P), so
+    that float32(cmin) * scale <= min and float32(cmax) * scale >= max exactly."""
+    H, P, D = mins.shape
+    for h in range(H):
+        for p in range(P):
+            m = np.float32(0.0)
+            for d in range(D):
+                m = max(m, abs(mins[h, p, d]), abs(maxs[h, p, d]))
+            s = m / INT8_SPAN if m > 0 else np.float32(1.0)
+            if s == 0:  # subnormal bounds: the smallest scale that still covers them
+                s = np.float32(1e-45)
+            scales[h, p] = s
+            for d in range(D):
+                c = np.floor(mins[h, p, d] / s)
+                if np.float32(c) * s > mins[h, p, d]:
+                    c -= 1
+                cmin[h, p, d] = np.int8(max(c, -128.0))
+                c = np.ceil(maxs[h, p, d] / s)
+                if np.float32(c) * s < maxs[h, p, d]:
+                    c += 1
+                cmax[h, p, d] = np.int8(min(c, 127.0))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def int8_to_bounds(cmin, cmax, scales, mins, maxs):
+    H, P, D = cmin.shape
+    for h in range(H):
+        for p in range(P):
+            s = scales[h, p]
+            for d in range(D):
+                mins[h, p, d] = np.float32(cmin[h, p, d]) * s
+                maxs[h, p, d] = np.float32(cmax[h, p, d]) * s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def quest_scores(queries, mins, maxs, scores):
+    """scores (H, P) float32: per KV head, the largest over its query group of
+    sum_c max(q_c min_c, q_c max_c)."""
+    H, P, D = mins.shape
+    group = queries.shape[0] // H
+    for h in range(H):
+        for p in range(P):
+            best = -np.inf
+            for g in range(group):
+                q = queries[h * group + g]
+                s = 0.0
+                for d in range(D):
+                    a = np.float64(q[d]) * np.float64(mins[h, p, d])
+                    b = np.float64(q[d]) * np.float64(maxs[h, p, d])
+                    s += a if a > b else b
+                if s > best:
+                    best = s
+            scores[h, p] = np.float32(best)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _better(sa, ia, sb, ib):
+    """Is (score a, page a) ranked before (score b, page b)?"""
+    return sa > sb or (sa == sb and ia < ib)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sift_down(hs, hi, n, i):
+    # a heap whose root is the worst kept entry
+    while True:
+        w = i
+        left = 2 * i + 1
+        right = left + 1
+        if left < n and _better(hs[w], hi[w], hs[left], hi[left]):
+            w = left
+        if right < n and _better(hs[w], hi[w], hs[right], hi[right]):
+            w = right
+        if w == i:
+            return
+        hs[i], hs[w] = hs[w], hs[i]
+        hi[i], hi[w] = hi[w], hi[i]
+        i = w
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def select_top(scores, ids, n, k, out_ids, out_scores):
+    """The k best of n (score, id) pairs, best first, into out_ids / out_scores; ranks by
+    score, ties to the lower id.  Returns how many (min(n, k)).  A heap of k: n log k."""
+    kk = min(n, k)
+    if kk <= 0:
+        return 0
+    hs = np.empty(kk, np.float32)
+    hi = np.empty(kk, np.int64)
+    for i in range(kk):
+        hs[i] = scores[i]
+        hi[i] = ids[i]
+    for i in range(kk // 2 - 1, -1, -1):
+        _sift_down(hs, hi, kk, i)
+    for i in range(kk, n):
+        if _better(scores[i], ids[i], hs[0], hi[0]):
+            hs[0] = scores[i]
+            hi[0] = ids[i]
+            _sift_down(hs, hi, kk, 0)
+    # pop worst first into the back of the output
+    m = kk
+    while m > 0:
+        out_scores[m - 1] = hs[0]
+        out_ids[m - 1] = hi[0]
+        m -= 1
+        hs[0] = hs[m]
+        hi[0] = hi[m]
+        _sift_down(hs, hi, m, 0)
+    return kk
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def topk_pages(scores, k, sink_pages, recent_pages, out_ids, out_scores):
+    """Per KV head the k best pages by score among those neither sinks nor recent, into
+    out_ids (H, k) int32 and out_scores (H, k); slots past the candidates hold id -1.
+    Returns the number chosen per head."""
+    H, P = scores.shape
+    lo = min(sink_pages, P)
+    hi_ = max(lo, P - recent_pages)
+    n = hi_ - lo
+    ids = np.arange(lo, hi_)
+    got = 0
+    tmp_ids = np.empty(k, np.int64)
+    for h in range(H):
+        got = select_top(scores[h, lo:hi_], ids, n, k, tmp_ids, out_scores[h])
+        for i in range(got):
+            out_ids[h, i] = tmp_ids[i]
+        for i in range(got, k):
+            out_ids[h, i] = -1
+            out_scores[h, i] = -np.inf
+    return got
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _page_logits(q, keys, h, t0, t1, scale, out):
+    D = keys.shape[2]
+    for t in range(t0, t1):
+        s = 0.0
+        for d in range(D):
+            s += np.float64(q[d]) * np.float64(keys[h, t, d])
+        out[t - t0] = s * scale
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
+    """The second stage: for each KV head, re-rank its candidate pages (cand_ids (H, c), -1
+    for none) by the exact attention mass they hold, and keep the k best (ties to the lower
+    page id).  A page's score is the largest over the query group of the log of its mass,
+    logsumexp over its tokens of q.k / sqrt(head_dim).  Returns the number kept per head."""
+    H, T, D = keys.shape
+    group = queries.shape[0] // H
+    c = cand_ids.shape[1]
+    scale = 1.0 / np.sqrt(np.float64(D))
+    logits = np.empty(page, np.float64)
+    cs = np.empty(c, np.float32)
+    ci = np.empty(c, np.int64)
+    tmp = np.empty(k, np.int64)
+    got = 0
+    for h in range(H):
+        n = 0
+        for j in range(c):
+            pid = cand_ids[h, j]
+            if pid < 0:
+                continue
+            t0 = pid * page
+            t1 = min(T, t0 + page)
+            best = -np.inf
+            for g in range(group):
+                _page_logits(queries[h * group + g], keys, h, t0, t1, scale, logits)
+                m = logits[0]
+                for t in range(1, t1 - t0):
+                    m = max(m, logits[t])
+                acc = 0.0
+                for t in range(t1 - t0):
+                    acc += np.exp(logits[t] - m)
+                best = max(best, m + np.log(acc))
+            cs[n] = np.float32(best)
+            ci[n] = pid
+            n += 1
+        got = select_top(cs, ci, n, k, tmp, out_scores[h])
+        for i in range(got):
+            out_ids[h, i] = tmp[i]
+        for i in range(got, k):
+            out_ids[h, i] = -1
+            out_scores[h, i] = -np.inf
+    return got
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def attend_pages(queries, keys, values, page, ids, out, lse):
+    """Exact softmax attention of each query head over the pages ids (H, n) of its KV head
+    (-1: no page; a page listed twice counts once), scaled by 1 / sqrt(head_dim): the output
+    vectors into out (q_heads, D) and the natural log-sum-exp of the scaled logits into lse
+    (q_heads), so that the host can merge this with attention over other tokens (o = sum_i
+    e^(lse_i - lse) o_i, lse = log sum_i e^lse_i, as flash-attention merges blocks).  A head
+    with no page gets a zero output and lse = -inf."""
+    H, T, D = keys.shape
+    group = queries.shape[0] // H
+    n = ids.shape[1]
+    scale = 1.0 / np.sqrt(np.float64(D))
+    logits = np.empty(page, np.float64)
+    acc = np.empty(D, np.float64)
+    P = pages_of(T, page)
+    seen = np.zeros(P, np.bool_)
+    for h in range(H):
+        for g in range(group):
+            qh = h * group + g
+            q = queries[qh]
+            m = -np.inf
+            den = 0.0
+            for d in range(D):
+                acc[d] = 0.0
+            seen[:] = False
+            for j in range(n):
+                pid = ids[h, j]
+                if pid < 0 or pid >= P or seen[pid]:
+                    continue
+                seen[pid] = True
+                t0 = pid * page
+                t1 = min(T, t0 + page)
+                _page_logits(q, keys, h, t0, t1, scale, logits)
+                for t in range(t1 - t0):  # online softmax: rescale when the max grows
+                    x = logits[t]
+                    if x > m:
+                        r = np.exp(m - x)
+                        den *= r
+                        for d in range(D):
+                            acc[d] *= r
+                        m = x
+                    w = np.exp(x - m)
+                    den += w
+                    for d in range(D):
+                        acc[d] += w * np.float64(values[h, t0 + t, d])
+            if den > 0:
+                for d in range(D):
+                    out[qh, d] = np.float32(acc[d] / den)
+                lse[qh] = np.float32(m + np.log(den))
+            else:
+                for d in range(D):
+                    out[qh, d] = 0.0
+                lse[qh] = -np.inf

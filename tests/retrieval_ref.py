@@ -1,0 +1,108 @@
+"""Plain numpy references for firmware/retrieval.py: what the drive's kernels must equal.
+
+Scores sum over channels in order, in float64 (as the kernels do), so that selections can be
+compared bit for bit; attention is computed densely in float64 from its definition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def page_bounds(keys: np.ndarray, page: int) -> tuple[np.ndarray, np.ndarray]:
+    H, T, D = keys.shape
+    P = -(-T // page)
+    pad = P * page - T
+    k = np.concatenate([keys, np.repeat(keys[:, -1:, :], pad, axis=1)], axis=1) if pad else keys
+    k = k.reshape(H, P, page, D)
+    return k.min(axis=2), k.max(axis=2)
+
+
+def bounds_to_int8(mins, maxs):
+    m = np.maximum(np.abs(mins), np.abs(maxs)).max(axis=2).astype(np.float32)
+    scales = np.where(m > 0, m / np.float32(126.5), np.float32(1.0)).astype(np.float32)
+    scales = np.where(scales == 0, np.float32(1e-45), scales).astype(np.float32)
+    s = scales[..., None]
+    cmin = np.floor(mins / s)
+    cmin = np.where(cmin.astype(np.float32) * s > mins, cmin - 1, cmin)
+    cmax = np.ceil(maxs / s)
+    cmax = np.where(cmax.astype(np.float32) * s < maxs, cmax + 1, cmax)
+    return (np.clip(cmin, -128, 127).astype(np.int8), np.clip(cmax, -128, 127).astype(np.int8),
+            scales)
+
+
+def int8_to_bounds(cmin, cmax, scales):
+    s = scales[..., None].astype(np.float32)
+    return cmin.astype(np.float32) * s, cmax.astype(np.float32) * s
+
+
+def quest_scores(queries, mins, maxs) -> np.ndarray:
+    H, P, D = mins.shape
+    group = queries.shape[0] // H
+    q = queries.astype(np.float64).reshape(H, group, 1, D)
+    lo = q * mins.astype(np.float64)[:, None]
+    hi = q * maxs.astype(np.float64)[:, None]
+    terms = np.maximum(lo, hi)
+    s = np.zeros(terms.shape[:3])
+    for d in range(D):  # in channel order, as the kernel sums
+        s = s + terms[..., d]
+    return s.max(axis=1).astype(np.float32)
+
+
+def topk_pages(scores, k, sink_pages=0, recent_pages=0):
+    """ids (H, k) with -1 past the candidates; ranked by score, ties to the lower page id."""
+    H, P = scores.shape
+    lo = min(sink_pages, P)
+    hi = max(lo, P - recent_pages)
+    ids = np.full((H, k), -1, np.int32)
+    for h in range(H):
+        cand = np.arange(lo, hi)
+        order = np.lexsort((cand, -scores[h, lo:hi].astype(np.float64)))[:k]
+        ids[h, :len(order)] = cand[order]
+    return ids
+
+
+def page_log_mass(queries, keys, page):
+    """(H, P): per KV head the largest over its query group of logsumexp over the page's
+    tokens of q.k / sqrt(D)."""
+    H, T, D = keys.shape
+    group = queries.shape[0] // H
+    P = -(-T // page)
+    out = np.full((H, P), -np.inf)
+    for h in range(H):
+        logits = (queries[h * group:(h + 1) * group].astype(np.float64)
+                  @ keys[h].astype(np.float64).T) / np.sqrt(D)
+        for p in range(P):
+            x = logits[:, p * page:(p + 1) * page]
+            m = x.max(axis=1, keepdims=True)
+            out[h, p] = (m[:, 0] + np.log(np.exp(x - m).sum(axis=1))).max()
+    return out
+
+
+def attend(queries, keys, values, page, ids):
+    """Dense softmax over the union of the listed pages' tokens: (out, lse) per query head."""
+    H, T, D = keys.shape
+    group = queries.shape[0] // H
+    out = np.zeros((queries.shape[0], D))
+    lse = np.full(queries.shape[0], -np.inf)
+    for h in range(H):
+        pages = sorted({int(p) for p in ids[h] if 0 <= p < -(-T // page)})
+        if not pages:
+            continue
+        toks = np.concatenate([np.arange(p * page, min(T, (p + 1) * page)) for p in pages])
+        k = keys[h, toks].astype(np.float64)
+        v = values[h, toks].astype(np.float64)
+        for g in range(group):
+            j = h * group + g
+            x = k @ queries[j].astype(np.float64) / np.sqrt(D)
+            m = x.max()
+            w = np.exp(x - m)
+            out[j] = w @ v / w.sum()
+            lse[j] = m + np.log(w.sum())
+    return out, lse
+
+
+def merge(o1, l1, o2, l2):
+    """Flash-attention's merge of two partial attentions over disjoint key sets."""
+    lse = np.logaddexp(l1, l2)
+    return (np.exp(l1 - lse)[:, None] * o1 + np.exp(l2 - lse)[:, None] * o2), lse

@@ -1,0 +1,218 @@
+"""Retrieval kernels (firmware/retrieval.py) against plain numpy references
+(tests/retrieval_ref.py): summaries, Quest scores, top-k, re-rank and attention, with
+hypothesis over shapes, GQA ratios, page sizes and edge values."""
+
+import numpy as np
+import pytest
+import retrieval_ref as ref
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from firmware import retrieval as R
+
+
+def _bounds(keys, page):
+    H, T, D = keys.shape
+    P = R.pages_of(T, page)
+    mins = np.empty((H, P, D), np.float32)
+    maxs = np.empty((H, P, D), np.float32)
+    R.page_bounds(keys, page, mins, maxs)
+    return mins, maxs
+
+
+def _int8(mins, maxs):
+    cmin = np.empty(mins.shape, np.int8)
+    cmax = np.empty(mins.shape, np.int8)
+    scales = np.empty(mins.shape[:2], np.float32)
+    R.bounds_to_int8(mins, maxs, cmin, cmax, scales)
+    return cmin, cmax, scales
+
+
+def _decoded(cmin, cmax, scales):
+    lo = np.empty(cmin.shape, np.float32)
+    hi = np.empty(cmin.shape, np.float32)
+    R.int8_to_bounds(cmin, cmax, scales, lo, hi)
+    return lo, hi
+
+
+def _scores(q, mins, maxs):
+    s = np.empty(mins.shape[:2], np.float32)
+    R.quest_scores(q, mins, maxs, s)
+    return s
+
+
+def _topk(scores, k, sinks=0, recent=0):
+    ids = np.empty((scores.shape[0], k), np.int32)
+    sc = np.empty((scores.shape[0], k), np.float32)
+    R.topk_pages(scores, k, sinks, recent, ids, sc)
+    return ids, sc
+
+
+# finite float32 values, edge values included (zeros, signed zeros, subnormals, large)
+finite = st.floats(-1e4, 1e4, width=32, allow_subnormal=True)
+edgy = st.one_of(finite, st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38, 1.0]))
+# for softmax: logits whose exp() stays finite in float64
+small = st.floats(-8, 8, width=32)
+
+
+@st.composite
+def layer(draw, edge=False, elements=None):
+    H = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4]))
+    D = draw(st.sampled_from([1, 4, 8, 16]))
+    T = draw(st.integers(1, 70))
+    page = draw(st.sampled_from([1, 3, 8, 16]))
+    kel, qel = (elements, elements) if elements is not None else (edgy if edge else finite,
+                                                                  finite)
+    keys = draw(hnp.arrays(np.float32, (H, T, D), elements=kel))
+    q = draw(hnp.arrays(np.float32, (H * group, D), elements=qel))
+    return q, keys, page
+
+
+@settings(max_examples=200, deadline=None)
+@given(layer(edge=True))
+def test_page_bounds_equal_the_reference(case):
+    _, keys, page = case
+    mins, maxs = _bounds(keys, page)
+    rmin, rmax = ref.page_bounds(keys, page)
+    assert np.array_equal(mins, rmin) and np.array_equal(maxs, rmax)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layer(edge=True))
+def test_int8_summaries_never_narrow_a_bound(case):
+    """Rounded outwards: the decoded int8 bounds contain every key, channel by channel."""
+    _, keys, page = case
+    assume(np.abs(keys).max(initial=0) < 1e38)  # a bound x 1.008 must stay finite
+    mins, maxs = _bounds(keys, page)
+    cmin, cmax, scales = _int8(mins, maxs)
+    rmin, rmax, rscales = ref.bounds_to_int8(mins, maxs)
+    assert np.array_equal(cmin, rmin) and np.array_equal(cmax, rmax)
+    assert np.array_equal(scales, rscales)
+    lo, hi = _decoded(cmin, cmax, scales)
+    assert np.all(lo <= mins) and np.all(hi >= maxs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layer())
+def test_quest_scores_and_selection_equal_the_reference(case):
+    q, keys, page = case
+    mins, maxs = _bounds(keys, page)
+    s = _scores(q, mins, maxs)
+    assert np.array_equal(s, ref.quest_scores(q, mins, maxs))
+    P = s.shape[1]
+    for k in (1, 3, P):
+        for sinks, recent in ((0, 0), (1, 1), (2, 0)):
+            ids, sc = _topk(s, k, sinks, recent)
+            assert np.array_equal(ids, ref.topk_pages(s, k, sinks, recent))
+            chosen = ids >= 0
+            assert np.array_equal(sc[chosen], np.take_along_axis(s, np.maximum(ids, 0),
+                                                                 axis=1)[chosen])
+
+
+@settings(max_examples=300, deadline=None)
+@given(layer(), st.booleans())
+def test_the_score_bounds_every_key_of_its_page(case, int8):
+    """Quest's property: a page's score >= q.k for every key in it and every query of the
+    group (up to float32 rounding of the sum), with float32 or int8 summaries."""
+    q, keys, page = case
+    mins, maxs = _bounds(keys, page)
+    if int8:
+        mins, maxs = _decoded(*_int8(mins, maxs))
+    s = _scores(q, mins, maxs).astype(np.float64)
+    H, T, D = keys.shape
+    group = q.shape[0] // H
+    for h in range(H):
+        dots = q[h * group:(h + 1) * group].astype(np.float64) @ keys[h].astype(np.float64).T
+        mags = np.abs(q[h * group:(h + 1) * group]).astype(np.float64) @ np.abs(
+            np.stack([mins[h], maxs[h]])).max(axis=0).T
+        for t in range(T):
+            p = t // page
+            tol = 1e-6 * mags[:, p].max() + 1e-30
+            assert s[h, p] >= dots[:, t].max() - tol
+
+
+def test_topk_ties_go_to_the_lower_page_and_sinks_and_recent_are_never_candidates():
+    s = np.array([[5, 7, 7, 7, 1, 7, 9]], np.float32)
+    ids, _ = _topk(s, 3)
+    assert ids.tolist() == [[6, 1, 2]]
+    ids, _ = _topk(s, 3, sinks=2, recent=1)
+    assert ids.tolist() == [[2, 3, 5]]
+    ids, sc = _topk(s, 6, sinks=2, recent=2)
+    assert ids.tolist() == [[2, 3, 4, -1, -1, -1]] and np.isneginf(sc[0, 3:]).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer(elements=small), st.integers(1, 6), st.data())
+def test_attention_over_chosen_pages_equals_the_dense_reference(case, n, data):
+    q, keys, page = case
+    H, T, D = keys.shape
+    P = R.pages_of(T, page)
+    values = data.draw(hnp.arrays(np.float32, keys.shape, elements=finite))
+    ids = data.draw(hnp.arrays(np.int32, (H, n), elements=st.integers(-1, P - 1)))
+    out = np.empty(q.shape, np.float32)
+    lse = np.empty(q.shape[0], np.float32)
+    R.attend_pages(q, keys, values, page, ids, out, lse)
+    rout, rlse = ref.attend(q, keys, values, page, ids)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(rlse))
+    fin = np.isfinite(rlse)
+    np.testing.assert_allclose(lse[fin], rlse[fin], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out, rout, rtol=1e-4, atol=1e-4 * (np.abs(values).max() + 1))
+
+
+def test_attention_halves_merge_into_the_whole():
+    """The host's flash-attention merge of two disjoint page sets gives attention over
+    their union: what ATTEND's log-sum-exp is for."""
+    rng = np.random.default_rng(1)
+    keys = rng.standard_normal((2, 64, 16)).astype(np.float32)
+    values = rng.standard_normal((2, 64, 16)).astype(np.float32)
+    q = rng.standard_normal((4, 16)).astype(np.float32)
+    parts = []
+    for ids in (np.array([[0, 2], [1, 3]]), np.array([[1, 3], [0, 2]])):
+        out = np.empty((4, 16), np.float32)
+        lse = np.empty(4, np.float32)
+        R.attend_pages(q, keys, values, 16, ids.astype(np.int32), out, lse)
+        parts.append((out.astype(np.float64), lse.astype(np.float64)))
+    o, lse = ref.merge(*parts[0], *parts[1])
+    whole, wlse = ref.attend(q, keys, values, 16, np.array([[0, 1, 2, 3]] * 2))
+    np.testing.assert_allclose(o, whole, atol=2e-5)
+    np.testing.assert_allclose(lse, wlse, atol=2e-5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer(elements=small), st.integers(1, 5), st.data())
+def test_rerank_keeps_the_candidates_with_most_mass(case, k, data):
+    q, keys, page = case
+    H, T, D = keys.shape
+    P = R.pages_of(T, page)
+    c = data.draw(st.integers(1, P))
+    cand = np.stack([data.draw(st.permutations(range(P)))[:c] for _ in range(H)])
+    cand = cand.astype(np.int32)
+    ids = np.empty((H, k), np.int32)
+    sc = np.empty((H, k), np.float32)
+    R.rerank_pages(q, keys, page, cand, k, ids, sc)
+    mass = ref.page_log_mass(q, keys, page).astype(np.float32)
+    for h in range(H):
+        want = sorted(cand[h], key=lambda p: (-mass[h, p], p))[:k]
+        # float32 scores: equal to the reference's up to rounding of exp/log, so compare
+        # the chosen masses, not the ids, where two pages' masses are within rounding
+        got = [int(p) for p in ids[h] if p >= 0]
+        assert len(got) == min(k, c)
+        np.testing.assert_allclose(np.sort(mass[h, got]), np.sort(mass[h, want]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_planted_needle_is_selected(int8):
+    """The page of a key aligned with the query is chosen at a 2% budget."""
+    rng = np.random.default_rng(7)
+    H, T, D, page = 1, 8192, 64, 16
+    keys = rng.standard_normal((H, T, D)).astype(np.float32)
+    q = rng.standard_normal((2, D)).astype(np.float32)
+    keys[0, 5000] = 4 * q[1] / np.linalg.norm(q[1]) * np.sqrt(D)
+    mins, maxs = _bounds(keys, page)
+    if int8:
+        mins, maxs = _decoded(*_int8(mins, maxs))
+    ids, _ = _topk(_scores(q, mins, maxs), 10)
+    assert 5000 // page in ids[0]
