@@ -70,12 +70,12 @@ def test_each_class_of_work_runs_at_its_own_rate():
     """Per unit: the MAC array's 2 TOPS (2,000 ops/ns), a core's 8 scalar ops/ns, 64 vector
     ops/ns on 8 lanes, 100 ns a probe; memory 64 bytes/ns; the slower of compute and memory."""
     b = TopsBudget(PROFILE)
-    assert b.device_ns(_mac(2_000_000)) == pytest.approx(1000.0)
+    assert b.device_ns(_mac(1_000_000)) == pytest.approx(1000.0)  # 2 ops a MAC
     assert b.device_ns(KernelCost(8000, 64)) == pytest.approx(1000.0)
     assert b.device_ns(KernelCost(0, 64, vector_ops=64_000)) == pytest.approx(1000.0)
     assert b.device_ns(KernelCost(0, 64, probes=10)) == pytest.approx(1000.0)
     assert b.device_ns(KernelCost(8000, 64, probes=10)) == pytest.approx(2000.0)  # in series
-    assert b.device_ns(KernelCost(0, 64_000, mac_ops=2000)) == \
+    assert b.device_ns(KernelCost(0, 64_000, mac_ops=1000)) == \
         pytest.approx(1000.0)  # memory bound
     # hashing at an embedded core's rate, far from the TOPS rating: 1,400 ops per 128 bytes
     hashed = prefix_hash_cost(1000, 512)
@@ -84,7 +84,7 @@ def test_each_class_of_work_runs_at_its_own_rate():
 
 def test_units_run_in_parallel_then_queue():
     b = TopsBudget(PROFILE)
-    cost = _mac(2_000_000)  # 1 us on one unit
+    cost = _mac(1_000_000)  # 1 us on one unit
     spans = [b.charge("quantize", cost, submit_ns=0) for _ in range(5)]
     assert [s for s, _ in spans[:4]] == [0, 0, 0, 0]
     assert spans[4] == (pytest.approx(1000.0), pytest.approx(2000.0))
@@ -105,8 +105,8 @@ def test_busy_until_never_decreases_and_nothing_starts_before_submission(calls):
 
 def test_host_lag_is_recorded():
     b = TopsBudget(PROFILE)
-    b.charge("dequantize", _mac(2000), 0, host_ns=5.0)  # device 1 ns: host slower
-    b.charge("dequantize", _mac(2_000_000), 0, host_ns=5.0)  # device 1 us
+    b.charge("dequantize", _mac(1000), 0, host_ns=5.0)  # device 1 ns: host slower
+    b.charge("dequantize", _mac(1_000_000), 0, host_ns=5.0)  # device 1 us
     assert b.kernels["dequantize"].host_lag_calls == 1 and b.host_lag_calls == 1
     assert b.kernels["dequantize"].host_ns == 10.0
 
@@ -192,3 +192,43 @@ def test_transformed_commands_stream_through_the_controller():
     done = lib.sde_recipe_dq_finish(m.handle, b.struct, first, sensed[0], pieces[0], dcost,
                                     0.0, raw)
     assert done > sensed[0] + raw / p.host_link.bandwidth_bytes_per_s * 1e9 / pieces[0]
+
+
+@given(pages=st.integers(1, 5000), heads=st.integers(1, 8), group=st.sampled_from([1, 4, 8]),
+       dim=st.sampled_from([64, 128]), int8=st.booleans())
+def test_retrieval_costs_use_the_mac_array_and_follow_the_shape(pages, heads, group, dim, int8):
+    from ssdemu.sim.cost import (
+        attend_cost,
+        rerank_cost,
+        score_cost,
+        summarize_cost,
+        summary_bytes,
+    )
+    sb = summary_bytes(pages, heads, dim, 2, int8)
+    assert sb == pages * heads * (2 * dim + 4 if int8 else 4 * dim)
+    s = score_cost(pages, heads, group, dim, sb)
+    assert s.mac_ops == 2 * pages * heads * group * dim and s.bytes >= sb
+    a = attend_cost(16 * pages, heads, group, dim, 16 * pages * heads * dim * 4)
+    assert a.mac_ops == 2 * 16 * pages * heads * group * dim
+    assert rerank_cost(16 * pages, heads, group, dim, 1).mac_ops == a.mac_ops // 2
+    z = summarize_cost(16 * pages, heads, dim, 2, sb, int8)
+    assert z.mac_ops == 0 and z.vector_ops >= 3 * 16 * pages * heads * dim
+
+
+def test_topk_cost_grows_with_candidates_and_k():
+    from ssdemu.sim.cost import topk_cost
+    assert topk_cost(10_000, 64).ops > topk_cost(1000, 64).ops > topk_cost(1000, 8).ops
+    assert topk_cost(1000, 8).ops >= 3 * 1000
+    assert topk_cost(5, 100).ops == topk_cost(5, 5).ops  # k past n: n
+
+
+def test_scoring_binds_on_dram_alone_unless_queries_share_the_summaries():
+    """The roofline of cost.py's doc: 8 TOPS, 64 GB/s; a batch of 32 x 4 query heads over one
+    context's summaries puts the MAC array ahead of the DRAM."""
+    from ssdemu.sim.cost import score_cost, summary_bytes
+    b = TopsBudget(PROFILE)
+    sb = summary_bytes(4096, 1, 128)
+    one = score_cost(4096, 1, 4, 128, sb)
+    assert b.mac_ns(one) < 0.2 * b.device_ns(one)  # DRAM bound
+    batch = score_cost(4096, 1, 4 * 64, 128, sb)
+    assert b.mac_ns(batch) > 0.9 * b.device_ns(batch)  # the TOPS budget binds

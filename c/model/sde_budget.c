@@ -54,6 +54,75 @@ sde_kernel_cost sde_cost_index_insert(uint64_t keys)
     return (sde_kernel_cost){.ops = 40 * keys, .bytes = 112 * keys, .probes = 2 * keys};
 }
 
+/* ---- retrieval: costs documented in ssdemu/sim/cost.py ---------------------------------- */
+
+uint64_t sde_summary_bytes(uint64_t pages, uint32_t heads, uint32_t head_dim,
+                           uint32_t element_bytes, int int8)
+{
+    uint64_t per = int8 ? 2ull * head_dim + 4 : 2ull * head_dim * element_bytes;
+    return pages * heads * per;
+}
+
+sde_kernel_cost sde_cost_summarize(uint64_t tokens, uint32_t heads, uint32_t head_dim,
+                                   uint32_t element_bytes, uint64_t summary_bytes, int int8)
+{
+    uint64_t n = tokens * heads * head_dim;
+    /* convert (16-bit elements), min, max per key element; int8: 6 per summary element
+     * (abs, max, divide, round, check, narrow) */
+    uint64_t ops = (element_bytes == 2 ? 3 : 2) * n + (int8 ? 3 * summary_bytes : 0);
+    return (sde_kernel_cost){.vector_ops = ops, .bytes = n * element_bytes + summary_bytes};
+}
+
+sde_kernel_cost sde_cost_score(uint64_t pages, uint32_t heads, uint32_t group,
+                               uint32_t head_dim, uint64_t summary_bytes)
+{
+    /* sum_c max(q_c min_c, q_c max_c) = q+ . max + q- . min: two dot products per page and
+     * query head on the MAC array; the largest over the group on the lanes */
+    uint64_t qh = (uint64_t)heads * group;
+    return (sde_kernel_cost){.mac_ops = 2 * pages * qh * head_dim,
+                             .vector_ops = pages * qh + 2 * qh * head_dim,
+                             .bytes = summary_bytes + qh * head_dim * 2 + pages * heads * 4};
+}
+
+sde_kernel_cost sde_cost_topk(uint64_t candidates, uint64_t k)
+{
+    /* a heap of k: every candidate compared with the worst kept (3 ops); the expected
+     * k (1 + ln(n / k)) of them that enter sift down log2 k levels (8 ops a level) */
+    if (!candidates)
+        return (sde_kernel_cost){.ops = 1, .bytes = 8};
+    if (k > candidates)
+        k = candidates;
+    double levels = k > 1 ? ceil(log2((double)k)) : 1;
+    double inserts = k * (1.0 + log((double)candidates / (double)k));
+    if (inserts > candidates)
+        inserts = (double)candidates;
+    return (sde_kernel_cost){.ops = 3 * candidates + (uint64_t)ceil(8 * inserts * levels),
+                             .bytes = 8 * candidates + 8 * k};
+}
+
+/* per logit: scale, max, subtract, exp (8: a polynomial on the lanes), accumulate */
+#define SOFTMAX_OPS 12
+
+sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint32_t heads, uint32_t group,
+                                uint32_t head_dim, uint64_t key_bytes)
+{
+    uint64_t qh = (uint64_t)heads * group;
+    return (sde_kernel_cost){.mac_ops = tokens * qh * head_dim,
+                             .vector_ops = SOFTMAX_OPS * tokens * qh,
+                             .bytes = key_bytes + qh * head_dim * 2};
+}
+
+sde_kernel_cost sde_cost_attend(uint64_t tokens, uint32_t heads, uint32_t group,
+                                uint32_t head_dim, uint64_t kv_bytes)
+{
+    /* q.k and p.v: two MACs per key element per query head; softmax on the lanes; the
+     * output normalized and written (fp16) with its log-sum-exp */
+    uint64_t qh = (uint64_t)heads * group;
+    return (sde_kernel_cost){.mac_ops = 2 * tokens * qh * head_dim,
+                             .vector_ops = SOFTMAX_OPS * tokens * qh + 2 * qh * head_dim,
+                             .bytes = kv_bytes + qh * (head_dim * 4 + 4)};
+}
+
 static int positive(double v) { return isfinite(v) && v > 0; }
 
 int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_bytes_per_s,
@@ -67,7 +136,7 @@ int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_by
     b->tops = tops;
     b->units = units;
     b->memory_bytes_per_s = memory_bytes_per_s;
-    b->unit_ops_per_ns = tops * 1e12 / units / 1e9;
+    b->unit_ops_per_ns = tops * 1e12 / units / 1e9; /* a MAC is 2 of these ops */
     b->memory_bytes_per_ns = memory_bytes_per_s / 1e9;
     b->core_ops_per_ns = core_ops_per_s / 1e9;
     b->vector_ops_per_ns = core_ops_per_s * simd_lanes / 1e9;
@@ -80,7 +149,12 @@ void sde_budget_share_dram(sde_budget *b, void *model) { b->dram = model; }
 static double compute_ns(const sde_budget *b, sde_kernel_cost c)
 {
     return (double)c.ops / b->core_ops_per_ns + (double)c.vector_ops / b->vector_ops_per_ns +
-           (double)c.mac_ops / b->unit_ops_per_ns + (double)c.probes * b->probe_ns;
+           2.0 * (double)c.mac_ops / b->unit_ops_per_ns + (double)c.probes * b->probe_ns;
+}
+
+double sde_budget_mac_ns(const sde_budget *b, sde_kernel_cost c)
+{
+    return 2.0 * (double)c.mac_ops / b->unit_ops_per_ns;
 }
 
 double sde_budget_device_ns(const sde_budget *b, sde_kernel_cost c)

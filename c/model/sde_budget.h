@@ -24,7 +24,12 @@
 #define SDE_KERNEL_PREFIX_HASH 2
 #define SDE_KERNEL_PREFIX_MATCH 3
 #define SDE_KERNEL_INDEX_INSERT 4
-#define SDE_NKERNELS 5
+#define SDE_KERNEL_SUMMARIZE 5
+#define SDE_KERNEL_SCORE 6
+#define SDE_KERNEL_TOPK 7
+#define SDE_KERNEL_RERANK 8
+#define SDE_KERNEL_ATTEND 9
+#define SDE_NKERNELS 10
 #define SDE_MAX_UNITS 64
 /* scheme kinds, as in compressed block headers (firmware/blockfmt.py) */
 #define SDE_SCHEME_INT 1
@@ -35,7 +40,7 @@ typedef struct sde_kernel_cost {
     uint64_t ops;        /* scalar ops on an embedded core */
     uint64_t bytes;      /* moved in the controller's DRAM */
     uint64_t vector_ops; /* element-wise ops, simd_lanes at a time */
-    uint64_t mac_ops;    /* multiply-accumulates on the MAC array (the TOPS rating) */
+    uint64_t mac_ops;    /* multiply-accumulates on the MAC array: 2 ops each in its TOPS */
     uint64_t probes;     /* dependent DRAM probes, one after another */
 } sde_kernel_cost;
 
@@ -52,7 +57,7 @@ typedef struct sde_budget {
     double tops;
     uint32_t units;
     double memory_bytes_per_s;
-    double unit_ops_per_ns;      /* MAC ops per ns per unit: TOPS / units */
+    double unit_ops_per_ns;      /* ops per ns per unit of the MAC array: TOPS / units */
     double memory_bytes_per_ns;
     double core_ops_per_ns;      /* scalar ops per ns per core */
     double vector_ops_per_ns;    /* element-wise ops per ns per core: x simd lanes */
@@ -60,7 +65,7 @@ typedef struct sde_budget {
     void *dram;                  /* the sde_model whose DRAM the kernels share, or NULL */
     double busy_until_ns[64];
     double busy_ns[64];
-    sde_kernel_stats kernels[5];
+    sde_kernel_stats kernels[10];
 } sde_budget;
 
 sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int kind,
@@ -70,6 +75,20 @@ sde_kernel_cost sde_cost_dequantize(uint64_t elements, uint32_t element_bytes, i
 sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens);
 sde_kernel_cost sde_cost_prefix_match(uint64_t keys_probed);
 sde_kernel_cost sde_cost_index_insert(uint64_t keys);
+/* Retrieval (firmware/retrieval.py), per call: `heads` KV heads, `group` query heads each. */
+sde_kernel_cost sde_cost_summarize(uint64_t tokens, uint32_t heads, uint32_t head_dim,
+                                   uint32_t element_bytes, uint64_t summary_bytes, int int8);
+sde_kernel_cost sde_cost_score(uint64_t pages, uint32_t heads, uint32_t group,
+                               uint32_t head_dim, uint64_t summary_bytes);
+sde_kernel_cost sde_cost_topk(uint64_t candidates, uint64_t k);
+sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint32_t heads, uint32_t group,
+                                uint32_t head_dim, uint64_t key_bytes);
+sde_kernel_cost sde_cost_attend(uint64_t tokens, uint32_t heads, uint32_t group,
+                                uint32_t head_dim, uint64_t kv_bytes);
+/* Bytes of the summaries of `pages` pages of `heads` KV heads: min and max per channel in
+ * the block's element type, or int8 codes and a float32 scale per page and head. */
+uint64_t sde_summary_bytes(uint64_t pages, uint32_t heads, uint32_t head_dim,
+                           uint32_t element_bytes, int int8);
 
 /* 0, or -EINVAL for a figure that is not positive and finite or too many units. */
 int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_bytes_per_s,
@@ -77,6 +96,8 @@ int sde_budget_init(sde_budget *b, double tops, uint32_t units, double memory_by
 /* Kernels' bytes are booked on this timing model's DRAM (sde_model_dram), beside the NAND and
  * PCIe DMA it books there; NULL: the DRAM is the kernels' alone. */
 void sde_budget_share_dram(sde_budget *b, void *model);
+/* Of that, the time its MAC ops take on the array (what binds when the TOPS budget does). */
+double sde_budget_mac_ns(const sde_budget *b, sde_kernel_cost c);
 /* A call's device time on an idle device (its DRAM uncontended). */
 double sde_budget_device_ns(const sde_budget *b, sde_kernel_cost c);
 /* Account one call submitted at submit_ns (device clock): returns its end, *start its

@@ -5,7 +5,8 @@ Every kernel declares its cost as formulas of its input shape, by the class of h
 controller runs it on (c/model/sde_budget.h): `ops`, scalar operations on an embedded core
 (hashing, bookkeeping); `vector_ops`, element-wise operations on the cores' SIMD lanes
 (quantizing, packing); `mac_ops`, multiply-accumulates on the MAC array the TOPS rating counts
-(scoring, dot products: none of today's kernels); `probes`, dependent probes of a table in
+(retrieval's scoring and attention), two ops each as TOPS ratings count them (a multiply and an
+add); `probes`, dependent probes of a table in
 the controller's DRAM; and `bytes`, what the kernel reads and writes in that DRAM.  The
 formulas count the work of the algorithm as written in firmware/, per element or per block:
 
@@ -21,6 +22,23 @@ formulas count the work of the algorithm as written in firmware/, per element or
 - prefix match: 20 scalar ops per key probed (mix 10, compare 4, step and test 6) and one
   DRAM probe; 48 bytes per key (the key and a 32-byte slot).
 - index insert: 40 scalar ops per key (probe, slot and LRU updates) and two probes; 112 bytes.
+
+Retrieval (firmware/retrieval.py; H KV heads, G query heads each, D channels, P pages):
+- summarize: 2 vector ops per key element (min, max), + 1 to convert a 16-bit element; int8
+  summaries + 3 per summary byte (scale, divide, round outwards); bytes = keys + summaries.
+  Summaries are per page, head and channel a min and a max in the block's element type (exact:
+  a min of values is a value), or int8 codes + a float32 scale per page and head.
+- score (Quest): sum_c max(q_c min_c, q_c max_c) = q+ . max + q- . min, two dot products per
+  page and query head: 2 P H G D MACs; the largest over the group on the lanes; bytes = the
+  summaries + the queries.
+- top-k: a heap of k on a core: 3 ops per candidate + 8 per level of log2 k for each of the
+  expected k (1 + ln(n / k)) candidates that enter it.
+- re-rank: 1 MAC per key element per query head (q.k) + 12 vector ops per logit (scale, max,
+  subtract, exp as an 8-op polynomial, accumulate); bytes = the candidates' keys.
+- attend: 2 MACs per key element per query head (q.k, then p.v) + 12 vector ops per logit;
+  bytes = the pages' K and V + the outputs.
+Scoring moves ~1 summary byte per 2 H G D / (4 H D) = G/2 MACs: at 8 TOPS and 64 GB/s, the
+DRAM binds unless about 125 / G queries share the summaries (a batch over one context).
 
 The formulas and the budget are defined once, in C (c/model/sde_budget.c), where the daemon's
 data plane charges them; this module is their Python face, for model-mode replay, reports and
@@ -106,6 +124,36 @@ def index_insert_cost(keys: int) -> KernelCost:
     return _cost(lib.sde_cost_index_insert(keys))
 
 
+def summary_bytes(pages: int, heads: int, head_dim: int, element_bytes: int = 2,
+                  int8: bool = False) -> int:
+    return int(lib.sde_summary_bytes(pages, heads, head_dim, element_bytes, int(int8)))
+
+
+def summarize_cost(tokens: int, heads: int, head_dim: int, element_bytes: int,
+                   summary_nbytes: int, int8: bool = False) -> KernelCost:
+    return _cost(lib.sde_cost_summarize(tokens, heads, head_dim, element_bytes, summary_nbytes,
+                                        int(int8)))
+
+
+def score_cost(pages: int, heads: int, group: int, head_dim: int,
+               summary_nbytes: int) -> KernelCost:
+    return _cost(lib.sde_cost_score(pages, heads, group, head_dim, summary_nbytes))
+
+
+def topk_cost(candidates: int, k: int) -> KernelCost:
+    return _cost(lib.sde_cost_topk(candidates, k))
+
+
+def rerank_cost(tokens: int, heads: int, group: int, head_dim: int,
+                key_bytes: int) -> KernelCost:
+    return _cost(lib.sde_cost_rerank(tokens, heads, group, head_dim, key_bytes))
+
+
+def attend_cost(tokens: int, heads: int, group: int, head_dim: int,
+                kv_bytes: int) -> KernelCost:
+    return _cost(lib.sde_cost_attend(tokens, heads, group, head_dim, kv_bytes))
+
+
 # every kernel the firmware runs, with an example shape, so tests can check them all; the
 # order is the C side's kernel numbering (SDE_KERNEL_*)
 KERNELS = {
@@ -114,11 +162,19 @@ KERNELS = {
     "prefix_hash": lambda: prefix_hash_cost(1, 16),
     "prefix_match": lambda: prefix_match_cost(1),
     "index_insert": lambda: index_insert_cost(1),
+    "summarize": lambda: summarize_cost(256, 8, 128, 2, summary_bytes(16, 8, 128)),
+    "score": lambda: score_cost(64, 8, 4, 128, summary_bytes(64, 8, 128)),
+    "topk": lambda: topk_cost(64, 8),
+    "rerank": lambda: rerank_cost(256, 1, 4, 128, 256 * 128 * 2),
+    "attend": lambda: attend_cost(256, 1, 4, 128, 2 * 256 * 128 * 2),
 }
 KERNEL_IDS = {"quantize": lib.SDE_KERNEL_QUANTIZE, "dequantize": lib.SDE_KERNEL_DEQUANTIZE,
               "prefix_hash": lib.SDE_KERNEL_PREFIX_HASH,
               "prefix_match": lib.SDE_KERNEL_PREFIX_MATCH,
-              "index_insert": lib.SDE_KERNEL_INDEX_INSERT}
+              "index_insert": lib.SDE_KERNEL_INDEX_INSERT,
+              "summarize": lib.SDE_KERNEL_SUMMARIZE, "score": lib.SDE_KERNEL_SCORE,
+              "topk": lib.SDE_KERNEL_TOPK, "rerank": lib.SDE_KERNEL_RERANK,
+              "attend": lib.SDE_KERNEL_ATTEND}
 assert len(KERNEL_IDS) == lib.SDE_NKERNELS
 
 
@@ -209,6 +265,10 @@ class TopsBudget:
     def device_ns(self, cost: KernelCost) -> float:
         """On an idle device (its DRAM uncontended)."""
         return lib.sde_budget_device_ns(self._b, cost.c())
+
+    def mac_ns(self, cost: KernelCost) -> float:
+        """The part of a call's compute its MAC ops take on the array."""
+        return lib.sde_budget_mac_ns(self._b, cost.c())
 
     def charge(self, kernel: str, cost: KernelCost, submit_ns: float,
                host_ns: float = 0.0) -> tuple[float, float]:
