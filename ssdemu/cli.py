@@ -103,6 +103,19 @@ _positive_float = _finite_number(zero_ok=False)
 _finite_float = _finite_number(zero_ok=True)
 
 
+def _size_list(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers with K / M suffixes (x 1,024)."""
+    out = []
+    for part in text.split(","):
+        t = part.strip().upper()
+        mult = {"K": 1 << 10, "M": 1 << 20}.get(t[-1:], 1)
+        digits = t[:-1] if mult > 1 else t
+        if not digits.isdigit() or int(digits) == 0:
+            raise argparse.ArgumentTypeError(f"not a positive count: {part!r}")
+        out.append(int(digits) * mult)
+    return out
+
+
 def _prefill_rate(text: str) -> float | str | None:
     if text == "model":
         return None  # the model config's own rate
@@ -379,6 +392,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="N CPU-bound processes beside the run and its baseline")
     rb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    rt = bsub.add_parser("retrieval", help="query-aware page selection: accuracy against dense "
+                         "attention on a synthetic long-context suite, and the modelled cost "
+                         "of a decode step (ship all KV, select on the host, select and "
+                         "attend in the drive)")
+    rt.add_argument("--lengths", type=_size_list, default=None,
+                    help="context lengths in tokens, comma-separated, K/M suffixes "
+                    "(default 32K,128K,1M)")
+    rt.add_argument("--profiles", default="star2000d,pcie4-tlc",
+                    help="profiles for the cost half, comma-separated")
+    rt.add_argument("--seed", type=_nonnegative_int, default=0)
+    rt.add_argument("--json", action="store_true", help="print one JSON object")
+
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
@@ -398,6 +423,21 @@ def _cmd_bench_io(args) -> int:
     report = bench_io(args.media, rw=args.rw, bs=args.bs, qd=args.qd, seconds=args.seconds,
                       repeat=args.repeat, prefill_mode=args.prefill, sqpoll=args.sqpoll,
                       submit_batch=args.submit_batch)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
+def _cmd_bench_retrieval(args) -> int:
+    from ssdemu.bench.retrieval import LENGTHS, bench_retrieval, format_table
+    from ssdemu.sim.profile import load
+
+    profiles = [p for p in args.profiles.split(",") if p]
+    for p in profiles:
+        load(p)  # a bad name says so before minutes of work
+    lengths = args.lengths or LENGTHS
+    if min(lengths) < 1024:
+        raise ValueError("--lengths: contexts of at least 1K tokens (a 1% budget needs pages)")
+    report = bench_retrieval(tuple(lengths), tuple(profiles), args.seed)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
@@ -636,6 +676,7 @@ COMMANDS = {
     ("stat", None): _cmd_stat,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
+    ("bench", "retrieval"): _cmd_bench_retrieval,
 }
 
 

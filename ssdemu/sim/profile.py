@@ -98,6 +98,19 @@ class KvConfig:
 
 
 @dataclass(frozen=True)
+class Retrieval:
+    """Query-aware retrieval (ssdemu/sim/retrieval.py): a page's tokens, and the controller
+    DRAM that holds page summaries (the rest are read from NAND)."""
+    page_tokens: int
+    summary_dram_bytes: int
+
+
+# a profile without a retrieval section: Quest's 16-token pages, every summary on NAND (the
+# costlier assumption, when a profile does not say what DRAM its summaries get)
+DEFAULT_RETRIEVAL = Retrieval(page_tokens=16, summary_dram_bytes=0)
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -110,6 +123,7 @@ class Profile:
     kv: KvConfig
     ftl: Ftl
     calibration: tuple[Figure, ...] = ()
+    retrieval: Retrieval = DEFAULT_RETRIEVAL
 
     @property
     def raw_bytes(self) -> int:
@@ -138,7 +152,8 @@ _LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
            "max_queue_pairs": 256, "max_entries": 65536, "io_depth": 4096, "channels": 256,
            "cores": 256, "units": 1024, "core_ops_per_s": 1e12, "simd_lanes": 256,
            "dram_probe_ns": 1e5, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
-           "max_value_bytes": 1 << 31, "pages_per_block": 1 << 16, "blocks_per_plane": 1 << 20,
+           "max_value_bytes": 1 << 31, "page_tokens": 4096, "pages_per_block": 1 << 16,
+           "blocks_per_plane": 1 << 20,
            "read_latency_ns": 1e7, "write_latency_ns": 1e7, "gc_free_lines": 64,
            "user_capacity_bytes": 1 << 60, "reserved_fraction": 1}
 
@@ -169,7 +184,7 @@ def _section(where: str, data, cls):
             raise ProfileError(f"{where}.{name} must be a finite number, got {v!r}")
         elif f.type == "int" and int(v) != v:
             raise ProfileError(f"{where}.{name} must be a whole number, got {v!r}")
-        elif v <= 0 and not (name in ("bytes", "reserved_fraction")
+        elif v <= 0 and not (name in ("bytes", "reserved_fraction", "summary_dram_bytes")
                              or name.endswith("latency_ns")):
             raise ProfileError(f"{where}.{name} must be positive, got {v!r}")
         elif v < 0:
@@ -199,7 +214,7 @@ def load(name_or_path: str) -> Profile:
 def parse(data, where: str = "profile") -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where} must be a mapping")
-    unknown = set(data) - {"name", "description", "calibration", *SECTIONS}
+    unknown = set(data) - {"name", "description", "calibration", "retrieval", *SECTIONS}
     if unknown:
         raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
     name = data.get("name")
@@ -210,6 +225,8 @@ def parse(data, where: str = "profile") -> Profile:
     q = sections["queue"]
     if q.max_entries & (q.max_entries - 1):
         raise ProfileError(f"{where}: queue.max_entries must be a power of two")
+    if "retrieval" in data:
+        sections["retrieval"] = _section(f"{where}: retrieval", data["retrieval"], Retrieval)
     profile = Profile(name=name, description=str(data.get("description", "")),
                       calibration=_calibration(where, data.get("calibration", [])), **sections)
     if profile.ftl.reserved_fraction >= 1:

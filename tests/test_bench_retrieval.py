@@ -1,0 +1,79 @@
+"""`ssdemu bench retrieval` and the decode-step model behind it (ssdemu/sim/retrieval.py)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ssdemu.bench.retrieval import LLAMA3_8B, bench_retrieval
+from ssdemu.sim.profile import load
+from ssdemu.sim.retrieval import decode_step, selection_step
+
+
+@pytest.fixture(scope="module")
+def report():
+    return bench_retrieval(lengths=(16384,), profiles=("star2000d",))
+
+
+def test_the_report_has_every_method_budget_and_metric(report):
+    acc = report["accuracy"]["16384"]
+    assert set(acc) == {"0.01", "0.03", "0.1"}
+    for row in acc.values():
+        for m in ("quest", "quest_int8", "quest_rerank", "random"):
+            assert set(row[m]) >= {"needle_hit_rate", "recall_vs_oracle", "mass_captured",
+                                   "relative_output_error", "mass_by_kind"}
+    json.dumps(report)  # one JSON object
+
+
+def test_selection_beats_the_random_control_and_the_rerank_beats_quest(report):
+    """Measured on the suite, not set: a selection no better than random pages fails."""
+    for row in report["accuracy"]["16384"].values():
+        assert row["quest"]["mass_captured"] > row["random"]["mass_captured"]
+        assert row["quest"]["recall_vs_oracle"] > 2 * row["random"]["recall_vs_oracle"]
+        assert row["quest_rerank"]["mass_captured"] > row["quest"]["mass_captured"]
+    assert report["rerank_over_quest_mass"] > 0
+    assert report["accuracy"]["16384"]["0.1"]["quest_rerank"]["needle_hit_rate"] >= 0.9
+
+
+def test_in_drive_link_bytes_do_not_grow_with_the_context():
+    p = load("star2000d")
+    small = decode_step(p, LLAMA3_8B, 32768, "drive-select", 2048, layers=2)
+    big = decode_step(p, LLAMA3_8B, 1 << 20, "drive-select", 2048, layers=2)
+    assert small.link_bytes == big.link_bytes < 1 << 20  # queries and outputs only
+    host = decode_step(p, LLAMA3_8B, 1 << 20, "host-select", 2048, layers=2)
+    assert host.link_bytes > 10 * big.link_bytes
+
+
+def test_ship_all_is_bound_by_the_link_at_its_rate():
+    p = load("star2000d")
+    c = decode_step(p, LLAMA3_8B, 32768, "ship-all")
+    assert c.link_bytes == 32768 * LLAMA3_8B.kv_bytes_per_token
+    assert c.latency_ns == pytest.approx(c.link_bytes / p.host_link.bandwidth_bytes_per_s * 1e9,
+                                         rel=0.02)
+    assert c.binds == "link"
+
+
+def test_a_batch_over_one_context_makes_the_tops_budget_bind():
+    p = load("star2000d")
+    one = selection_step(p, LLAMA3_8B, 131072, 2048, batch=1)
+    many = selection_step(p, LLAMA3_8B, 131072, 2048, batch=64)
+    assert many["compute_utilization"] >= 0.9
+    assert many["mac_utilization"] > 3 * one["mac_utilization"]
+
+
+def test_bad_modes_and_sizes_are_refused():
+    p = load("star2000d")
+    with pytest.raises(ValueError, match="decode mode"):
+        decode_step(p, LLAMA3_8B, 1024, "telepathy")
+    with pytest.raises(ValueError, match="positive"):
+        decode_step(p, LLAMA3_8B, 0, "ship-all")
+
+
+def test_the_cli_says_what_is_wrong():
+    r = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "retrieval", "--profiles",
+                        "nosuch"], capture_output=True, text=True)
+    assert r.returncode == 1 and "no profile 'nosuch'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "retrieval", "--lengths",
+                        "12x"], capture_output=True, text=True)
+    assert r.returncode == 2 and "not a positive count" in r.stderr
