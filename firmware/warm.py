@@ -67,7 +67,36 @@ def warm() -> float:
             dequantize(quantize(x, dtype, scheme))
     keys = np.zeros((2, 16), np.uint8)
     hash_chain(np.arange(32, dtype=np.uint32), 16, np.zeros(16, np.uint8), keys)
+    _warm_retrieval(rng)
     return time.perf_counter() - t0
+
+
+def _warm_retrieval(rng) -> None:
+    """TOPK_PAGES and ATTEND's kernels (ssdemu/device/retrieval.py calls these), and the
+    element conversions they read blocks with."""
+    from firmware import retrieval as R
+    from firmware.convert import bf16_to_f32, fp16_to_f32
+
+    src = np.zeros(8, np.uint16)
+    fp16_to_f32(src, np.empty(8, np.float32))
+    bf16_to_f32(src, np.empty(8, np.float32))
+    H, T, D, page, k = 2, 40, 16, 16, 2
+    keys = rng.standard_normal((H, T, D)).astype(np.float32)
+    q = rng.standard_normal((2 * H, D)).astype(np.float32)
+    P = R.pages_of(T, page)
+    lo, hi = np.empty((H, P, D), np.float32), np.empty((H, P, D), np.float32)
+    R.page_bounds(keys, page, lo, hi)
+    cmin, cmax = np.empty(lo.shape, np.int8), np.empty(lo.shape, np.int8)
+    scales = np.empty((H, P), np.float32)
+    R.bounds_to_int8(lo, hi, cmin, cmax, scales)
+    R.int8_to_bounds(cmin, cmax, scales, lo, hi)
+    scores = np.empty((H, P), np.float32)
+    R.quest_scores(q, lo, hi, scores)
+    ids, sc = np.empty((H, k), np.int32), np.empty((H, k), np.float32)
+    R.topk_pages(scores, k, 0, 0, ids, sc)
+    R.rerank_pages(q, keys, page, ids, 1, ids[:, :1].copy(), sc[:, :1].copy())
+    R.attend_pages(q, keys, keys, page, ids, np.empty((2 * H, D), np.float32),
+                   np.empty(2 * H, np.float32))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """hostlib: the client library offload experiments import."""
 
+from hostlib.attention import merge_attention
 from hostlib.client import Device, Future, QueuePair, connect, control_request, reinsert
 from hostlib.errors import (
     CapacityError,
@@ -22,5 +23,5 @@ __all__ = [
     "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
     "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "MediaError",
     "NamespaceError", "OutOfRangeError", "QueuePair", "connect", "control_request",
-    "reinsert",
+    "merge_attention", "reinsert",
 ]

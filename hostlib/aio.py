@@ -188,6 +188,17 @@ class AsyncDevice:
     async def prefix_match(self, keys, *, nsid: int = 0) -> int:
         return await self._await(self.dev.prefix_match_async(keys, self.qp, nsid=nsid))
 
+    async def topk_pages(self, keys, queries: np.ndarray, **kw):
+        """Device.topk_pages, awaited: (page ids, scores)."""
+        ids, scores, _ = await self._await(self.dev.topk_pages_async(keys, queries,
+                                                                     qp=self.qp, **kw))
+        return ids, scores
+
+    async def attend(self, keys, queries: np.ndarray, page_ids: np.ndarray, **kw):
+        """Device.attend, awaited: (outputs, log-sum-exps)."""
+        return await self._await(self.dev.attend_async(keys, queries, page_ids, qp=self.qp,
+                                                       **kw))
+
     async def pin(self, key: bytes, *, nsid: int = 0) -> int:
         return await self._await(self.dev.pin_async(key, self.qp, nsid=nsid))
 

@@ -277,6 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")
     rp.add_argument("--media", help="data mode: start a daemon on this media (formatted "
                     "first), stop it afterwards")
+    rp.add_argument("--decode", choices=("dense", "host-select", "drive-select"),
+                    help="decode each request's output tokens against its KV in the drive "
+                    "and report TPOT: dense (all KV over the link each step), host-select "
+                    "(page summaries and chosen pages), drive-select (selection and "
+                    "attention in the drive)")
     rp.add_argument("--dequant", choices=("drive", "host"), default="drive",
                     help="where the drive's quantized blocks are dequantized: in the drive "
                     "(fp16 crosses the link) or on the GPU (the compressed block crosses it)")
@@ -601,6 +606,7 @@ def _cmd_replay(args) -> int:
         progress=not args.no_progress, instances=args.instances, pool=args.pool,
         route=args.route, fabric=args.fabric, dequant=args.dequant,
         store_when=args.store_when, store_queue=args.store_queue, threads=args.threads,
+        decode=args.decode,
         gpu_dequant_rate=(args.gpu_dequant_rate * 1e9 if args.gpu_dequant_rate else None)))
     if args.json:
         print(json.dumps(report))
@@ -647,6 +653,13 @@ def _print_replay(r: dict) -> None:
                   f"{q['block_hit_ratio']:.3f}, TTFT p50 "
                   f"{q['ttft_s']['with_drive']['p50'] * 1e3:.1f} ms with the drive, "
                   f"{q['ttft_s']['without_drive']['p50'] * 1e3:.1f} ms without")
+    if r.get("decode", {}).get("requests"):
+        d = r["decode"]
+        print(f"decode ({d['mode']}, {d['budget_tokens']:,}-token budget): TPOT p50 / p99 "
+              f"{d['tpot_s']['p50'] * 1e3:.1f} / {d['tpot_s']['p99'] * 1e3:.1f} ms (GPU "
+              f"{d['gpu_s_per_token'] * 1e3:.1f} ms + storage p50 "
+              f"{d['storage_s_per_token']['p50'] * 1e3:.1f} ms), "
+              f"{d['link_bytes_per_token_mean'] / 1e6:.2f} MB over the link per token")
     print(f"{r['wall_seconds']:.1f} s wall, {r['requests_per_s']:,.0f} requests/s, "
           f"{r['blocks_per_s']:,.0f} blocks/s")
     if r["skipped_lines"]:

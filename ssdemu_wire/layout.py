@@ -35,6 +35,10 @@ def dtype_of_struct(ctype: str, of_ffi=None) -> np.dtype:
 SQE_DTYPE = dtype_of_struct("sde_sqe")
 CQE_DTYPE = dtype_of_struct("sde_cqe")
 RING_HDR_DTYPE = dtype_of_struct("sde_ring_hdr")
+# TOPK_PAGES and ATTEND's request header (c/wire/sde_queue.h)
+REQUEST_DTYPE = dtype_of_struct("sde_retrieval_req")
+RETRIEVAL_MAGIC = lib.SDE_RETRIEVAL_MAGIC
+RETRIEVAL_INT8 = lib.SDE_RETRIEVAL_INT8
 PROTOCOL_VERSION = lib.SDE_PROTOCOL_VERSION
 
 
@@ -68,3 +72,30 @@ def pack_quant_request(dtype_code: int, scheme: str, tokens: int, layers: int, h
                        head_dim: int, layout: str = "t2l") -> bytes:
     return QUANT_REQUEST.pack(QUANT_REQUEST_MAGIC, dtype_code, LAYOUTS[layout],
                               scheme.encode("ascii"), tokens, layers, heads, head_dim)
+
+
+def pack_retrieval_request(*, dtype_code: int, layer: int, layers: int, kv_heads: int,
+                           q_heads: int, head_dim: int, page_tokens: int, keys, k: int,
+                           sink_pages: int = 1, recent_pages: int = 1, rerank: int = 1,
+                           int8: bool = False, queries: np.ndarray,
+                           page_ids: np.ndarray | None = None) -> np.ndarray:
+    """TOPK_PAGES / ATTEND's buffer (c/wire/sde_queue.h): the header, the block keys (16 bytes
+    each), the queries (float32), and ATTEND's page ids (int32)."""
+    keys = [bytes(key) for key in keys]
+    klen = len(keys[0]) if keys else 0
+    if not keys or any(len(key) != klen for key in keys) or not 0 < klen <= 16:
+        raise ValueError("a sequence is one or more keys of one length, 1 to 16 bytes")
+    h = np.zeros(1, REQUEST_DTYPE)
+    for name, v in (("magic", RETRIEVAL_MAGIC), ("dtype", dtype_code),
+                    ("flags", RETRIEVAL_INT8 if int8 else 0), ("layer", layer),
+                    ("layers", layers), ("kv_heads", kv_heads), ("q_heads", q_heads),
+                    ("head_dim", head_dim), ("page_tokens", page_tokens), ("key_len", klen),
+                    ("nkeys", len(keys)), ("k", k), ("sink_pages", sink_pages),
+                    ("recent_pages", recent_pages), ("rerank", rerank)):
+        h[name] = v
+    parts = [h.view(np.uint8), np.frombuffer(b"".join(key.ljust(16, b"\0") for key in keys),
+                                             np.uint8),
+             np.ascontiguousarray(queries, "<f4").reshape(-1).view(np.uint8)]
+    if page_ids is not None:
+        parts.append(np.ascontiguousarray(page_ids, "<i4").reshape(-1).view(np.uint8))
+    return np.concatenate(parts)

@@ -228,11 +228,13 @@ def test_cli_data_mode_starts_and_stops_its_daemon_and_plots(tmp_path):
                    mean_input_tokens=2000), str(trace))
     img = tmp_path / "drive.img"
     p = _cli(str(trace), "--mode", "data", "--model", "tiny", "--media", f"file:{img}:512M",
-             "--plot", str(tmp_path / "plots"), "--json")
+             "--plot", str(tmp_path / "plots"), "--decode", "drive-select", "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
-    m = json.loads(_cli(str(trace), "--model", "tiny", "--json").stdout)
+    m = json.loads(_cli(str(trace), "--model", "tiny", "--decode", "drive-select",
+                        "--json").stdout)
     assert r["mode"] == "data" and r["block_hit_ratio"] == m["block_hit_ratio"] > 0
+    assert r["decode"] == m["decode"] and r["decode"]["tpot_s"]["p50"] > 0  # modelled alike
     assert r["data"]["data_errors"] == 0
     for name in ("hit_ratio.png", "ttft_cdf.png", "drive_utilization.png"):
         png = (tmp_path / "plots" / name).read_bytes()

@@ -51,6 +51,11 @@ static const struct dev_op op_table[] = {
      dev_pm_tokens_kernel_done, "PREFIX_MATCH_TOKENS"},
     {SDE_CMD_PIN, SDE_CLASS_COMPUTE, DP, 0, 1, 1, dev_pin_start, NULL, "PIN"},
     {SDE_CMD_UNPIN, SDE_CLASS_COMPUTE, DP, 0, 1, 1, dev_pin_start, NULL, "UNPIN"},
+    /* retrieval (ssdemu/device/retrieval.py): the daemon's retrieval worker runs them */
+    {SDE_CMD_TOPK_PAGES, SDE_CLASS_COMPUTE, SDE_RUN_HOST, 0, 0, 0, dev_admin_start, NULL,
+     "TOPK_PAGES"},
+    {SDE_CMD_ATTEND, SDE_CLASS_COMPUTE, SDE_RUN_HOST, 0, 0, 0, dev_admin_start, NULL,
+     "ATTEND"},
 };
 _Static_assert(sizeof(op_table) / sizeof(op_table[0]) == SDE_CMD_COUNT,
                "one row per opcode in sde_queue.h");

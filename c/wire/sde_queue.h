@@ -54,15 +54,28 @@
  * PREFIX_MATCH: the buffer holds N 16-byte keys; result = the leading run present.
  * PREFIX_MATCH_TOKENS: the buffer holds a 16-byte root key and token ids (uint32), param0 the
  *   block size in tokens; the drive hashes the chain itself, then matches.
- * PIN / UNPIN: a 16-byte key that in-flight work uses is never evicted. */
+ * PIN / UNPIN: a 16-byte key that in-flight work uses is never evicted.
+ * TOPK_PAGES: the buffer holds an sde_retrieval_req, the sequence's block keys (nkeys x 16
+ *   bytes, each key_len long, zero-padded) and one layer's queries (float32, q_heads x
+ *   head_dim); the drive scores every page of every KV head by its summary (Quest: the
+ *   per-channel min and max of its keys), keeps the k best per KV head (optionally re-ranked
+ *   by exact attention mass among rerank x k candidates) and writes page ids (int32,
+ *   kv_heads x k, -1 past the candidates) then their scores (float32) to the output range:
+ *   param0 = output buffer handle << 40 | offset, param1 = its length.  Result: the pages.
+ * ATTEND: the same request, then page ids (int32, kv_heads x k; -1: none); the drive attends
+ *   each query head over those pages (plus the sink and recent pages) and writes the outputs
+ *   (float32, q_heads x head_dim) then the log-sum-exps (float32, q_heads) to the output
+ *   range.  Result: the pages attended per KV head, at most. */
 #define SDE_CMD_KV_STORE_QUANTIZED 40
 #define SDE_CMD_KV_RETRIEVE_DEQUANTIZED 41
 #define SDE_CMD_PREFIX_MATCH 42
 #define SDE_CMD_PREFIX_MATCH_TOKENS 43
 #define SDE_CMD_PIN 44
 #define SDE_CMD_UNPIN 45
-#define SDE_CMD_LAST 46
-#define SDE_CMD_COUNT 22 /* opcodes defined above: the data plane's table has a row each */
+#define SDE_CMD_TOPK_PAGES 46
+#define SDE_CMD_ATTEND 47
+#define SDE_CMD_LAST 48
+#define SDE_CMD_COUNT 24 /* opcodes defined above: the data plane's table has a row each */
 
 /* completion status */
 #define SDE_SC_SUCCESS 0
@@ -90,6 +103,30 @@
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */
 #define SDE_SQF_DEAD 2        /* daemon: shut down, nothing more will complete */
 #define SDE_CQF_WAITING 1     /* client: asleep, signal the completion eventfd */
+
+/* TOPK_PAGES and ATTEND's request (64 bytes), at the start of the command's buffer. */
+#define SDE_RETRIEVAL_MAGIC 0x51525253u /* "SRRQ" */
+#define SDE_RETRIEVAL_INT8 1            /* flags: score on int8 summaries (rounded outwards) */
+typedef struct sde_retrieval_req {
+    uint32_t magic;
+    uint8_t dtype;         /* element type of plain blocks (ssdemu_wire.codes); a quantized
+                            * block names its own */
+    uint8_t flags;
+    uint16_t layer;        /* the layer the queries belong to */
+    uint16_t layers;       /* the blocks' layers */
+    uint16_t kv_heads;
+    uint16_t q_heads;      /* a multiple of kv_heads (GQA) */
+    uint16_t head_dim;
+    uint16_t page_tokens;  /* every block but the last holds whole pages */
+    uint16_t key_len;      /* 1..16: every key of the sequence */
+    uint32_t nkeys;        /* blocks of the sequence, in token order */
+    uint32_t k;            /* TOPK_PAGES: pages kept per KV head; ATTEND: ids given per head */
+    uint32_t sink_pages;   /* the first pages: never candidates, always attended */
+    uint32_t recent_pages; /* the last pages: likewise */
+    uint32_t rerank;       /* TOPK_PAGES: candidates per kept page for the exact re-rank
+                            * (0 or 1: Quest alone) */
+    uint32_t reserved[6];
+} sde_retrieval_req;
 
 /* A command: 64 bytes, in the NVMe spirit. */
 typedef struct sde_sqe {

@@ -34,7 +34,7 @@ class Admin:
 
     def run(self, client, sqe) -> Outcome:
         handler = HANDLERS.get(sqe.opcode)
-        if handler is None:
+        if handler is None:  # unknown, or one the retrieval worker runs
             return _err("INVALID_OPCODE")
         return handler(self, client, sqe)
 
@@ -100,4 +100,7 @@ HANDLERS = {
     OPCODES["NS_DELETE"]: Admin.ns_delete,
     OPCODES["NS_LIST"]: Admin.ns_list,
     OPCODES["GET_LOG"]: Admin.get_log,
+    # run on the daemon's retrieval worker (ssdemu/device/retrieval.py), not here
+    OPCODES["TOPK_PAGES"]: None,
+    OPCODES["ATTEND"]: None,
 }

@@ -30,14 +30,18 @@ from firmware import entry
 from ssdemu.device import _device, faults
 from ssdemu.device.admin import Admin, Outcome
 from ssdemu.device.media import Media
+from ssdemu.device.retrieval import Retrieval
 from ssdemu.device.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreError, probe
 from ssdemu.sim.cost import kernel_stats
 from ssdemu.sim.profile import Profile
 from ssdemu.sim.timing import budget_of, model_param_fields
 from ssdemu_wire import control
-from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, STATUS
+from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, SQE_DTYPE, STATUS
 
 ffi, lib = _device.ffi, _device.lib
+RETRIEVAL_OPS = (OPCODES["TOPK_PAGES"], OPCODES["ATTEND"])
+SQE_FIELDS = SQE_DTYPE.names
+
 log = logging.getLogger("ssdemu.serve")
 
 LOG_PAGE_COUNTERS = 1
@@ -146,6 +150,7 @@ class Daemon:
         if r < 0:
             raise OSError(-r, f"cannot start the firmware: {os.strerror(-r)}")
         self.admin = Admin(self)
+        self.retrieval = Retrieval(self)
         self.clients: dict[int, Client] = {}
         self.draining: list[Departure] = []
         self._next_client = 1
@@ -261,6 +266,7 @@ class Daemon:
         if self.data_plane:
             self.data_plane.join(timeout=10)
             stuck = self.data_plane.is_alive()
+        self.retrieval.close()  # its last commands complete before the queues go
         for client in list(self.clients.values()):
             self._drop_client(client)
         deadline = time.monotonic() + 5
@@ -484,6 +490,7 @@ class Daemon:
         log.warning("surprise removal injected: %d clients cut off; %s", len(self.clients),
                     self._removal_left())
         lib.sde_dev_shutdown_qps(self.dev)
+        self.retrieval.close()  # its last commands complete before the queues go
         for client in list(self.clients.values()):
             self._drop_client(client)
 
@@ -684,6 +691,10 @@ class Daemon:
                 return
             for i in range(n):
                 a = cmds[i]
+                if a.sqe.opcode in RETRIEVAL_OPS:  # long: on the retrieval worker
+                    sqe = {name: getattr(a.sqe, name) for name in SQE_FIELDS}
+                    self.retrieval.submit((a.qp, a.client, a.t0_ns, sqe))
+                    continue
                 try:
                     out = self.admin.run(self.clients.get(a.client), a.sqe)
                 except Exception:  # a bug on our side: the client gets an error, we go on
@@ -692,6 +703,23 @@ class Daemon:
                 cqe = ffi.new("sde_cqe *", {"cid": a.sqe.cid, "status": out.status,
                                             "result": out.result})
                 lib.sde_dev_complete(self.dev, a.qp, cqe, a.t0_ns, a.sqe.opcode, out.bytes, 0)
+
+    def complete_host(self, qp: int, sqe: dict, t0_ns: int, status: int, result: int,
+                      nbytes: int, device_ns: float) -> None:
+        """Complete a command the retrieval worker ran, at its modelled time: the data plane
+        holds it until then (real clock), or stamps it (virtual clock)."""
+        if self.timing == "off" or status != STATUS["SUCCESS"]:
+            dtime = 0
+        elif self.clock == "virtual":
+            dtime = int(sqe["submit_time_ns"] + device_ns)
+        else:
+            dtime = max(1, int(device_ns))
+        cqe = ffi.new("sde_cqe *", {"cid": sqe["cid"], "status": status, "result": result,
+                                    "device_time_ns": dtime})
+        lib.sde_dev_complete(self.dev, qp, cqe, t0_ns, sqe["opcode"], nbytes, 0)
+
+    def visible_namespaces(self, client: Client | None) -> set[int]:
+        return set(self._visible(client))
 
     # -- the drive's clock and prefix index --
     def device_now_ns(self) -> int:

@@ -40,6 +40,7 @@ class ReplayJob:
     # model mode: threads booking the timing model's dies (2: a helper thread, which spins
     # between batches: for a single replay, not for sweep cells running side by side)
     threads: int = 1
+    decode: str | None = None  # dense, host-select or drive-select (ssdemu/replay/decode.py)
 
 
 def _progress_bar(total: int, desc: str):
@@ -76,6 +77,11 @@ def run(job: ReplayJob) -> dict:
 
     profile = load(job.profile)
     model = model_config(job.model)
+    if job.decode is not None:
+        from ssdemu.replay.decode import DECODE_MODES
+
+        if job.decode not in DECODE_MODES:
+            raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}")
     if job.prefill_rate and job.prefill_rate != "auto":
         model = dataclasses.replace(model, prefill_tokens_per_s=job.prefill_rate)
     sizes = {"hbm": model.block_bytes, "dram": model.block_bytes,
@@ -118,6 +124,10 @@ def run(job: ReplayJob) -> dict:
         if bar is not None:
             bar.close()
     report["skipped_lines"] = reader.skipped
+    if job.decode:
+        from ssdemu.replay.decode import decode_report
+
+        report["decode"] = decode_report(requests, profile, model, job.decode)
     series = report.pop("series")
     if job.plot_dir:
         from ssdemu.replay.plots import write_plots

@@ -26,6 +26,11 @@ class ModelConfig:
     element_bytes: int = 2  # fp16
     prefill_tokens_per_s: float = 10_000.0  # the modelled GPU, configurable
     decode_tokens_per_s: float = 50.0
+    query_heads: int = 0  # attention's query heads (GQA: a multiple of kv_heads); 0: kv_heads
+
+    def __post_init__(self):
+        if not self.query_heads:
+            object.__setattr__(self, "query_heads", self.kv_heads)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -47,11 +52,15 @@ class ModelConfig:
 
 MODELS = {
     # Llama-3-8B: 32 layers x 8 KV heads x 128 -> 128 KiB per token (fp16)
-    "llama-3-8b": ModelConfig("llama-3-8b", 32, 8, 128, prefill_tokens_per_s=50_000.0),
+    # (32 query heads: GQA groups of 4)
+    "llama-3-8b": ModelConfig("llama-3-8b", 32, 8, 128, prefill_tokens_per_s=50_000.0,
+                              query_heads=32),
     # Qwen2.5-7B: 28 layers x 4 KV heads x 128 -> 56 KiB per token
-    "qwen2.5-7b": ModelConfig("qwen2.5-7b", 28, 4, 128, prefill_tokens_per_s=55_000.0),
+    # (28 query heads: GQA groups of 7)
+    "qwen2.5-7b": ModelConfig("qwen2.5-7b", 28, 4, 128, prefill_tokens_per_s=55_000.0,
+                              query_heads=28),
     # a tiny test model: 2 layers x 2 heads x 64 -> 1 KiB per token
-    "tiny": ModelConfig("tiny", 2, 2, 64, prefill_tokens_per_s=200_000.0),
+    "tiny": ModelConfig("tiny", 2, 2, 64, prefill_tokens_per_s=200_000.0, query_heads=4),
 }
 
 

@@ -1,0 +1,484 @@
+"""TOPK_PAGES and ATTEND: query-aware retrieval over a sequence's KV blocks as the drive stores
+them (c/wire/sde_queue.h says the wire form).
+
+The data plane hands these two opcodes to the daemon (its opcode table routes them to the
+host side), where one worker thread runs them, so that the control plane's own loop (hello,
+buffers, admin) never waits for one: read the blocks through the store (real reads of the
+media), summarize, score, select and attend with the firmware's kernels (firmware/
+retrieval.py, compiled, nogil), write the result into the client's registered buffer, and
+complete the command at its modelled time.
+
+Summaries: per block, layer and page size, the per-channel min and max of each KV head's
+keys, made when a block is first scored and kept in the controller's DRAM (an LRU of the
+profile's retrieval.summary_dram_bytes), keyed by the value's place on the media, so a
+rewritten or deleted value's summaries are never used (they are derived data: after a crash
+or a restart they are rebuilt from the values, which the store's journal keeps).  A block
+whose summaries are not in DRAM costs a NAND read of the block and the summarize kernel.
+
+Timing (ssdemu.sim.cost and the timing model, as the drive would run it, the drive otherwise
+idle): the request over the link; each block's summaries from DRAM or the block from NAND;
+score and top-k per KV head on the TOPS budget; the re-rank's and attention's pages read from
+NAND; the result back over the link.  The store keeps a block token by token (as it was
+written), so one page of one head costs a read of the page's whole token rows: every layer
+and head.  ssdemu/sim/retrieval.py models the head-by-head layout a drive built for this
+would use.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from firmware import retrieval as R
+from firmware.blockfmt import MAGIC as BLOCK_MAGIC
+from firmware.blockfmt import CorruptBlockError
+from firmware.convert import bf16_to_f32, fp16_to_f32
+from firmware.layout import DTYPE_FP16, DTYPE_FP32, ELEMENT_BYTES, storage_dtype
+from firmware.quant import dequantize
+from ssdemu.device.store import CorruptValue
+from ssdemu.sim.cost import (
+    attend_cost,
+    rerank_cost,
+    score_cost,
+    summarize_cost,
+    summary_bytes,
+    topk_cost,
+)
+from ssdemu.sim.timing import DeviceModel, budget_of
+from ssdemu_wire.layout import OPCODES, REQUEST_DTYPE, RETRIEVAL_INT8, RETRIEVAL_MAGIC, STATUS
+
+log = logging.getLogger("ssdemu.retrieval")
+
+# bounds on a request, so that none asks the drive for unbounded work or memory
+MAX_KEYS = 1 << 16
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_RERANK = 64
+KEY_BYTES = 16
+
+
+class Refused(Exception):
+    """A request the drive refuses: its status name (ssdemu_wire STATUS)."""
+
+    def __init__(self, status: str, why: str):
+        super().__init__(why)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Request:
+    op: str  # "TOPK_PAGES" or "ATTEND"
+    dtype: int
+    int8: bool
+    layer: int
+    layers: int
+    kv_heads: int
+    q_heads: int
+    head_dim: int
+    page: int
+    keys: tuple[bytes, ...]
+    k: int
+    sinks: int
+    recent: int
+    rerank: int
+    queries: np.ndarray  # (q_heads, head_dim) float32
+    page_ids: np.ndarray | None  # ATTEND: (kv_heads, k) int32
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
+
+    def out_bytes(self) -> int:
+        if self.op == "TOPK_PAGES":
+            return self.kv_heads * self.k * 8
+        return self.q_heads * (self.head_dim + 1) * 4
+
+
+def parse(op: str, data: memoryview | bytes) -> Request:
+    """The request at the start of a command's buffer, checked; raises Refused."""
+    if len(data) < REQUEST_DTYPE.itemsize:
+        raise Refused("INVALID_FIELD", "shorter than a request header")
+    h = np.frombuffer(bytes(data[:REQUEST_DTYPE.itemsize]), REQUEST_DTYPE)[0]
+    if int(h["magic"]) != RETRIEVAL_MAGIC:
+        raise Refused("INVALID_FIELD", "not a retrieval request (magic)")
+    kv, qh, d, page = int(h["kv_heads"]), int(h["q_heads"]), int(h["head_dim"]), \
+        int(h["page_tokens"])
+    layers, layer, n, klen = int(h["layers"]), int(h["layer"]), int(h["nkeys"]), \
+        int(h["key_len"])
+    k, rerank = int(h["k"]), max(1, int(h["rerank"]))
+    if int(h["dtype"]) not in ELEMENT_BYTES or int(h["flags"]) & ~RETRIEVAL_INT8 \
+            or int(h["reserved"].any()):
+        raise Refused("INVALID_FIELD", "dtype, flags or reserved fields")
+    if not (0 < kv <= MAX_HEADS and 0 < qh <= MAX_HEADS and qh % kv == 0
+            and 0 < d <= MAX_HEAD_DIM and page > 0 and 0 <= layer < layers
+            and 0 < n <= MAX_KEYS and 0 < klen <= KEY_BYTES and rerank <= MAX_RERANK):
+        raise Refused("INVALID_FIELD", "shape, layer, keys or re-rank out of range")
+    if (op == "TOPK_PAGES" and k <= 0) or (op == "ATTEND" and k < 0) or k > (1 << 20):
+        raise Refused("INVALID_FIELD", "k out of range")
+    at = REQUEST_DTYPE.itemsize
+    need = at + n * KEY_BYTES + qh * d * 4 + (kv * k * 4 if op == "ATTEND" else 0)
+    if len(data) < need:
+        raise Refused("INVALID_BUFFER", f"the request needs {need} bytes, has {len(data)}")
+    keys = tuple(bytes(data[at + i * KEY_BYTES: at + i * KEY_BYTES + klen]) for i in range(n))
+    at += n * KEY_BYTES
+    q = np.frombuffer(bytes(data[at:at + qh * d * 4]), "<f4").reshape(qh, d).copy()
+    at += qh * d * 4
+    if not np.isfinite(q).all():
+        raise Refused("INVALID_FIELD", "queries must be finite")
+    ids = None
+    if op == "ATTEND":
+        ids = np.frombuffer(bytes(data[at:at + kv * k * 4]), "<i4").reshape(kv, k).copy()
+    return Request(op, int(h["dtype"]), bool(int(h["flags"]) & RETRIEVAL_INT8), layer, layers,
+                   kv, qh, d, page, keys, k, int(h["sink_pages"]), int(h["recent_pages"]),
+                   rerank, q, ids)
+
+
+@dataclass
+class Block:
+    """One stored block of the sequence: where it lies, its tokens, its first page."""
+    key: bytes
+    offset: int
+    length: int
+    tokens: int
+    first_page: int
+    token_bytes: int  # bytes per token in the stored value's layout (plain: contiguous)
+
+
+def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarray]:
+    """A stored value (a plain block in the request's layout, or a compressed block of the
+    drive's, which names its own) -> one layer's K and V as float32 (kv_heads, tokens, D)."""
+    raw = np.frombuffer(value, np.uint8)
+    if bytes(raw[:4]) == BLOCK_MAGIC:
+        try:
+            block, dname = dequantize(raw)
+        except (CorruptBlockError, ValueError) as e:
+            raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
+        code = {"fp16": DTYPE_FP16, "fp32": DTYPE_FP32}.get(dname, 1)
+    else:
+        code = req.dtype
+        per = 2 * req.layers * req.kv_heads * req.head_dim * ELEMENT_BYTES[code]
+        if len(raw) % per:
+            raise Refused("KV_INVALID_VALUE_SIZE", "a block is not whole tokens of the layout")
+        block = raw.view(storage_dtype(code)).reshape(-1, 2, req.layers, req.kv_heads,
+                                                        req.head_dim)
+    if block.shape[2:] != (req.layers, req.kv_heads, req.head_dim):
+        raise Refused("INVALID_FIELD", f"a block of shape {block.shape[1:]} is not the "
+                      "request's layers, heads, head_dim")
+    out = []
+    for kv in (0, 1):
+        x = np.ascontiguousarray(block[:, kv, req.layer].transpose(1, 0, 2))  # (H, T, D)
+        if code == DTYPE_FP32:
+            out.append(x.astype(np.float32))
+            continue
+        f = np.empty(x.size, np.float32)
+        (fp16_to_f32 if code == DTYPE_FP16 else bf16_to_f32)(x.reshape(-1), f)
+        out.append(f.reshape(x.shape))
+    return out[0], out[1]
+
+
+def _summary_key(req: Request, nsid: int, b: Block) -> tuple:
+    """What a block's summaries depend on: the value's place (a rewrite moves it), and how
+    the request reads it (a plain block is read in the request's layout)."""
+    return (nsid, b.key, b.offset, b.length, req.layer, req.page, req.layers, req.kv_heads,
+            req.head_dim, req.dtype)
+
+
+class SummaryCache:
+    """Summaries in the controller's DRAM: an LRU bounded in bytes."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.bytes = 0
+        self._d: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key):
+        v = self._d.get(key)
+        if v is not None:
+            self._d.move_to_end(key)
+        return v
+
+    def put(self, key, value, nbytes: int) -> None:
+        if nbytes > self.capacity:
+            return
+        while self.bytes + nbytes > self.capacity and self._d:
+            _, (_, old) = self._d.popitem(last=False)
+            self.bytes -= old
+        self._d[key] = (value, nbytes)
+        self.bytes += nbytes
+
+
+class Retrieval:
+    """The daemon's retrieval worker (see the module doc)."""
+
+    def __init__(self, daemon):
+        self.d = daemon
+        self.profile = daemon.profile
+        self.cache = SummaryCache(self.profile.retrieval.summary_dram_bytes)
+        self._q: queue.Queue = queue.Queue()
+        self._t = threading.Thread(target=self._loop, name="ssdemu-retrieval", daemon=True)
+        self._t.start()
+        self.commands = 0
+
+    def submit(self, cmd) -> None:
+        """An admin-queue command (sde_admin_cmd, copied): runs on the worker, completes."""
+        self._q.put(cmd)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._t.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            cmd = self._q.get()
+            if cmd is None:
+                return
+            qp, client_id, t0, sqe = cmd
+            status, result, nbytes, device_ns = STATUS["INTERNAL"], 0, 0, 0.0
+            try:
+                result, nbytes, device_ns = self.run(self.d.clients.get(client_id), sqe)
+                status = STATUS["SUCCESS"]
+            except Refused as e:
+                status = STATUS[e.status]
+                log.debug("retrieval command refused: %s", e)
+            except Exception:  # a bug on our side: the client gets an error, we go on
+                log.exception("retrieval command %d failed", sqe["opcode"])
+            self.commands += 1
+            self.d.complete_host(qp, sqe, t0, status, result, nbytes, device_ns)
+
+    # -- one command --
+    def _region(self, client, handle: int, off: int, length: int):
+        buf = client.buffers.get(handle) if client else None
+        if buf is None or off > buf.nbytes or length > buf.nbytes - off or length <= 0:
+            raise Refused("INVALID_BUFFER", "not a range of the client's own buffers")
+        return memoryview(buf.mm)[off:off + length]
+
+    def run(self, client, sqe) -> tuple[int, int, float]:
+        """(result, bytes moved, modelled device ns); raises Refused."""
+        op = "TOPK_PAGES" if sqe["opcode"] == OPCODES["TOPK_PAGES"] else "ATTEND"
+        if client is None:
+            raise Refused("ABORTED", "the client left")
+        if sqe["flags"]:
+            raise Refused("INVALID_FIELD", "flags")
+        nsid = int(sqe["nsid"])
+        if nsid and nsid not in self.d.visible_namespaces(client):
+            raise Refused("INVALID_NAMESPACE", "not a namespace of the client's")
+        inp = self._region(client, int(sqe["buf"]), int(sqe["buf_offset"]), int(sqe["length"]))
+        req = parse(op, inp)
+        p0 = int(sqe["param0"])
+        out = self._region(client, p0 >> 40, p0 & ((1 << 40) - 1), int(sqe["param1"]))
+        if len(out) < req.out_bytes():
+            raise Refused("INVALID_BUFFER", f"the output needs {req.out_bytes()} bytes")
+        timing = _Timing(self.profile, len(inp))
+        blocks = self._blocks(req, nsid)
+        if op == "TOPK_PAGES":
+            payload, result = self._topk(req, nsid, blocks, timing)
+        else:
+            payload, result = self._attend(req, nsid, blocks, timing)
+        out[:len(payload)] = payload
+        return result, len(inp) + len(payload), timing.finish(len(payload))
+
+    def _blocks(self, req: Request, nsid: int) -> list[Block]:
+        blocks = []
+        for i, key in enumerate(req.keys):
+            place = self.d.store.lookup(key, nsid)
+            if place is None:
+                raise Refused("KV_KEY_NOT_EXIST", f"block {i} of the sequence is not stored")
+            blocks.append(Block(key, place[0], place[1], 0, 0, 0))
+        return blocks
+
+    def _read(self, req: Request, nsid: int, b: Block) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            value = self.d.store.get(b.key, nsid)
+        except CorruptValue:
+            raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
+        except KeyError:
+            raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
+        k, v = layer_keys_values(value, req)
+        b.tokens = k.shape[1]
+        b.token_bytes = max(1, b.length // max(1, b.tokens))
+        return k, v
+
+    def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:
+        mins, maxs, first = [], [], 0
+        for i, b in enumerate(blocks):
+            ck = _summary_key(req, nsid, b)
+            hit = self.cache.get(ck)
+            if hit is None:
+                keys, _ = self._read(req, nsid, b)
+                P = R.pages_of(keys.shape[1], req.page)
+                lo = np.empty((req.kv_heads, P, req.head_dim), np.float32)
+                hi = np.empty_like(lo)
+                R.page_bounds(keys, req.page, lo, hi)
+                nb = lo.nbytes // 2  # kept in the element type: half of float32
+                self.cache.put(ck, (lo, hi, keys.shape[1], b.token_bytes), nb)
+                timing.summarize(b, keys.shape[1], req)
+            else:
+                (lo, hi, tokens, token_bytes), _ = hit
+                b.tokens, b.token_bytes = tokens, token_bytes
+                timing.summaries_in_dram(req, lo.shape[1])
+            if b.tokens % req.page and i != len(blocks) - 1:
+                raise Refused("INVALID_FIELD", "every block but the last must hold whole pages")
+            b.first_page = first
+            first += lo.shape[1]
+            mins.append(lo)
+            maxs.append(hi)
+        return np.concatenate(mins, axis=1), np.concatenate(maxs, axis=1)
+
+    def _pages(self, req: Request, nsid: int, blocks: list[Block], pages: np.ndarray,
+               timing, values: bool):
+        """K (and V) of the given global page ids, compacted: (keys, values, id map)."""
+        pages = np.unique(pages[pages >= 0])
+        ks, vs, newid = [], [], {}
+        for b in blocks:
+            nb = R.pages_of(b.tokens, req.page)
+            mine = pages[(pages >= b.first_page) & (pages < b.first_page + nb)]
+            if not len(mine):
+                continue
+            k, v = self._read(req, nsid, b)
+            for p in mine:
+                t0 = (int(p) - b.first_page) * req.page
+                t1 = min(b.tokens, t0 + req.page)
+                newid[int(p)] = len(newid)
+                ks.append(k[:, t0:t1])
+                vs.append(v[:, t0:t1])
+                timing.page_read(b, t0, t1 - t0)
+        if not ks:
+            empty = np.zeros((req.kv_heads, 0, req.head_dim), np.float32)
+            return empty, empty, newid
+        return (np.ascontiguousarray(np.concatenate(ks, axis=1)),
+                np.ascontiguousarray(np.concatenate(vs, axis=1)) if values else None, newid)
+
+    def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
+        mins, maxs = self._summaries(req, nsid, blocks, timing)
+        H, P, D = mins.shape
+        if req.int8:
+            cmin = np.empty(mins.shape, np.int8)
+            cmax = np.empty(mins.shape, np.int8)
+            sc = np.empty((H, P), np.float32)
+            R.bounds_to_int8(mins, maxs, cmin, cmax, sc)
+            R.int8_to_bounds(cmin, cmax, sc, mins, maxs)
+        scores = np.empty((H, P), np.float32)
+        R.quest_scores(req.queries, mins, maxs, scores)
+        timing.score(req, P)
+        c = req.k * req.rerank
+        ids = np.empty((H, c), np.int32)
+        sco = np.empty((H, c), np.float32)
+        R.topk_pages(scores, c, req.sinks, req.recent, ids, sco)
+        timing.topk(req, max(0, P - req.sinks - req.recent), c)
+        if req.rerank > 1:
+            keys, _, newid = self._pages(req, nsid, blocks, ids.reshape(-1), timing, False)
+            back = np.array(sorted(newid, key=newid.get), np.int64)
+            local = np.vectorize(lambda p: newid.get(int(p), -1), otypes=[np.int32])(ids) \
+                if ids.size else ids
+            kids = np.empty((H, req.k), np.int32)
+            ksc = np.empty((H, req.k), np.float32)
+            R.rerank_pages(req.queries, keys, req.page, local.astype(np.int32), req.k, kids,
+                           ksc)
+            ids = np.where(kids >= 0, back[np.maximum(kids, 0)], -1).astype(np.int32)
+            sco = ksc
+            timing.rerank(req, int((local >= 0).sum()))
+        return ids.astype("<i4").tobytes() + sco.astype("<f4").tobytes(), P
+
+    def _attend(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
+        for b in blocks:  # the tokens of each block: from its summaries' entry, or a read
+            hit = self.cache.get(_summary_key(req, nsid, b))
+            if hit is None:
+                self._read(req, nsid, b)
+            else:
+                b.tokens, b.token_bytes = hit[0][2], hit[0][3]
+        first = 0
+        for b in blocks:
+            b.first_page = first
+            first += R.pages_of(b.tokens, req.page)
+        P = first
+        forced = list(range(min(req.sinks, P))) + list(range(max(0, P - req.recent), P))
+        ids = req.page_ids
+        if np.any(ids >= P):
+            raise Refused("INVALID_FIELD", f"a page id past the sequence's {P} pages")
+        want = np.concatenate([ids.reshape(-1), np.array(forced, np.int64)]).astype(np.int64)
+        keys, values, newid = self._pages(req, nsid, blocks, want, timing, True)
+        local = np.full((req.kv_heads, ids.shape[1] + len(forced)), -1, np.int32)
+        for h in range(req.kv_heads):
+            row = [newid[int(p)] for p in ids[h] if p >= 0] + [newid[p] for p in forced]
+            local[h, :len(row)] = row
+        outv = np.empty((req.q_heads, req.head_dim), np.float32)
+        lse = np.empty(req.q_heads, np.float32)
+        R.attend_pages(req.queries, keys, values, req.page, local, outv, lse)
+        timing.attend(req, int((local >= 0).sum(axis=1).max()) if local.size else 0)
+        return outv.astype("<f4").tobytes() + lse.astype("<f4").tobytes(), \
+            int((local >= 0).sum(axis=1).max()) if local.size else 0
+
+
+class _Timing:
+    """The modelled device time of one retrieval command, the drive otherwise idle."""
+
+    def __init__(self, profile, request_bytes: int):
+        self.p = profile
+        self.model = DeviceModel(profile)
+        self.budget = budget_of(profile)
+        self.budget.share_dram(self.model)
+        self.ready = self.model.receive(0.0, request_bytes)
+        self.t = self.ready
+        self.sensed = self.ready  # NAND reads go out from here
+
+    def _sense(self, offset: int, nbytes: int) -> float:
+        return self.model.sense(self.ready, offset, max(1, nbytes))
+
+    def summarize(self, b: Block, tokens: int, req: Request) -> None:
+        done = self._sense(b.offset, b.length)
+        sb = summary_bytes(R.pages_of(tokens, req.page), req.kv_heads, req.head_dim)
+        c = summarize_cost(tokens, req.kv_heads, req.head_dim, 2, sb)
+        self.t = max(self.t, self.budget.charge("summarize", c, done)[1])
+
+    def summaries_in_dram(self, req: Request, pages: int) -> None:
+        pass  # their bytes are the score's, in the DRAM
+
+    def score(self, req: Request, pages: int) -> None:
+        sb = summary_bytes(pages, 1, req.head_dim, 2, req.int8)
+        end = self.t
+        for _ in range(req.kv_heads):
+            c = score_cost(pages, 1, req.group, req.head_dim, sb)
+            end = max(end, self.budget.charge("score", c, self.t)[1])
+        self.t = end
+
+    def topk(self, req: Request, candidates: int, k: int) -> None:
+        end = self.t
+        for _ in range(req.kv_heads):
+            end = max(end, self.budget.charge("topk", topk_cost(max(1, candidates), k),
+                                              self.t)[1])
+        self.t = end
+
+    def page_read(self, b: Block, t0: int, tokens: int) -> None:
+        # token rows t0..t0+tokens of the block: every layer and head of them
+        self.sensed = max(self.sensed, self.model.sense(
+            max(self.ready, 0.0), b.offset + t0 * b.token_bytes, tokens * b.token_bytes))
+
+    def rerank(self, req: Request, pages: int) -> None:
+        start = max(self.t, self.sensed)
+        kb = pages * req.page * req.head_dim * 2
+        end = start
+        for _ in range(req.kv_heads):
+            c = rerank_cost(max(1, pages * req.page // req.kv_heads), 1, req.group,
+                            req.head_dim, max(1, kb // req.kv_heads))
+            end = max(end, self.budget.charge("rerank", c, start)[1])
+        for _ in range(req.kv_heads):
+            end = max(end, self.budget.charge("topk", topk_cost(max(1, pages // req.kv_heads),
+                                                                 req.k), end)[1])
+        self.t = end
+
+    def attend(self, req: Request, pages: int) -> None:
+        start = max(self.t, self.sensed)
+        end = start
+        tokens = max(1, pages * req.page)
+        for _ in range(req.kv_heads):
+            c = attend_cost(tokens, 1, req.group, req.head_dim, tokens * req.head_dim * 4)
+            end = max(end, self.budget.charge("attend", c, start)[1])
+        self.t = end
+
+    def finish(self, out_bytes: int) -> float:
+        return self.model.transfer(max(self.t, self.sensed), out_bytes)

@@ -1,0 +1,252 @@
+"""TOPK_PAGES and ATTEND through a real daemon (ssdemu/device/retrieval.py): selections equal
+to the numpy reference over what the drive stores (plain and quantized blocks, float32 and
+int8 summaries, GQA), attention equal to dense attention over the chosen pages, the re-rank,
+bad requests refused with the daemon serving on, summaries that follow rewrites and restarts,
+and the modelled time (a summary in the drive's DRAM costs less than a block read from NAND)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import retrieval_ref as ref
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hostlib
+from firmware.quant import dequantize
+from hostlib import aio
+from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu_wire.layout import OPCODES, pack_retrieval_request
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    where = tmp_path_factory.mktemp("r")
+    d = DaemonProcess(str(where / "sde.sock"), media="mem:256M", log_path=str(where / "log"))
+    yield d
+    code, err = d.terminate()
+    assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def dev(daemon):
+    with hostlib.connect(daemon.socket_path) as device:
+        yield device
+
+
+def _blocks(rng, n, tokens, layers, heads, dim):
+    return [rng.standard_normal((tokens, 2, layers, heads, dim)).astype(np.float16)
+            for _ in range(n)]
+
+
+def _layer(blocks, layer, kv):
+    """The sequence's K (kv 0) or V (kv 1) of one layer as float32 (heads, tokens, D)."""
+    x = np.concatenate([b.view(np.float16) if b.dtype == np.uint16 else b for b in blocks])
+    return x[:, kv, layer].transpose(1, 0, 2).astype(np.float32)
+
+
+def _store(dev, prefix, blocks):
+    keys = [f"{prefix}/{i}".encode()[:16] for i in range(len(blocks))]
+    for k, b in zip(keys, blocks, strict=True):
+        dev.kv_put(k, b.view(np.uint16).tobytes())
+    return keys
+
+
+counter = iter(range(1 << 30))
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nblocks=st.integers(1, 3), pages_per_block=st.integers(1, 4),
+       last_tokens=st.integers(1, 64), heads=st.sampled_from([1, 2]),
+       group=st.sampled_from([1, 2, 4]), dim=st.sampled_from([16, 64]),
+       k=st.integers(1, 6), int8=st.booleans(), seed=st.integers(0, 2**31))
+def test_topk_equals_the_reference(dev, nblocks, pages_per_block, last_tokens, heads, group,
+                                   dim, k, int8, seed):
+    rng = np.random.default_rng(seed)
+    blocks = _blocks(rng, nblocks, pages_per_block * PAGE, 2, heads, dim)
+    blocks[-1] = blocks[-1][:last_tokens] if last_tokens < len(blocks[-1]) else blocks[-1]
+    keys = _store(dev, f"t{next(counter)}", blocks)
+    q = rng.standard_normal((heads * group, dim)).astype(np.float32)
+    ids, scores = dev.topk_pages(keys, q, layer=1, layers=2, kv_heads=heads, k=k, int8=int8)
+    mins, maxs = ref.page_bounds(_layer(blocks, 1, 0), PAGE)
+    if int8:
+        mins, maxs = ref.int8_to_bounds(*ref.bounds_to_int8(mins, maxs))
+    s = ref.quest_scores(q, mins, maxs)
+    assert np.array_equal(ids, ref.topk_pages(s, k, 1, 1))
+    chosen = ids >= 0
+    assert np.array_equal(scores[chosen], np.take_along_axis(s, np.maximum(ids, 0), 1)[chosen])
+
+
+def test_quantized_blocks_are_scored_as_the_drive_dequantizes_them(dev):
+    rng = np.random.default_rng(3)
+    blocks = _blocks(rng, 2, 64, 2, 2, 64)
+    keys = [b"qz/0", b"qz/1"]
+    for key, b in zip(keys, blocks, strict=True):
+        dev.kv_put_quantized(key, b.view(np.uint16), "fp16", "int8_g64")
+    stored = [dequantize(dev.kv_get(key))[0] for key in keys]
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    ids, _ = dev.topk_pages(keys, q, layer=0, layers=2, kv_heads=2, k=3)
+    s = ref.quest_scores(q, *ref.page_bounds(_layer(stored, 0, 0), PAGE))
+    assert np.array_equal(ids, ref.topk_pages(s, 3, 1, 1))
+
+
+def test_attend_equals_dense_attention_over_the_pages_and_merges_with_the_hosts(dev):
+    rng = np.random.default_rng(5)
+    blocks = _blocks(rng, 3, 64, 2, 2, 32)
+    keys = _store(dev, "att", blocks)
+    K, V = _layer(blocks, 1, 0), _layer(blocks, 1, 1)
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    ids, _ = dev.topk_pages(keys, q, layer=1, layers=2, kv_heads=2, k=3, recent_pages=0)
+    out, lse = dev.attend(keys, q, ids, layer=1, layers=2, recent_pages=0)
+    P = K.shape[1] // PAGE
+    rout, rlse = ref.attend(q, K, V, PAGE, np.concatenate([ids, [[0], [0]]], axis=1))
+    np.testing.assert_allclose(out, rout, atol=1e-5)
+    np.testing.assert_allclose(lse, rlse, atol=1e-5)
+    # the host holds the last page itself: merged, the union's attention
+    last = np.array([[P - 1], [P - 1]])
+    hout, hlse = ref.attend(q, K, V, PAGE, last)
+    mout, mlse = hostlib.merge_attention([(out, lse), (hout, hlse)])
+    wout, wlse = ref.attend(q, K, V, PAGE, np.concatenate([ids, [[0], [0]], last], axis=1))
+    np.testing.assert_allclose(mout, wout, atol=1e-5)
+    np.testing.assert_allclose(mlse, wlse, atol=1e-5)
+
+
+def test_rerank_keeps_the_candidates_holding_most_mass(dev):
+    rng = np.random.default_rng(9)
+    blocks = _blocks(rng, 2, 128, 1, 1, 32)
+    keys = _store(dev, "rr", blocks)
+    K = _layer(blocks, 0, 0)
+    q = rng.standard_normal((2, 32)).astype(np.float32)
+    cand, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=12)
+    ids, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=3, rerank=4)
+    mass = ref.page_log_mass(q, K, PAGE)[0]
+    want = sorted(cand[0], key=lambda p: (-mass[p], p))[:3]
+    np.testing.assert_allclose(np.sort(mass[ids[0]]), np.sort(mass[want]), rtol=1e-5)
+    assert set(ids[0]) <= set(cand[0])
+
+
+def test_summaries_follow_a_rewritten_block(dev):
+    rng = np.random.default_rng(11)
+    blocks = _blocks(rng, 2, 64, 1, 1, 32)
+    keys = _store(dev, "rw", blocks)
+    q = rng.standard_normal((1, 32)).astype(np.float32)
+    dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=2)  # summaries now in DRAM
+    blocks[1] = _blocks(rng, 1, 64, 1, 1, 32)[0] * 3
+    dev.kv_put(keys[1], blocks[1].view(np.uint16).tobytes())
+    ids, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=2)
+    s = ref.quest_scores(q, *ref.page_bounds(_layer(blocks, 0, 0), PAGE))
+    assert np.array_equal(ids, ref.topk_pages(s, 2, 1, 1))
+
+
+def test_a_summary_in_dram_costs_less_than_a_block_from_nand(dev):
+    rng = np.random.default_rng(13)
+    keys = _store(dev, "tm", _blocks(rng, 4, 256, 2, 2, 64))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    kw = dict(layer=0, layers=2, kv_heads=2, k=4)
+    cold = dev.topk_pages_async(keys, q, **kw)
+    cold.result()
+    warm = dev.topk_pages_async(keys, q, **kw)
+    warm.result()
+    assert 0 < warm.device_ns < cold.device_ns
+
+
+def _raw(dev, payload, out_len, opcode="TOPK_PAGES", nsid=0):
+    buf = dev.alloc(max(len(payload), 1) + out_len)
+    buf[:len(payload)] = payload
+    handle, off = dev._locate(buf)
+    f = dev.submit(OPCODES[opcode], "raw retrieval", buf=handle, buf_offset=off,
+                   length=len(payload), param0=(handle << 40) | (off + len(payload)),
+                   param1=out_len, nsid=nsid)
+    try:
+        return f.result()
+    finally:
+        dev.free(buf)
+
+
+def test_bad_requests_are_refused_and_the_daemon_serves_on(dev):
+    rng = np.random.default_rng(17)
+    keys = _store(dev, "bad", _blocks(rng, 1, 32, 1, 1, 16))
+    q = np.ones((1, 16), np.float32)
+    good = dict(dtype_code=1, layer=0, layers=1, kv_heads=1, q_heads=1, head_dim=16,
+                page_tokens=PAGE, keys=keys, k=1, queries=q)
+    assert _raw(dev, pack_retrieval_request(**good), 8) == 2  # pages
+    bad_magic = pack_retrieval_request(**good)
+    bad_magic[0] ^= 0xFF
+    with pytest.raises(hostlib.InvalidCommandError):
+        _raw(dev, bad_magic, 8)
+    for change, err in ((dict(layer=1), hostlib.InvalidCommandError),
+                        (dict(kv_heads=2, q_heads=3, queries=np.ones((3, 16), np.float32)),
+                         hostlib.InvalidCommandError),  # not a multiple of kv_heads
+                        # a plain block is read in the request's layout: one that is not
+                        # whole tokens of it is refused
+                        (dict(head_dim=24, queries=np.ones((1, 24), np.float32)),
+                         hostlib.InvalidValueSizeError),
+                        (dict(keys=[b"bad/none"]), hostlib.KeyNotFoundError),
+                        (dict(k=0), hostlib.InvalidCommandError),
+                        (dict(queries=np.full((1, 16), np.nan, np.float32)),
+                         hostlib.InvalidCommandError)):
+        with pytest.raises(err):
+            _raw(dev, pack_retrieval_request(**{**good, **change}), 8)
+    with pytest.raises(hostlib.InvalidBufferError):  # the output cannot hold the ids
+        _raw(dev, pack_retrieval_request(**{**good, "k": 4}), 8)
+    with pytest.raises(hostlib.InvalidBufferError):  # cut short: keys and queries missing
+        _raw(dev, pack_retrieval_request(**good)[:70], 8)
+    with pytest.raises(hostlib.NamespaceError):
+        _raw(dev, pack_retrieval_request(**good), 8, nsid=777)
+    with pytest.raises(hostlib.InvalidCommandError):  # a page id past the sequence
+        dev.attend(keys, q, np.array([[5]]), layer=0, layers=1)
+    dev.nop()
+    assert _raw(dev, pack_retrieval_request(**good), 8) == 2
+
+
+def test_the_async_api(daemon):
+    rng = np.random.default_rng(19)
+    blocks = _blocks(rng, 2, 32, 1, 1, 16)
+    q = rng.standard_normal((2, 16)).astype(np.float32)
+
+    async def run():
+        async with await aio.connect(daemon.socket_path) as adev:
+            keys = [b"aio/0", b"aio/1"]
+            for key, b in zip(keys, blocks, strict=True):
+                await adev.kv_put(key, b.view(np.uint16).tobytes())
+            ids, _ = await adev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=1)
+            out, lse = await adev.attend(keys, q, ids, layer=0, layers=1)
+            return ids, out, lse
+
+    ids, out, lse = asyncio.run(run())
+    K, V = _layer(blocks, 0, 0), _layer(blocks, 0, 1)
+    rout, _ = ref.attend(q, K, V, PAGE, np.concatenate([ids, [[0, 3]]], axis=1))
+    np.testing.assert_allclose(out, rout, atol=1e-5)
+
+
+def test_summaries_after_a_restart_match_the_stored_values(tmp_path):
+    """Summaries are rebuilt from the values the store kept: after a restart (and a
+    rewrite just before it) the selection is the reference's over what is stored."""
+    path = tmp_path / "drive.img"
+    rng = np.random.default_rng(23)
+    blocks = _blocks(rng, 2, 64, 1, 1, 32)
+    q = rng.standard_normal((1, 32)).astype(np.float32)
+    d = DaemonProcess(str(tmp_path / "a.sock"), media=f"file:{path}:64M")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            keys = _store(dev, "rs", blocks)
+            dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=2)
+            blocks[0] = blocks[0] * -2
+            dev.kv_put(keys[0], blocks[0].view(np.uint16).tobytes())
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    again = DaemonProcess(str(tmp_path / "b.sock"), media=f"file:{path}")
+    try:
+        with hostlib.connect(again.socket_path) as dev:
+            ids, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=2)
+    finally:
+        code, err = again.terminate()
+    assert code == 0, err
+    s = ref.quest_scores(q, *ref.page_bounds(_layer(blocks, 0, 0), PAGE))
+    assert np.array_equal(ids, ref.topk_pages(s, 2, 1, 1))
