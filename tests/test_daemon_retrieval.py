@@ -153,6 +153,9 @@ def test_a_summary_in_dram_costs_less_than_a_block_from_nand(dev):
     warm = dev.topk_pages_async(keys, q, **kw)
     warm.result()
     assert 0 < warm.device_ns < cold.device_ns
+    st = dev.log()["retrieval"]  # the log page counts them, and the summaries' DRAM hits
+    assert st["commands"] >= 2 and st["summary_hits"] >= 4 and st["summary_misses"] >= 4
+    assert st["kernels"]["score"]["calls"] >= 4 and st["summary_dram_bytes"] > 0
 
 
 def _raw(dev, payload, out_len, opcode="TOPK_PAGES", nsid=0):

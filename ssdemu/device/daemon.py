@@ -662,6 +662,7 @@ class Daemon:
         lib.sde_dev_model_stats(self.dev, ms)
         model = {name: getattr(ms, name) for name, _ in ffi.typeof("sde_model_stats").fields}
         return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
+                "retrieval": self.retrieval.stats(),
                 "timing": self.timing, "clock": self.clock, "held": st.held,
                 "host_lag": st.host_lag, "model": model,
                 "compute": compute,

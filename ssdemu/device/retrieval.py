@@ -30,6 +30,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,7 +223,9 @@ class Retrieval:
         self._q: queue.Queue = queue.Queue()
         self._t = threading.Thread(target=self._loop, name="ssdemu-retrieval", daemon=True)
         self._t.start()
-        self.commands = 0
+        self._lock = threading.Lock()
+        self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
+                       "summary_hits": 0, "summary_misses": 0, "kernels": {}}
 
     def submit(self, cmd) -> None:
         """An admin-queue command (sde_admin_cmd, copied): runs on the worker, completes."""
@@ -239,6 +242,7 @@ class Retrieval:
                 return
             qp, client_id, t0, sqe = cmd
             status, result, nbytes, device_ns = STATUS["INTERNAL"], 0, 0, 0.0
+            h0 = time.perf_counter_ns()
             try:
                 result, nbytes, device_ns = self.run(self.d.clients.get(client_id), sqe)
                 status = STATUS["SUCCESS"]
@@ -247,8 +251,29 @@ class Retrieval:
                 log.debug("retrieval command refused: %s", e)
             except Exception:  # a bug on our side: the client gets an error, we go on
                 log.exception("retrieval command %d failed", sqe["opcode"])
-            self.commands += 1
+            with self._lock:
+                s = self._stats
+                s["commands"] += 1
+                s["errors"] += status != STATUS["SUCCESS"]
+                s["device_ns"] += device_ns
+                s["host_ns"] += time.perf_counter_ns() - h0
             self.d.complete_host(qp, sqe, t0, status, result, nbytes, device_ns)
+
+    def stats(self) -> dict:
+        """For the log page: commands, their modelled and host time, the summaries' DRAM
+        hits, and per kernel the calls and modelled time."""
+        with self._lock:
+            out = {k: v for k, v in self._stats.items() if k != "kernels"}
+            out["kernels"] = {k: dict(v) for k, v in self._stats["kernels"].items()}
+        out["summary_dram_bytes"] = self.cache.bytes
+        return out
+
+    def _account(self, timing) -> None:
+        with self._lock:
+            for name, k in timing.budget.kernels.items():
+                agg = self._stats["kernels"].setdefault(name, {"calls": 0, "device_ns": 0.0})
+                agg["calls"] += k.calls
+                agg["device_ns"] += k.device_ns
 
     # -- one command --
     def _region(self, client, handle: int, off: int, length: int):
@@ -280,7 +305,9 @@ class Retrieval:
         else:
             payload, result = self._attend(req, nsid, blocks, timing)
         out[:len(payload)] = payload
-        return result, len(inp) + len(payload), timing.finish(len(payload))
+        done = timing.finish(len(payload))
+        self._account(timing)
+        return result, len(inp) + len(payload), done
 
     def _blocks(self, req: Request, nsid: int) -> list[Block]:
         blocks = []
@@ -308,6 +335,8 @@ class Retrieval:
         for i, b in enumerate(blocks):
             ck = _summary_key(req, nsid, b)
             hit = self.cache.get(ck)
+            with self._lock:
+                self._stats["summary_hits" if hit is not None else "summary_misses"] += 1
             if hit is None:
                 keys, _ = self._read(req, nsid, b)
                 P = R.pages_of(keys.shape[1], req.page)
