@@ -253,3 +253,38 @@ def test_summaries_after_a_restart_match_the_stored_values(tmp_path):
     assert code == 0, err
     s = ref.quest_scores(q, *ref.page_bounds(_layer(blocks, 0, 0), PAGE))
     assert np.array_equal(ids, ref.topk_pages(s, 2, 1, 1))
+
+
+def test_real_time_completion_is_held_until_its_modelled_time(dev):
+    """The data plane holds a retrieval command's completion until its modelled time (load
+    on this host can only make the wait longer)."""
+    import time
+
+    rng = np.random.default_rng(29)
+    keys = _store(dev, "held", _blocks(rng, 8, 512, 2, 2, 64))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    t0 = time.perf_counter_ns()
+    f = dev.topk_pages_async(keys, q, layer=1, layers=2, kv_heads=2, k=8)
+    f.result()
+    wall = time.perf_counter_ns() - t0
+    assert f.device_ns > 100_000  # eight 256 KiB blocks sensed and summarized
+    assert wall >= f.device_ns
+
+
+def test_virtual_clock_completions_carry_their_modelled_time(tmp_path):
+    d = DaemonProcess(str(tmp_path / "v.sock"), media="mem:128M", extra=["--clock", "virtual"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            rng = np.random.default_rng(31)
+            keys = _store(dev, "virt", _blocks(rng, 2, 64, 1, 1, 32))
+            q = rng.standard_normal((1, 32)).astype(np.float32)
+            dev.submit_time_ns = 5_000_000_000
+            f = dev.topk_pages_async(keys, q, layer=0, layers=1, kv_heads=1, k=2)
+            f.result()
+            g = dev.attend_async(keys, q, np.array([[1]]), layer=0, layers=1)
+            g.result()
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    for fut in (f, g):  # a completion time on the drive's clock, after the submission
+        assert 5_000_000_000 < fut.device_ns < 5_000_000_000 + 10_000_000

@@ -10,14 +10,15 @@ a slice of one layer is what selection sees, so per-head slices are enough here)
 - queries drawn from a shifted distribution (a common mean plus noise), not the keys';
 - needles: a key planted at a depth (5%-95% of the context), of the keys' usual norm, turned
   towards a later query's first head just enough to hold 60% of that head's dense softmax
-  mass (a needle a model could retrieve, and no more): 16 depths;
+  mass (a needle a model could retrieve, and no more): 32 depths;
 - aggregation heads: queries of small norm whose mass spreads over the whole context, where
   top-k is known to fail ([MagicPIG]): 8 of them; and 8 plain queries.
 
 Methods, at budgets of 1%, 3% and 10% of the pages (the sink page and the most recent page
 always kept and counted): Quest (float32 summaries, and int8 rounded outwards), Quest then the
-drive's exact re-rank of 4 x k candidates by page mass (the same pages cross the link: only
-ids and outputs do), and random pages (the control).  Metrics against dense attention: needle
+drive's exact re-rank of 16 x k candidates by page mass (the same pages cross the link: only
+ids and outputs do; the candidates' keys are read inside the drive: `rerank_key_fraction` of
+the context's keys), and random pages (the control).  Metrics against dense attention: needle
 hit rate, recall of the oracle top-k by true maximum score, softmax mass captured, relative
 output error (attention over the chosen pages, by the firmware's own kernel).
 
@@ -41,11 +42,11 @@ GROUP = 4
 PAGE = 16
 OUTLIERS = 4
 SINKS = 4
-NEEDLES = 16
+NEEDLES = 32
 AGGREGATION = 8
 PLAIN = 8
 NEEDLE_MASS = 0.6
-RERANK = 8
+RERANK = 16
 BUDGETS = (0.01, 0.03, 0.10)
 LENGTHS = (32768, 131072, 1 << 20)
 LLAMA3_8B = AttentionShape(layers=32, kv_heads=8, group=4, head_dim=128)
@@ -192,6 +193,7 @@ def _accuracy(suite: Suite, seed: int) -> dict:
                 r["error"].append(float(err.mean()))
         acc[f"{frac:g}"] = {
             "pages": P, "pages_attended": total, "budget_fraction": total / P,
+            "rerank_key_fraction": min(1.0, RERANK * k / P),
             **{m: {"needle_hit_rate": r["needle_hits"] / max(1, r["needles"]),
                    "recall_vs_oracle": float(np.mean(r["recall"])),
                    "mass_captured": float(np.mean(r["mass"])),
