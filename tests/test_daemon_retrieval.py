@@ -288,3 +288,28 @@ def test_virtual_clock_completions_carry_their_modelled_time(tmp_path):
     assert code == 0, err
     for fut in (f, g):  # a completion time on the drive's clock, after the submission
         assert 5_000_000_000 < fut.device_ns < 5_000_000_000 + 10_000_000
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_every_element_type_scores_alike_from_nand_and_from_dram(dev, dtype):
+    """Summaries kept in the block's element type (exact): the selection from the drive's
+    DRAM equals the one made when the block was read."""
+    rng = np.random.default_rng(37)
+    x = rng.standard_normal((96, 2, 1, 2, 32)).astype(np.float32)
+    if dtype == "fp16":
+        stored = x.astype(np.float16).view(np.uint16)
+        as_f32 = x.astype(np.float16).astype(np.float32)
+    elif dtype == "bf16":
+        stored = (x.view(np.uint32) >> 16).astype(np.uint16)
+        as_f32 = (stored.astype(np.uint32) << 16).view(np.float32)
+    else:
+        stored, as_f32 = x, x
+    key = f"dt/{dtype}".encode()
+    dev.kv_put(key, stored.tobytes())
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    kw = dict(layer=0, layers=1, kv_heads=2, k=2, dtype=dtype)
+    first, _ = dev.topk_pages([key], q, **kw)
+    again, _ = dev.topk_pages([key], q, **kw)
+    s = ref.quest_scores(q, *ref.page_bounds(as_f32[:, 0, 0].transpose(1, 0, 2), PAGE))
+    assert np.array_equal(first, ref.topk_pages(s, 2, 1, 1))
+    assert np.array_equal(again, first)

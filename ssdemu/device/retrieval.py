@@ -39,7 +39,14 @@ from firmware import retrieval as R
 from firmware.blockfmt import MAGIC as BLOCK_MAGIC
 from firmware.blockfmt import CorruptBlockError
 from firmware.convert import bf16_to_f32, fp16_to_f32
-from firmware.layout import DTYPE_FP16, DTYPE_FP32, ELEMENT_BYTES, storage_dtype
+from firmware.layout import (
+    DTYPE_BF16,
+    DTYPE_CODES,
+    DTYPE_FP16,
+    DTYPE_FP32,
+    ELEMENT_BYTES,
+    storage_dtype,
+)
 from firmware.quant import dequantize
 from ssdemu.device.store import CorruptValue
 from ssdemu.sim.cost import (
@@ -148,18 +155,20 @@ class Block:
     tokens: int
     first_page: int
     token_bytes: int  # bytes per token in the stored value's layout (plain: contiguous)
+    code: int = DTYPE_FP16  # its element type, once read
 
 
-def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarray]:
+def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarray, int]:
     """A stored value (a plain block in the request's layout, or a compressed block of the
-    drive's, which names its own) -> one layer's K and V as float32 (kv_heads, tokens, D)."""
+    drive's, which names its own) -> one layer's K and V as float32 (kv_heads, tokens, D),
+    and the block's element type."""
     raw = np.frombuffer(value, np.uint8)
     if bytes(raw[:4]) == BLOCK_MAGIC:
         try:
             block, dname = dequantize(raw)
         except (CorruptBlockError, ValueError) as e:
             raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
-        code = {"fp16": DTYPE_FP16, "fp32": DTYPE_FP32}.get(dname, 1)
+        code = DTYPE_CODES[dname]
     else:
         code = req.dtype
         per = 2 * req.layers * req.kv_heads * req.head_dim * ELEMENT_BYTES[code]
@@ -179,7 +188,25 @@ def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarra
         f = np.empty(x.size, np.float32)
         (fp16_to_f32 if code == DTYPE_FP16 else bf16_to_f32)(x.reshape(-1), f)
         out.append(f.reshape(x.shape))
-    return out[0], out[1]
+    return out[0], out[1], code
+
+
+def pack_bounds(x: np.ndarray, code: int) -> np.ndarray:
+    """Summaries as the drive keeps them: in the block's element type (exact: a min or a max
+    of values is one of them)."""
+    if code == DTYPE_FP16:
+        return x.astype(np.float16)
+    if code == DTYPE_BF16:
+        return (x.view(np.uint32) >> 16).astype(np.uint16)
+    return x
+
+
+def unpack_bounds(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.float16:
+        return x.astype(np.float32)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x
 
 
 def _summary_key(req: Request, nsid: int, b: Block) -> tuple:
@@ -325,7 +352,7 @@ class Retrieval:
             raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
         except KeyError:
             raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
-        k, v = layer_keys_values(value, req)
+        k, v, b.code = layer_keys_values(value, req)
         b.tokens = k.shape[1]
         b.token_bytes = max(1, b.length // max(1, b.tokens))
         return k, v
@@ -343,11 +370,13 @@ class Retrieval:
                 lo = np.empty((req.kv_heads, P, req.head_dim), np.float32)
                 hi = np.empty_like(lo)
                 R.page_bounds(keys, req.page, lo, hi)
-                nb = lo.nbytes // 2  # kept in the element type: half of float32
-                self.cache.put(ck, (lo, hi, keys.shape[1], b.token_bytes), nb)
+                plo, phi = pack_bounds(lo, b.code), pack_bounds(hi, b.code)
+                self.cache.put(ck, (plo, phi, keys.shape[1], b.token_bytes),
+                               plo.nbytes + phi.nbytes)
                 timing.summarize(b, keys.shape[1], req)
             else:
-                (lo, hi, tokens, token_bytes), _ = hit
+                (plo, phi, tokens, token_bytes), _ = hit
+                lo, hi = unpack_bounds(plo), unpack_bounds(phi)
                 b.tokens, b.token_bytes = tokens, token_bytes
                 timing.summaries_in_dram(req, lo.shape[1])
             if b.tokens % req.page and i != len(blocks) - 1:
