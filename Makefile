@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.ssdemu-installed
 DEMO    := demo-out
 APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux
 
-.PHONY: demo test lint system venv lmcache-venv clean
+.PHONY: demo test test-fast lint system venv lmcache-venv clean
 
 # The main job: the emulated AI SSD (star2000d) on a file-backed device, the bundled Mooncake
 # trace's first $(DEMO_REQUESTS) requests replayed through it in data mode (real KV bytes:
@@ -30,7 +30,13 @@ demo: venv
 
 test: venv lmcache-venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
+
+# The inner loop: everything but the tests marked slow or external (pyproject.toml); `make
+# test` (and CI) runs them all.
+test-fast: venv
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow and not external" --durations=10
 
 lint: venv
 	$(PY) -m ruff check .

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ssdemu.bench.neighbours import MARK, Neighbours
 
 
@@ -49,6 +51,7 @@ def test_a_killed_bench_leaves_no_neighbour_spinning():
         p.kill()
 
 
+@pytest.mark.slow
 def test_bench_replay_reports_its_neighbours():
     p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "replay", "--no-baseline",
                         "--neighbours", "2", "--json"], capture_output=True, text=True,

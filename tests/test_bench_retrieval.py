@@ -10,6 +10,8 @@ from ssdemu.bench.retrieval import LLAMA3_8B, bench_retrieval
 from ssdemu.sim.profile import load
 from ssdemu.sim.retrieval import decode_step, selection_step
 
+pytestmark = pytest.mark.slow  # `make test-fast` skips it
+
 
 @pytest.fixture(scope="module")
 def report():

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.external  # fio: `make test-fast` skips it
+
 SSDEMU = [sys.executable, "-m", "ssdemu"]
 
 

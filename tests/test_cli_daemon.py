@@ -70,6 +70,7 @@ def test_bench_queue_json():
         assert r["ratio_fio"] == r["randread_4k_qd32_iops"] / r["fio_randread_4k_qd32_iops"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["star2000d", "pcie4-tlc"])
 def test_bench_device_json(profile):
     p = ssdemu("bench", "device", "--profile", profile, "--json")

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import venv
 
+import pytest
+
 from ssdemu.tools.daemon_process import DaemonProcess
+
+pytestmark = pytest.mark.external  # pip and a venv: `make test-fast` skips it
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

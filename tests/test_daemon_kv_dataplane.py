@@ -220,6 +220,7 @@ def _expected_value(i: int) -> bytes:
     return (b"%d:" % i) * (50 + i % 300)
 
 
+@pytest.mark.slow
 def test_kill_9_during_churn_loses_nothing_acknowledged(tmp_path, disk_dir):
     """A tiny journal: checkpoints every few dozen changes, so kills land in them too."""
     path = os.path.join(disk_dir, "churn.img")

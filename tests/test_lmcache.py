@@ -15,6 +15,8 @@ import pytest
 import hostlib
 from ssdemu.tools.daemon_process import DaemonProcess
 
+pytestmark = pytest.mark.external  # LMCache: `make test-fast` skips it
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LMVENV = ROOT / ".venv-lmcache"
 PY = LMVENV / "bin" / "python"

@@ -190,6 +190,7 @@ def test_data_mode_pool_agrees_with_model_mode(tmp_path, pool, cap):
             assert d.terminate()[0] == 0
 
 
+@pytest.mark.slow
 def test_cli_pool(tmp_path):
     path = tmp_path / "t.jsonl"
     write(generate(80, seed=4), str(path))

@@ -116,6 +116,7 @@ def test_a_cut_keeps_what_a_flush_covered_and_loses_the_rest_whole(tmp_path):
     assert "power cut injected (seed 11)" in log and "powering on again" in log
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_outcome(tmp_path):
     a = scenario(tmp_path, "a", seed=5)
     b = scenario(tmp_path, "b", seed=5)

@@ -222,6 +222,7 @@ def _cli(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_data_mode_starts_and_stops_its_daemon_and_plots(tmp_path):
     trace = tmp_path / "t.jsonl"
     write(generate(40, seed=2, share=0.8, prefixes=4, prefix_blocks=4,

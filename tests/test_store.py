@@ -302,6 +302,7 @@ def test_refuses_other_format_versions_in_one_line(drive, version, match):
     assert MAGIC.startswith(b"SSDEMU")
 
 
+@pytest.mark.slow
 def test_churn_never_runs_out_and_restart_reads_the_live_set(drive):
     """A steady put/delete workload of 100x the journal's record capacity, 50 live keys."""
     m, s = fresh(drive, journal_blocks=8)

@@ -84,6 +84,7 @@ def _as_csv(flat: dict) -> dict:
     return dict(zip(flat, next(csv.reader(io.StringIO(buf.getvalue()))), strict=True))
 
 
+@pytest.mark.external
 def test_a_sweep_on_local_ray_is_its_single_replays(tmp_path, trace):
     """Model-mode cells and a data-mode cell (its own daemon on mem: media) on a local Ray:
     every row equals the `ssdemu replay` of its cell, field for field; the cells with a bad

@@ -8,9 +8,12 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from ssdemu.tools.torture import Tally, crash_run, value_of, version_in
 
 
+@pytest.mark.slow
 def test_a_short_torture_run_is_clean():
     p = subprocess.run([sys.executable, "-m", "ssdemu", "torture", "--seconds", "8",
                         "--seed", "3", "--json"], capture_output=True, text=True, timeout=300)
