@@ -171,6 +171,16 @@ def select_top(scores, ids, n, k, out_ids, out_scores):
     return kk
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _emit(chosen, got, out_ids, out_scores):
+    """One head's row: the chosen ids, then -1 (score -inf) past them."""
+    for i in range(got):
+        out_ids[i] = chosen[i]
+    for i in range(got, out_ids.shape[0]):
+        out_ids[i] = -1
+        out_scores[i] = -np.inf
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def topk_pages(scores, k, sink_pages, recent_pages, out_ids, out_scores):
     """Per KV head the k best pages by score among those neither sinks nor recent, into
@@ -185,11 +195,7 @@ def topk_pages(scores, k, sink_pages, recent_pages, out_ids, out_scores):
     tmp_ids = np.empty(k, np.int64)
     for h in range(H):
         got = select_top(scores[h, lo:hi_], ids, n, k, tmp_ids, out_scores[h])
-        for i in range(got):
-            out_ids[h, i] = tmp_ids[i]
-        for i in range(got, k):
-            out_ids[h, i] = -1
-            out_scores[h, i] = -np.inf
+        _emit(tmp_ids, got, out_ids[h], out_scores[h])
     return got
 
 
@@ -240,11 +246,7 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
             ci[n] = pid
             n += 1
         got = select_top(cs, ci, n, k, tmp, out_scores[h])
-        for i in range(got):
-            out_ids[h, i] = tmp[i]
-        for i in range(got, k):
-            out_ids[h, i] = -1
-            out_scores[h, i] = -np.inf
+        _emit(tmp, got, out_ids[h], out_scores[h])
     return got
 
 
