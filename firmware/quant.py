@@ -130,7 +130,10 @@ def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str,
         blob = np.empty(size, np.uint8)
     else:
         blob = _check_out(out, np.dtype(np.uint8), size, "compressed block")
-    n = B.quantize_block(p, np.ascontiguousarray(block).reshape(-1).view(np.uint8), blob)
+    src = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
+    if not src.flags.writeable:  # as in dequantize: one compiled specialization, not two
+        src = src.copy()
+    n = B.quantize_block(p, src, blob)
     if n == B.E_NONFINITE:
         raise ValueError("KV block holds inf/NaN values: refusing to quantize it")
     assert n == size, n  # every other failure was checked above
@@ -142,7 +145,10 @@ def dequantize(blob, out: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     into `out` when given.  A corrupt block raises CorruptBlockError."""
     buf = np.frombuffer(blob, np.uint8) if not isinstance(blob, np.ndarray) else blob
     buf = buf.reshape(-1).view(np.uint8)
-    if buf.ctypes.data % 8:
+    # a copy when misaligned, or read-only (a bytes object's buffer): Numba compiles another
+    # specialization of the whole dequantize path for read-only arrays (~50 s on a fresh
+    # cache, which firmware.warm does not cover); the copy costs a memcpy of the block
+    if buf.ctypes.data % 8 or not buf.flags.writeable:
         buf = buf.copy()
     p = np.zeros(B.NPARAM, np.int64)
     if B.peek_header(buf, p):
