@@ -313,3 +313,32 @@ def test_every_element_type_scores_alike_from_nand_and_from_dram(dev, dtype):
     s = ref.quest_scores(q, *ref.page_bounds(as_f32[:, 0, 0].transpose(1, 0, 2), PAGE))
     assert np.array_equal(first, ref.topk_pages(s, 2, 1, 1))
     assert np.array_equal(again, first)
+
+
+def test_many_in_flight_from_futures_and_threads_complete_each_with_its_own_result(dev):
+    """Several commands at once on one connection (futures, and a blocking caller on another
+    thread's queue pair): each completes, with the selection its own queries make."""
+    import threading
+
+    rng = np.random.default_rng(41)
+    blocks = _blocks(rng, 2, 64, 1, 1, 32)
+    keys = _store(dev, "many", blocks)
+    mins, maxs = ref.page_bounds(_layer(blocks, 0, 0), PAGE)
+    qs = [rng.standard_normal((2, 32)).astype(np.float32) for _ in range(9)]
+    want = [ref.topk_pages(ref.quest_scores(q, mins, maxs), 2, 1, 1) for q in qs]
+    kw = dict(layer=0, layers=1, kv_heads=1, k=2)
+    got = {}
+
+    def blocking():
+        qp = dev.queue_pair()
+        got["thread"] = dev.topk_pages(keys, qs[8], qp=qp, **kw)[0]
+
+    t = threading.Thread(target=blocking)
+    t.start()
+    futures = [dev.topk_pages_async(keys, q, **kw) for q in qs[:8]]
+    results = [f.result(timeout=30)[0] for f in futures]
+    t.join(timeout=30)
+    assert not t.is_alive()
+    for r, w in zip(results, want[:8], strict=True):
+        assert np.array_equal(r, w)
+    assert np.array_equal(got["thread"], want[8])

@@ -378,7 +378,6 @@ class Retrieval:
                 (plo, phi, tokens, token_bytes), _ = hit
                 lo, hi = unpack_bounds(plo), unpack_bounds(phi)
                 b.tokens, b.token_bytes = tokens, token_bytes
-                timing.summaries_in_dram(req, lo.shape[1])
             if b.tokens % req.page and i != len(blocks) - 1:
                 raise Refused("INVALID_FIELD", "every block but the last must hold whole pages")
             b.first_page = first
@@ -493,10 +492,8 @@ class _Timing:
         c = summarize_cost(tokens, req.kv_heads, req.head_dim, 2, sb)
         self.t = max(self.t, self.budget.charge("summarize", c, done)[1])
 
-    def summaries_in_dram(self, req: Request, pages: int) -> None:
-        pass  # their bytes are the score's, in the DRAM
-
     def score(self, req: Request, pages: int) -> None:
+        """Summaries in the DRAM (made or cached) are read as the score's bytes."""
         sb = summary_bytes(pages, 1, req.head_dim, 2, req.int8)
         end = self.t
         for _ in range(req.kv_heads):
