@@ -368,7 +368,10 @@ def _quantize_typed(p, x, src, body):
     q = kivi_quantized_tokens(p[P_TOKENS], group, p[P_RESIDUAL])
     c = _per_token(p)
     qn = q * c
-    sec = int_section_bytes(qn, group, bits, False)
+    # KIVI is asymmetric: a False known only at run time (this is the KIVI branch), because a
+    # literal False would compile every int helper below a second time, for Literal[bool]
+    sym = p[P_KIND] != SCHEME_KIVI
+    sec = int_section_bytes(qn, group, bits, sym)
     keys = np.empty(qn, x.dtype)
     values = np.empty(qn, x.dtype)
     for t in range(q):
@@ -376,10 +379,10 @@ def _quantize_typed(p, x, src, body):
         for ch in range(c):
             keys[ch * q + t] = row[ch]
         values[t * c:(t + 1) * c] = row[c:]
-    ks, kz, kc = _int_views_zeroed(body[:sec], qn, group, bits, False)
-    bad = quantize_int(keys, dtype, group, bits, False, ks, kz, kc)
-    vs, vz, vc = _int_views_zeroed(body[sec:2 * sec], qn, group, bits, False)
-    bad += quantize_int(values, dtype, group, bits, False, vs, vz, vc)
+    ks, kz, kc = _int_views_zeroed(body[:sec], qn, group, bits, sym)
+    bad = quantize_int(keys, dtype, group, bits, sym, ks, kz, kc)
+    vs, vz, vc = _int_views_zeroed(body[sec:2 * sec], qn, group, bits, sym)
+    bad += quantize_int(values, dtype, group, bits, sym, vs, vz, vc)
     tail = x[q * 2 * c:]
     bad += _nonfinite(tail, dtype)
     raw = body[2 * sec:]
@@ -587,13 +590,14 @@ def _dequantize_typed(p, body, x, out_bytes):
     q = p[P_TOKENS] - p[P_RESIDUAL]
     c = _per_token(p)
     qn = q * c
-    sec = int_section_bytes(qn, group, bits, False)
+    sym = p[P_KIND] != SCHEME_KIVI  # False, at run time (see _quantize_typed)
+    sec = int_section_bytes(qn, group, bits, sym)
     keys = np.empty(qn, x.dtype)
     values = np.empty(qn, x.dtype)
-    ks, kz, kc = _int_views(body[:sec], qn, group, bits, False)
-    dequantize_int(kc, qn, dtype, group, bits, False, ks, kz, keys)
-    vs, vz, vc = _int_views(body[sec:2 * sec], qn, group, bits, False)
-    dequantize_int(vc, qn, dtype, group, bits, False, vs, vz, values)
+    ks, kz, kc = _int_views(body[:sec], qn, group, bits, sym)
+    dequantize_int(kc, qn, dtype, group, bits, sym, ks, kz, keys)
+    vs, vz, vc = _int_views(body[sec:2 * sec], qn, group, bits, sym)
+    dequantize_int(vc, qn, dtype, group, bits, sym, vs, vz, values)
     for t in range(q):
         row = x[t * 2 * c:(t + 1) * 2 * c]
         for ch in range(c):

@@ -40,8 +40,8 @@ def _group_min_max(buf, n, group, lohi):
     and neither does an integer one whose trip count is 32 (LLVM unrolls it first).  An
     integer reduction over a constant 64 does (~0.15 ns/element): so the floats are compared
     as order-preserving int32 keys, 64 at a time (for groups of 32, the two halves kept apart
-    by masks), and the 32-element pieces are combined per group.  Inlined, so `group` is a
-    literal here."""
+    by masks), and the 32-element pieces are combined per group.  Compiled per group size, so
+    `group` is a constant here."""
     bu = buf.view(np.int32)
     keys = lohi.view(np.int32)
     big = np.int32(0x7FFFFFFF)
@@ -136,18 +136,12 @@ def _quant_group(buf, g0, g1, gi, qmax_u, qmax_s, offset, symmetric, lo, hi, sca
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _quant_chunk(buf, n, base, group, bits, symmetric, scales, zeros, codes, lohi):
-    """Quantize buf[:n] (float32, element `base` of the stream) into codes[:n].
-
-    Callers pass `group` as a literal: with a constant trip count the per-group loops
-    vectorize, with a run-time one they do not (measured: 0.26 vs 1.4 ns/element)."""
-    _group_min_max(buf, n, group, lohi)
-    _quant_groups(buf, n, base, group, bits, symmetric, scales, zeros, codes, lohi)
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _quant_groups(buf, n, base, group, bits, symmetric, scales, zeros, codes, lohi):
-    """Quantize buf[:n] whose per-group min and max are in lohi (see _quant_chunk)."""
+    """Quantize buf[:n] (float32, element `base` of the stream) into codes[:n], with the
+    per-group min and max in lohi.  Compiled per (group, bits, symmetric) as constants (below):
+    with a constant trip count the per-group loops vectorize, with a run-time one they do not
+    (measured: 0.26 vs 1.4 ns/element); with `symmetric` known at compile time too, rather
+    than at run time, the hot loop runs twice as fast (0.32 vs 0.61 ns/element)."""
     qmax_u = np.float32((1 << bits) - 1)
     qmax_s = np.float32((1 << (bits - 1)) - 1)
     offset = np.float32(1 << (bits - 1))
@@ -160,19 +154,6 @@ def _quant_groups(buf, n, base, group, bits, symmetric, scales, zeros, codes, lo
         g = n // group
         _quant_group(buf, g * group, n, g0 + g, qmax_u, qmax_s, offset, symmetric,
                      lohi[2 * g], lohi[2 * g + 1], scales, zeros, codes)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _quant_chunk_literal(buf, m, c0, group, bits, symmetric, scales, zeros, codes, lohi):
-    """_quant_chunk with the group size as a literal.  Callers pass `symmetric` as a literal
-    too: with it known at compile time the loops vectorize, with it at run time the hot loop
-    halves in speed (measured: 0.32 vs 0.61 ns/element)."""
-    if group == 32:
-        _quant_chunk(buf, m, c0, 32, bits, symmetric, scales, zeros, codes, lohi)
-    elif group == 64:
-        _quant_chunk(buf, m, c0, 64, bits, symmetric, scales, zeros, codes, lohi)
-    else:
-        _quant_chunk(buf, m, c0, 128, bits, symmetric, scales, zeros, codes, lohi)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -189,7 +170,7 @@ def _half_min_max(src, n, group, dtype, lohi):
 
     The 16-bit order keys reduce sixteen to a vector register, twice the width of the float32
     keys of _group_min_max, and need no conversion first (measured: 0.11 vs 0.41
-    ns/element).  Inlined with `group` a literal, so the reductions have a constant trip
+    ns/element).  Compiled with `group` a constant, so the reductions have a constant trip
     count and vectorize."""
     k = src.view(np.int16)
     # fp16: exponent 0x1f is inf/NaN; bf16: 0xff.  Their keys lie past every finite one.
@@ -255,24 +236,116 @@ def _store_half(lohi, g, lo, hi, dtype):
         lohi[2 * g + 1] = u32_as_f32(np.uint32(np.uint16(hi_bits)) << np.uint32(16))
 
 
+# ---- one compiled kernel per constant --------------------------------------------------------
+#
+# The loops above vectorize only with the group size, the bit width and the symmetry known at
+# compile time (measured in _quant_groups' docstring).  Each is compiled once per combination
+# as a closure over those constants (Numba caches a closure under its cell values).  They used
+# to be inlined at Numba's IR level, three group sizes into each of the nine quantizers and
+# two symmetries into the dequantizer: Numba's inliner re-types a callee at every call site,
+# and that pass alone took 22 of the 29 s each quantizer took to compile (firmware.warm:
+# 470-720 s on a fresh cache, 135-175 s now).
+#
+# The selectors (`*_of`) are still inlined at Numba's level (a tree of calls: cheap), so that
+# in a quantizer whose dtype, bits and symmetry are constants only the three group sizes'
+# calls are left; the kernels are inlined by LLVM (`forceinline`), after they were compiled
+# with their constants.  Called instead, once per chunk, they ran 10-28% slower (the
+# reference counts of four arrays per call, in a 1 us chunk; fp16 in cache, interleaved).
+# The min/max over groups of 32 stays a call: inlined by LLVM, its two-groups-at-once loop
+# stopped vectorizing (int4_g32 quantize 0.63 -> 4.99 ns/element), called it costs nothing
+# measurable.
+
+GROUPS = (32, 64, 128)
+
+
+def _half_min_max_kernel(group, dtype):
+    @njit(cache=True, nogil=True, forceinline=group != 32)
+    def min_max(src, n, lohi):
+        return _half_min_max(src, n, group, dtype, lohi)
+    return min_max
+
+
+def _f32_min_max_kernel(group):
+    @njit(cache=True, nogil=True, forceinline=group != 32)
+    def min_max(buf, n, lohi):
+        _group_min_max(buf, n, group, lohi)
+    return min_max
+
+
+def _quant_groups_kernel(group, bits, symmetric):
+    @njit(cache=True, nogil=True, forceinline=True)
+    def quant_groups(buf, n, base, scales, zeros, codes, lohi):
+        _quant_groups(buf, n, base, group, bits, symmetric, scales, zeros, codes, lohi)
+    return quant_groups
+
+
+_MM_FP16_32, _MM_FP16_64, _MM_FP16_128 = (_half_min_max_kernel(g, 0) for g in GROUPS)
+_MM_BF16_32, _MM_BF16_64, _MM_BF16_128 = (_half_min_max_kernel(g, 1) for g in GROUPS)
+_MM_F32_32, _MM_F32_64, _MM_F32_128 = (_f32_min_max_kernel(g) for g in GROUPS)
+(_QG_32_8, _QG_32_8S, _QG_32_4, _QG_32_4S, _QG_64_8, _QG_64_8S, _QG_64_4, _QG_64_4S,
+ _QG_128_8, _QG_128_8S, _QG_128_4, _QG_128_4S) = (
+    _quant_groups_kernel(g, b, s) for g in GROUPS for b in (8, 4) for s in (False, True))
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _half_min_max_literal(src, n, group, dtype, lohi):
+def _half_min_max_of(src, n, group, dtype, lohi):
+    """_half_min_max by the kernel compiled for this group size and 16-bit type."""
+    if dtype == 0:
+        if group == 32:
+            return _MM_FP16_32(src, n, lohi)
+        if group == 64:
+            return _MM_FP16_64(src, n, lohi)
+        return _MM_FP16_128(src, n, lohi)
     if group == 32:
-        return _half_min_max(src, n, 32, dtype, lohi)
+        return _MM_BF16_32(src, n, lohi)
     if group == 64:
-        return _half_min_max(src, n, 64, dtype, lohi)
-    return _half_min_max(src, n, 128, dtype, lohi)
+        return _MM_BF16_64(src, n, lohi)
+    return _MM_BF16_128(src, n, lohi)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _quant_groups_literal(buf, m, c0, group, bits, symmetric, scales, zeros, codes, lohi):
-    """_quant_groups with the group size as a literal (see _quant_chunk_literal)."""
+def _f32_min_max_of(buf, n, group, lohi):
+    """_group_min_max by the kernel compiled for this group size."""
     if group == 32:
-        _quant_groups(buf, m, c0, 32, bits, symmetric, scales, zeros, codes, lohi)
+        _MM_F32_32(buf, n, lohi)
     elif group == 64:
-        _quant_groups(buf, m, c0, 64, bits, symmetric, scales, zeros, codes, lohi)
+        _MM_F32_64(buf, n, lohi)
     else:
-        _quant_groups(buf, m, c0, 128, bits, symmetric, scales, zeros, codes, lohi)
+        _MM_F32_128(buf, n, lohi)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quant_groups_of(buf, n, base, group, bits, symmetric, scales, zeros, codes, lohi):
+    """_quant_groups by the kernel compiled for this group size, bit width and symmetry."""
+    if group == 32:
+        if bits == 8:
+            if symmetric:
+                _QG_32_8S(buf, n, base, scales, zeros, codes, lohi)
+            else:
+                _QG_32_8(buf, n, base, scales, zeros, codes, lohi)
+        elif symmetric:
+            _QG_32_4S(buf, n, base, scales, zeros, codes, lohi)
+        else:
+            _QG_32_4(buf, n, base, scales, zeros, codes, lohi)
+    elif group == 64:
+        if bits == 8:
+            if symmetric:
+                _QG_64_8S(buf, n, base, scales, zeros, codes, lohi)
+            else:
+                _QG_64_8(buf, n, base, scales, zeros, codes, lohi)
+        elif symmetric:
+            _QG_64_4S(buf, n, base, scales, zeros, codes, lohi)
+        else:
+            _QG_64_4(buf, n, base, scales, zeros, codes, lohi)
+    elif bits == 8:
+        if symmetric:
+            _QG_128_8S(buf, n, base, scales, zeros, codes, lohi)
+        else:
+            _QG_128_8(buf, n, base, scales, zeros, codes, lohi)
+    elif symmetric:
+        _QG_128_4S(buf, n, base, scales, zeros, codes, lohi)
+    else:
+        _QG_128_4(buf, n, base, scales, zeros, codes, lohi)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -372,7 +445,7 @@ def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
         # int8 codes go straight into the payload; int4 codes are packed two per byte after
         target = payload[c0:c1] if bits == 8 else codes[:m]
         part = src[c0:c1]
-        bad += _half_min_max_literal(part, m, group, dtype, lohi)
+        bad += _half_min_max_of(part, m, group, dtype, lohi)
         # converted into the float32 chunk buffer first (fp16: F16C; bf16: a shift).
         # Converting inside the quantizing loop instead measured slower (0.73 vs 0.44
         # ns/element, int8_g64): the mixed 16/32/8-bit loop vectorizes worse
@@ -382,7 +455,7 @@ def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
         else:
             for i in range(m):
                 buf[i] = u32_as_f32(np.uint32(part[i]) << np.uint32(16))
-        _quant_groups_literal(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
+        _quant_groups_of(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
         if bits == 4:
             _pack4_into(codes, m, payload, c0 >> 1)
     return bad
@@ -409,10 +482,8 @@ def _quantize_float32(src, group, bits, symmetric, scales, zeros, payload):
             v = chunk[i]
             bad += not np.isfinite(v)
             buf[i] = v
-        if symmetric:
-            _quant_chunk_literal(buf, m, c0, group, bits, True, scales, zeros, target, lohi)
-        else:
-            _quant_chunk_literal(buf, m, c0, group, bits, False, scales, zeros, target, lohi)
+        _f32_min_max_of(buf, m, group, lohi)
+        _quant_groups_of(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
         if bits == 4:
             _pack4_into(codes, m, payload, c0 >> 1)
     return bad
@@ -458,14 +529,51 @@ def _scale_group(buf, start, k, symmetric, offset, scale, zero):
             buf[j] = buf[j] * scale + zero
 
 
+def _dequant_chunk_kernel(group, bits, symmetric):
+    @njit(cache=True, nogil=True, forceinline=True)
+    def dequant_chunk(pay, m, gbase, scales, zeros, buf):
+        _dequant_chunk(pay, m, gbase, group, bits, symmetric, scales, zeros, buf)
+    return dequant_chunk
+
+
+(_DQ_32_8, _DQ_32_8S, _DQ_32_4, _DQ_32_4S, _DQ_64_8, _DQ_64_8S, _DQ_64_4, _DQ_64_4S,
+ _DQ_128_8, _DQ_128_8S, _DQ_128_4, _DQ_128_4S) = (
+    _dequant_chunk_kernel(g, b, s) for g in GROUPS for b in (8, 4) for s in (False, True))
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _dequant_chunk_literal(pay, m, gbase, group, bits, symmetric, scales, zeros, buf):
+def _dequant_chunk_of(pay, m, gbase, group, bits, symmetric, scales, zeros, buf):
+    """_dequant_chunk by the kernel compiled for this group size, bit width and symmetry
+    (see "one compiled kernel per constant")."""
     if group == 32:
-        _dequant_chunk(pay, m, gbase, 32, bits, symmetric, scales, zeros, buf)
+        if bits == 8:
+            if symmetric:
+                _DQ_32_8S(pay, m, gbase, scales, zeros, buf)
+            else:
+                _DQ_32_8(pay, m, gbase, scales, zeros, buf)
+        elif symmetric:
+            _DQ_32_4S(pay, m, gbase, scales, zeros, buf)
+        else:
+            _DQ_32_4(pay, m, gbase, scales, zeros, buf)
     elif group == 64:
-        _dequant_chunk(pay, m, gbase, 64, bits, symmetric, scales, zeros, buf)
+        if bits == 8:
+            if symmetric:
+                _DQ_64_8S(pay, m, gbase, scales, zeros, buf)
+            else:
+                _DQ_64_8(pay, m, gbase, scales, zeros, buf)
+        elif symmetric:
+            _DQ_64_4S(pay, m, gbase, scales, zeros, buf)
+        else:
+            _DQ_64_4(pay, m, gbase, scales, zeros, buf)
+    elif bits == 8:
+        if symmetric:
+            _DQ_128_8S(pay, m, gbase, scales, zeros, buf)
+        else:
+            _DQ_128_8(pay, m, gbase, scales, zeros, buf)
+    elif symmetric:
+        _DQ_128_4S(pay, m, gbase, scales, zeros, buf)
     else:
-        _dequant_chunk(pay, m, gbase, 128, bits, symmetric, scales, zeros, buf)
+        _DQ_128_4(pay, m, gbase, scales, zeros, buf)
 
 
 @njit(cache=True, nogil=True)
@@ -479,11 +587,7 @@ def dequantize_int(payload, n, dtype, group, bits, symmetric, scales, zeros, out
         m = c1 - c0
         pay = payload[c0 >> 1:(c1 + 1) >> 1] if bits == 4 else payload[c0:c1]
         gbase = c0 // group
-        # literal group size and symmetry let the loops vectorize (see _quant_chunk_literal)
-        if symmetric:
-            _dequant_chunk_literal(pay, m, gbase, group, bits, True, scales, zeros, buf)
-        else:
-            _dequant_chunk_literal(pay, m, gbase, group, bits, False, scales, zeros, buf)
+        _dequant_chunk_of(pay, m, gbase, group, bits, symmetric, scales, zeros, buf)
         dst = out[c0:c1]
         if dtype == 0:
             f32_to_fp16(buf[:m], dst)
