@@ -5,7 +5,10 @@ the same writes and seed give the same outcome (real daemon processes on file me
 from __future__ import annotations
 
 import hashlib
+import os
+import pathlib
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -189,3 +192,45 @@ def test_power_cuts_are_opt_in_and_need_something_to_lose(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "mem: media does not outlive" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_power_on_that_cannot_exec_says_why_and_removes_its_socket(tmp_path):
+    """The cut's re-exec fails (here: the interpreter lost its execute bits): one line on
+    stderr naming the cause, exit 1, no stale socket; the media, served again, is whole."""
+    venv = pathlib.Path(sys.prefix)
+    fake = tmp_path / "venv"  # this venv with its own copy of the interpreter
+    (fake / "bin").mkdir(parents=True)
+    python = fake / "bin" / "python"
+    shutil.copy(os.path.realpath(sys.executable), python)
+    shutil.copy(venv / "pyvenv.cfg", fake / "pyvenv.cfg")
+    (fake / "lib").symlink_to(venv / "lib")
+    sock, img = str(tmp_path / "d.sock"), f"file:{tmp_path / 'd.img'}:64M"
+    d = DaemonProcess(sock, media=img, extra=["--power-cut", "--timing", "off"],
+                      python=str(python))
+    try:
+        with hostlib.connect(sock) as dev:
+            ns = dev.ns_create(1 << 20)
+            buf = dev.alloc(BLOCK)
+            buf[:] = stamp(0, 1)
+            dev.write(ns, 0, buf)
+            dev.flush()
+            python.chmod(0o644)
+            dev.power_cut(7)
+        _, err = d.proc.communicate(timeout=30)
+        assert d.proc.returncode == 1, err
+        line = [x for x in err.splitlines() if x.startswith("ssdemu: error:")]
+        assert line == [f"ssdemu: error: power-on after the injected power cut failed: cannot "
+                        f"execute {python}; the media holds what the cut left: start the "
+                        f"daemon on it again"], err
+        assert not os.path.exists(sock)
+    finally:
+        d.kill()
+    d = DaemonProcess(sock, media=img, extra=["--timing", "off"])
+    try:
+        with hostlib.connect(sock) as dev:
+            ns = dev.namespaces()[0]["nsid"]
+            out = dev.alloc(BLOCK)
+            dev.read(ns, 0, out)
+            assert gen_of(0, out) == 1  # flushed before the cut
+    finally:
+        assert d.terminate()[0] == 0

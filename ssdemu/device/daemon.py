@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from firmware import entry
 from ssdemu.device import _device, faults
@@ -275,15 +276,7 @@ class Daemon:
         if self.listener:
             self.sel.unregister(self.listener)
             self.listener.close()
-            try:
-                st = os.lstat(self.socket_path)
-                if (st.st_dev, st.st_ino) == self._socket_id:
-                    os.unlink(self.socket_path)
-                else:  # not the socket this daemon bound: someone else's now
-                    log.warning("%s is no longer this daemon's socket: left in place",
-                                self.socket_path)
-            except FileNotFoundError:
-                pass
+            self._remove_socket()
         if stuck:  # freeing under a running data plane would crash: leave it to exit()
             log.error("the data plane did not stop; exiting without freeing the device")
         else:
@@ -453,6 +446,18 @@ class Daemon:
         return {"ok": False, "error": f"unknown fault action {action!r} (add, clear, list, "
                 "remove, reinsert)"}
 
+    def _remove_socket(self) -> None:
+        """Unlink the socket path if it is still the socket this daemon bound."""
+        try:
+            st = os.lstat(self.socket_path)
+            if (st.st_dev, st.st_ino) == self._socket_id:
+                os.unlink(self.socket_path)
+            else:  # not the socket this daemon bound: someone else's now
+                log.warning("%s is no longer this daemon's socket: left in place",
+                            self.socket_path)
+        except FileNotFoundError:
+            pass
+
     def _removal_left(self) -> str:
         if self.removed_until == math.inf:
             return "it returns at 'ssdemu ctl fault reinsert'"
@@ -480,8 +485,27 @@ class Daemon:
         for handler in logging.getLogger().handlers:
             handler.flush()
         argv = [a for a in sys.argv[1:] if a != "--format"]  # power-on keeps the contents
+        python = sys.executable
+        if not os.access(python, os.X_OK):  # say so while the log and the socket are ours
+            self._power_on_failed(f"cannot execute {python}")
         os.closerange(3, 65536)  # the old process's rings, memfds and sockets go with it
-        os.execv(sys.executable, [sys.executable, "-m", "ssdemu", *argv])
+        try:
+            os.execv(python, [python, "-m", "ssdemu", *argv])
+        except OSError as e:
+            self._power_on_failed(f"cannot execute {python}: {e.strerror}")
+
+    def _power_on_failed(self, why: str) -> NoReturn:
+        """The re-exec that powers the drive on again cannot happen: one line saying why, our
+        socket removed (a client must not wait on a drive that is gone), exit 1.  The media
+        holds what the cut left; a daemon started on it again recovers it."""
+        self._remove_socket()
+        msg = (f"ssdemu: error: power-on after the injected power cut failed: {why}; the "
+               f"media holds what the cut left: start the daemon on it again")
+        log.error("%s", msg)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.write(2, (msg + "\n").encode())
+        os._exit(1)  # the data plane is stopped and its fds may be gone: nothing to free
 
     def _surprise_removal(self) -> None:
         """As if the drive were pulled: every queue dies at once (clients waiting are woken

@@ -12,9 +12,10 @@ import time
 
 class DaemonProcess:
     def __init__(self, socket_path: str, media: str = "mem:64M", extra=(),
-                 log_path: str | None = None):
+                 log_path: str | None = None, python: str | None = None):
         """log_path: the daemon's log goes to that file (a long run would fill a pipe no one
-        reads); otherwise to a pipe that terminate() returns."""
+        reads); otherwise to a pipe that terminate() returns.  python: the interpreter to run
+        it with (default: this one's)."""
         self.socket_path = socket_path
         self.log_path = log_path
         try:  # a socket left by a daemon that was killed: the wait below must see the new one
@@ -24,7 +25,7 @@ class DaemonProcess:
             pass
         log = open(log_path, "a") if log_path else subprocess.PIPE  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ssdemu", "serve", "--media", media, "--socket",
+            [python or sys.executable, "-m", "ssdemu", "serve", "--media", media, "--socket",
              socket_path, *extra],
             stdout=subprocess.DEVNULL if log_path else subprocess.PIPE, stderr=log, text=True)
         if log_path:
