@@ -28,6 +28,8 @@ them before a kernel runs (no kernel raises; nothing raised can cross a C callba
 import numpy as np
 from numba import njit
 
+from firmware.bits import f32_as_u32, u32_as_f32
+
 # int8 summaries: the scale leaves room so that the largest bound still fits after rounding
 # outwards (|bound| / scale <= 126.5, +1 for the rounding, < 127)
 INT8_SPAN = np.float32(126.5)
@@ -72,16 +74,21 @@ def bounds_to_int8(mins, maxs, cmin, cmax, scales):
             s = m / INT8_SPAN if m > 0 else np.float32(1.0)
             if s == 0:  # subnormal bounds: the smallest scale that still covers them
                 s = np.float32(1e-45)
+            # among subnormals the scale has few digits and m / 126.5 can round far down
+            # (m = 182 units of 1e-45: s = 1 unit, and 127 s < m); the next floats up until
+            # 127 s covers m, so that no code below needs clamping (a clamp narrows a bound)
+            while np.float32(127.0) * s < m:
+                s = u32_as_f32(f32_as_u32(s) + np.uint32(1))
             scales[h, p] = s
             for d in range(D):
                 c = np.floor(mins[h, p, d] / s)
                 if np.float32(c) * s > mins[h, p, d]:
                     c -= 1
-                cmin[h, p, d] = np.int8(max(c, -128.0))
+                cmin[h, p, d] = np.int8(max(c, np.float32(-128.0)))
                 c = np.ceil(maxs[h, p, d] / s)
                 if np.float32(c) * s < maxs[h, p, d]:
                     c += 1
-                cmax[h, p, d] = np.int8(min(c, 127.0))
+                cmax[h, p, d] = np.int8(min(c, np.float32(127.0)))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -22,6 +22,9 @@ def bounds_to_int8(mins, maxs):
     m = np.maximum(np.abs(mins), np.abs(maxs)).max(axis=2).astype(np.float32)
     scales = np.where(m > 0, m / np.float32(126.5), np.float32(1.0)).astype(np.float32)
     scales = np.where(scales == 0, np.float32(1e-45), scales).astype(np.float32)
+    while np.any(np.float32(127) * scales < m):  # subnormal scales rounded down: next float up
+        scales = np.where(np.float32(127) * scales < m,
+                          np.nextafter(scales, np.float32(np.inf)), scales).astype(np.float32)
     s = scales[..., None]
     cmin = np.floor(mins / s)
     cmin = np.where(cmin.astype(np.float32) * s > mins, cmin - 1, cmin)
