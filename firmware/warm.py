@@ -4,8 +4,10 @@ daemon on a fresh clone starts in seconds and its first compute command does not
 compilation.
 
 Numba keys a cached function on its own file only: a cached entry point (firmware/entry.py)
-would keep the old code of a kernel edited in another module.  So the cache is dropped
-whenever any firmware source differs from the one it was built from.
+would keep the old code of a kernel edited in another module.  So a module's cached code is
+dropped whenever its source or that of a firmware module it imports (directly or not)
+differs from the one it was built from; the others are kept (an edit of the retrieval
+kernels recompiles those alone, one of firmware/bits.py nearly everything).
 
 On a fresh cache the work is split first between processes, one per core (two at most:
 the split below has two halves), each compiling its half into a cache directory of its own
@@ -20,7 +22,9 @@ process compiles what is left (the entry points, the callers of both halves) fro
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -43,27 +47,60 @@ CARRIERS = {"fp16": np.uint16, "bf16": np.uint16, "fp32": np.float32}
 
 HERE = pathlib.Path(__file__).resolve().parent
 CACHE = HERE / "__pycache__"
-SOURCES_STAMP = CACHE / "warm-sources.sha256"
+SOURCES_STAMP = CACHE / "warm-sources.json"
 
 
-def sources_digest() -> str:
-    h = hashlib.sha256()
-    for f in sorted(HERE.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+def firmware_imports(source: str) -> set[str]:
+    """The firmware modules a module's source imports (anywhere in it)."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "firmware":
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("firmware."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names
+                    if a.name.startswith("firmware.")}
+    return out
+
+
+def module_digests(sources: dict[str, bytes]) -> dict[str, str]:
+    """Per firmware module, a digest of its source and of every firmware module it imports,
+    directly or not: the code Numba cached for its functions has theirs compiled in, while
+    Numba's own cache index looks at the function's file only."""
+    deps = {name: firmware_imports(src.decode()) & sources.keys()
+            for name, src in sources.items()}
+    out = {}
+    for name in sources:
+        seen, todo = {name}, [name]
+        while todo:
+            for d in deps[todo.pop()] - seen:
+                seen.add(d)
+                todo.append(d)
+        h = hashlib.sha256()
+        for m in sorted(seen):
+            h.update(m.encode() + b"\0" + sources[m] + b"\0")
+        out[name] = h.hexdigest()
+    return out
 
 
 def drop_stale_cache() -> bool:
-    """Remove Numba's cached code when the firmware's sources changed since it was built;
-    True if it did."""
-    digest = sources_digest()
-    if SOURCES_STAMP.exists() and SOURCES_STAMP.read_text() == digest:
-        return False
-    for f in list(CACHE.glob("*.nbi")) + list(CACHE.glob("*.nbc")):
-        f.unlink()
+    """Remove the cached code of every firmware module whose source, or the source of a
+    module it imports, changed since it was cached (and of modules that are gone), so that
+    an edit recompiles only what it reaches.  True if nothing is cached afterwards."""
     CACHE.mkdir(exist_ok=True)
-    SOURCES_STAMP.write_text(digest)
-    return True
+    digests = module_digests({f.stem: f.read_bytes() for f in HERE.glob("*.py")})
+    try:
+        before = json.loads(SOURCES_STAMP.read_text())
+    except (OSError, ValueError):
+        before = {}
+    stale = {m for m, d in digests.items() if before.get(m) != d}
+    for f in list(CACHE.glob("*.nbi")) + list(CACHE.glob("*.nbc")):
+        module = f.name.split(".")[0]
+        if module in stale or module not in digests:
+            f.unlink()
+    SOURCES_STAMP.write_text(json.dumps(digests, indent=1, sort_keys=True))
+    return not any(CACHE.glob("*.nbi"))
 
 
 def warm(jobs: int | None = None) -> float:

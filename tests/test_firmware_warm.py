@@ -1,12 +1,13 @@
-"""firmware.warm's parallel first compile: the cache files of processes that compiled into
-directories of their own are merged a whole function at a time, never an index from one
-process beside code files from another (which could name the wrong code)."""
+"""firmware.warm: the parallel first compile's cache files, from processes that compiled into
+directories of their own, are merged a whole function at a time, never an index from one
+process beside code files from another (which could name the wrong code); an edit drops the
+cached code of the modules it reaches, and only theirs."""
 
 from __future__ import annotations
 
 import pathlib
 
-from firmware.warm import _function_of, move_cache_files
+from firmware.warm import HERE, _function_of, firmware_imports, module_digests, move_cache_files
 
 
 def _write(path: pathlib.Path, text: str) -> None:
@@ -48,3 +49,30 @@ def test_each_function_comes_whole_from_the_first_directory_that_has_it(tmp_path
         "m.g-20.py311.1.nbc": "code of g from b",
         "m.h-30.py311.nbi": "index of h, already here",
     }
+
+
+def _sources() -> dict[str, bytes]:
+    return {f.stem: f.read_bytes() for f in HERE.glob("*.py")}
+
+
+def test_imports_are_read_in_every_form():
+    src = ("import numpy as np\nfrom firmware import blockops as B, abi\n"
+           "from firmware.bits import u32_as_f32\nimport firmware.convert\n"
+           "def f():\n    from firmware.retrieval import page_bounds\n")
+    assert firmware_imports(src) == {"blockops", "abi", "bits", "convert", "retrieval"}
+
+
+def test_an_edit_drops_the_cached_code_of_what_it_reaches_only():
+    """An edited module's digest changes, and so does every module importing it, directly or
+    not; nothing else's does."""
+    sources = _sources()
+    before = module_digests(sources)
+    edited = dict(sources, retrieval=sources["retrieval"] + b"\n# edited\n")
+    changed = {m for m, d in module_digests(edited).items() if d != before[m]}
+    assert changed == {"retrieval", "warm"}  # warm imports it inside a function
+    edited = dict(sources, bits=sources["bits"] + b"\n# edited\n")
+    changed = {m for m, d in module_digests(edited).items() if d != before[m]}
+    # bits <- convert, quant_int, quant_fp8, retrieval <- blockops <- entry, blockfmt, quant
+    assert {"bits", "convert", "quant_int", "quant_fp8", "retrieval", "blockops", "entry",
+            "quant", "warm"} <= changed
+    assert not changed & {"prefix_hash", "checksum", "layout", "abi"}
