@@ -342,3 +342,20 @@ def test_many_in_flight_from_futures_and_threads_complete_each_with_its_own_resu
     for r, w in zip(results, want[:8], strict=True):
         assert np.array_equal(r, w)
     assert np.array_equal(got["thread"], want[8])
+
+
+def test_attend_reads_each_uncached_block_once(dev):
+    """ATTEND over blocks with no summaries yet reads each for its token count before it knows
+    its pages; the pages then come from that read, not a second one."""
+    rng = np.random.default_rng(17)
+    blocks = _blocks(rng, 4, 64, 1, 2, 32)
+    keys = _store(dev, "once", blocks)
+    K, V = _layer(blocks, 0, 0), _layer(blocks, 0, 1)
+    q = rng.standard_normal((2, 32)).astype(np.float32)
+    ids = np.array([[1, 6, 10, 15], [2, 5, 9, 13]])  # pages in every block, both heads
+    before = dev.log()["retrieval"]["block_reads"]
+    out, lse = dev.attend(keys, q, ids, layer=0, layers=1, sink_pages=0, recent_pages=0)
+    assert dev.log()["retrieval"]["block_reads"] - before == len(blocks)
+    rout, rlse = ref.attend(q, K, V, PAGE, ids)
+    np.testing.assert_allclose(out, rout, atol=1e-5)
+    np.testing.assert_allclose(lse, rlse, atol=1e-5)

@@ -68,6 +68,9 @@ MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 MAX_RERANK = 64
 KEY_BYTES = 16
+# decoded blocks one command keeps so as not to read and decode a block twice (the host's
+# memory, not the drive's: the modelled time charges each page read once either way)
+MEMO_BYTES = 64 << 20
 
 
 class Refused(Exception):
@@ -156,6 +159,7 @@ class Block:
     first_page: int
     token_bytes: int  # bytes per token in the stored value's layout (plain: contiguous)
     code: int = DTYPE_FP16  # its element type, once read
+    kv: tuple | None = None  # its layer's K and V once read, kept for the command (MEMO_BYTES)
 
 
 def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarray, int]:
@@ -252,7 +256,9 @@ class Retrieval:
         self._t.start()
         self._lock = threading.Lock()
         self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
-                       "summary_hits": 0, "summary_misses": 0, "kernels": {}}
+                       "summary_hits": 0, "summary_misses": 0, "block_reads": 0,
+                       "kernels": {}}
+        self._memo_left = MEMO_BYTES
 
     def submit(self, cmd) -> None:
         """An admin-queue command (sde_admin_cmd, copied): runs on the worker, completes."""
@@ -327,6 +333,7 @@ class Retrieval:
             raise Refused("INVALID_BUFFER", f"the output needs {req.out_bytes()} bytes")
         timing = _Timing(self.profile, len(inp))
         blocks = self._blocks(req, nsid)
+        self._memo_left = MEMO_BYTES  # one command at a time on this thread
         if op == "TOPK_PAGES":
             payload, result = self._topk(req, nsid, blocks, timing)
         else:
@@ -346,15 +353,25 @@ class Retrieval:
         return blocks
 
     def _read(self, req: Request, nsid: int, b: Block) -> tuple[np.ndarray, np.ndarray]:
+        """The block's layer as float32 K and V: read and decoded once per command (ATTEND
+        reads an uncached block for its token count before it knows which pages it needs),
+        as long as the command's decoded blocks fit in MEMO_BYTES; past that, read again."""
+        if b.kv is not None:
+            return b.kv
         try:
             value = self.d.store.get(b.key, nsid)
         except CorruptValue:
             raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
         except KeyError:
             raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
+        with self._lock:
+            self._stats["block_reads"] += 1
         k, v, b.code = layer_keys_values(value, req)
         b.tokens = k.shape[1]
         b.token_bytes = max(1, b.length // max(1, b.tokens))
+        if k.nbytes + v.nbytes <= self._memo_left:
+            self._memo_left -= k.nbytes + v.nbytes
+            b.kv = (k, v)
         return k, v
 
     def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:
