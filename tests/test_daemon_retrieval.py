@@ -359,3 +359,36 @@ def test_attend_reads_each_uncached_block_once(dev):
     rout, rlse = ref.attend(q, K, V, PAGE, ids)
     np.testing.assert_allclose(out, rout, atol=1e-5)
     np.testing.assert_allclose(lse, rlse, atol=1e-5)
+
+
+def test_another_clients_io_goes_on_while_a_long_retrieval_runs(daemon, dev):
+    """The retrieval worker is a thread of its own, beside the data plane: a neighbour's block
+    reads complete at their own pace while a long TOPK (48 blocks read, decoded, summarized)
+    is in flight, never behind it."""
+    import time
+
+    rng = np.random.default_rng(41)
+    keys = [f"long/{i:02d}".encode() for i in range(48)]  # one length, as a sequence's are
+    for key, b in zip(keys, _blocks(rng, 48, 512, 4, 4, 64), strict=True):  # 1 MiB each
+        dev.kv_put(key, b.view(np.uint16).tobytes())
+    q = rng.standard_normal((8, 64)).astype(np.float32)
+    with hostlib.connect(daemon.socket_path) as other:
+        ns = other.ns_create(1 << 20)
+        buf = other.alloc(4096)
+        buf[:] = np.arange(4096, dtype=np.uint8)
+        other.write(ns, 0, buf)
+        t0 = time.perf_counter()
+        long = dev.topk_pages_async(keys, q, layer=2, layers=4, kv_heads=4, k=8)
+        worst, reads = 0.0, 0
+        while not long.done():
+            buf[:] = 0
+            s = time.perf_counter()
+            other.read(ns, 0, buf)
+            worst = max(worst, time.perf_counter() - s)
+            assert np.array_equal(buf, np.arange(4096, dtype=np.uint8))
+            reads += 1
+        long.result()
+        wall = time.perf_counter() - t0
+        other.ns_delete(ns)
+    assert reads >= 5, (reads, wall)  # the neighbour kept going all along
+    assert worst < wall / 4, (worst, wall)  # and none of its reads waited for the TOPK
