@@ -116,6 +116,12 @@ def _size_list(text: str) -> list[int]:
     return out
 
 
+def _threads(text: str) -> int | str:
+    if text in ("1", "2", "auto"):
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"expected 1, 2 or auto, got {text!r}")
+
+
 def _prefill_rate(text: str) -> float | str | None:
     if text == "model":
         return None  # the model config's own rate
@@ -295,11 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--store-queue", type=_positive_int, metavar="N",
                     help="admission control: at most N background stores in flight per "
                     "drive; stores past it are dropped and counted (default: no limit)")
-    rp.add_argument("--threads", type=int, choices=(1, 2),
-                    default=2 if (os.cpu_count() or 1) >= 2 else 1,
+    rp.add_argument("--threads", type=_threads, default="auto", metavar="{1,2,auto}",
                     help="model mode: threads booking the timing model (2: a helper thread "
-                    "books half of each request's dies, identical figures; default: 2 on a "
-                    "host with two CPUs or more)")
+                    "books half of each request's dies, identical figures; auto, the "
+                    "default: 2 when a core is free for the helper at the start, else 1)")
     rp.add_argument("--instances", type=_positive_int, default=1, metavar="K",
                     help="serving instances, each with its own GPU, HBM, DRAM and drive")
     rp.add_argument("--pool", choices=("private", "pooled"), default="private",
@@ -457,7 +462,6 @@ def _cmd_bench_firmware(args) -> int:
 
 def _cmd_serve(args) -> int:
     import logging
-    import os
 
     from ssdemu.device.daemon import check_socket_path, serve
     from ssdemu.device.media import open_media
@@ -576,8 +580,6 @@ def _cmd_bench_replay(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    import os
-
     from ssdemu.replay.sweep import run_sweep
 
     out = args.out or f"sweep-{os.path.splitext(os.path.basename(args.spec))[0]}"
@@ -597,6 +599,7 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_replay(args) -> int:
     from ssdemu.replay.job import ReplayJob, run
+    from ssdemu.replay.threads import auto_threads
 
     report = run(ReplayJob(
         trace=args.trace, profile=args.profile, model=args.model, mode=args.mode,
@@ -605,7 +608,8 @@ def _cmd_replay(args) -> int:
         socket=args.socket, media=args.media, plot_dir=args.plot,
         progress=not args.no_progress, instances=args.instances, pool=args.pool,
         route=args.route, fabric=args.fabric, dequant=args.dequant,
-        store_when=args.store_when, store_queue=args.store_queue, threads=args.threads,
+        store_when=args.store_when, store_queue=args.store_queue,
+        threads=auto_threads() if args.threads == "auto" else args.threads,
         decode=args.decode,
         gpu_dequant_rate=(args.gpu_dequant_rate * 1e9 if args.gpu_dequant_rate else None)))
     if args.json:

@@ -1,0 +1,39 @@
+"""`replay --threads auto`: the helper thread only when a core is free for it (busy
+neighbours on every core: one thread), and the option's parsing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ssdemu.cli import main
+from ssdemu.replay.threads import choose_threads, others_running
+
+
+@pytest.mark.parametrize("cpus, others, want", [
+    (1, 0, 1), (2, 0, 2), (2, 1, 1), (2, 2, 1), (2, 4, 1), (4, 2, 2), (4, 3, 1), (8, 0, 2)])
+def test_the_helper_needs_a_whole_core_beside_the_replay(cpus, others, want):
+    assert choose_threads(cpus, others) == want
+
+
+def test_busy_neighbours_are_counted_and_leave_no_core_for_the_helper():
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.3)  # both started and spinning
+        others = others_running()
+        assert others >= 2, others  # runnable whether or not on a core at the moment
+        assert choose_threads(2, others) == 1
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def test_threads_takes_1_2_or_auto(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["replay", "traces/mooncake_synthetic_trace.jsonl", "--threads", "3"])
+    assert e.value.code == 2
+    assert "expected 1, 2 or auto, got '3'" in capsys.readouterr().err
