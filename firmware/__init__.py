@@ -9,7 +9,6 @@ when the user has no writable home either.
 
 import os
 import pathlib
-import shutil
 import stat
 import tempfile
 
@@ -49,18 +48,15 @@ def _use_private_cache() -> None:
         return
     from numba.core import caching, config
 
+    from firmware.cachefiles import merge_functions
+
     config.CACHE_DIR = str(private_cache_dir())
     # where Numba's locator for a user-provided cache directory puts this folder's files
     dest = pathlib.Path(config.CACHE_DIR) / caching.UserProvidedCacheLocator \
         .get_suitable_cache_subpath(str(_HERE / "entry.py"))
     dest.mkdir(parents=True, exist_ok=True)
-    # whole functions only (an index and the code files it names), and none this cache has:
-    # an index from one cache beside code files of another could name the wrong code.  An
-    # index records its source file's stamp, which is the same file here: valid as it is.
-    have = {f.name.split(".py")[0] for f in dest.glob("*.nbi")}
-    for f in (_HERE / "__pycache__").glob("*.nb[ic]"):
-        if f.name.split(".py")[0] not in have:
-            shutil.copy2(f, dest / f.name)
+    # an index records its source file's stamp, which is the same file here: valid as it is
+    merge_functions([_HERE / "__pycache__"], dest, move=False)
 
 
 _use_private_cache()

@@ -27,8 +27,6 @@ import hashlib
 import json
 import os
 import pathlib
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,7 @@ import time
 
 import numpy as np
 
+from firmware.cachefiles import merge_functions
 from firmware.prefix_hash import hash_chain
 from firmware.quant import dequantize, quantize
 
@@ -119,8 +118,7 @@ def warm(jobs: int | None = None) -> float:
                  else (x.view(np.uint32) >> 16).astype(np.uint16))
         for scheme in SCHEMES:
             dequantize(quantize(x, dtype, scheme))
-    keys = np.zeros((2, 16), np.uint8)
-    hash_chain(np.arange(32, dtype=np.uint32), 16, np.zeros(16, np.uint8), keys)
+    _warm_hash()
     _warm_retrieval(rng)
     return time.perf_counter() - t0
 
@@ -152,8 +150,7 @@ def _half_dequantize_and_retrieval() -> None:
     name = np.frombuffer(b"int8_g64", np.uint8)  # read-only, as firmware.quant passes names
     B.parse_scheme_name(name, np.zeros(B.NPARAM, np.int64))
     _warm_retrieval(np.random.default_rng(0))
-    keys = np.zeros((2, 16), np.uint8)
-    hash_chain(np.arange(32, dtype=np.uint32), 16, np.zeros(16, np.uint8), keys)
+    _warm_hash()
 
 
 HALVES = (_half_quantize, _half_dequantize_and_retrieval)
@@ -173,27 +170,12 @@ def compile_in_parallel(jobs: int) -> None:
                 env=env, cwd=HERE.parent))
         for proc in procs:
             proc.wait()
-        move_cache_files(dirs[:jobs], CACHE)
+        merge_functions(dirs[:jobs], CACHE)
 
 
-def move_cache_files(dirs, dest: pathlib.Path) -> None:
-    """Move the Numba cache files found under each of dirs into dest, whole functions at a
-    time: a function's index and the code files it names come from the first directory that
-    has it (and none when dest has it already), never mixed."""
-    taken = {_function_of(f) for f in dest.glob("*.nbi")}
-    for d in dirs:
-        files = list(pathlib.Path(d).rglob("*.nb[ic]"))
-        mine = {_function_of(f) for f in files if f.suffix == ".nbi"} - taken
-        for f in files:
-            if _function_of(f) in mine:
-                shutil.move(str(f), dest / f.name)
-        taken |= mine
-
-
-def _function_of(cache_file: pathlib.Path) -> str:
-    """The function a Numba cache file belongs to: "quant_int.quantize_int-295" of
-    "quant_int.quantize_int-295.py311.nbi" and of its code files "...py311.1.nbc"."""
-    return re.split(r"\.py\d+\.", cache_file.name)[0]
+def _warm_hash() -> None:
+    keys = np.zeros((2, 16), np.uint8)
+    hash_chain(np.arange(32, dtype=np.uint32), 16, np.zeros(16, np.uint8), keys)
 
 
 def _warm_retrieval(rng) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pathlib
 
-from firmware.warm import HERE, _function_of, firmware_imports, module_digests, move_cache_files
+from firmware.cachefiles import function_of, merge_functions
+from firmware.warm import HERE, firmware_imports, module_digests
 
 
 def _write(path: pathlib.Path, text: str) -> None:
@@ -16,11 +17,11 @@ def _write(path: pathlib.Path, text: str) -> None:
 
 
 def test_function_of_names_the_function_of_index_and_code_files():
-    assert _function_of(pathlib.Path("quant_int.quantize_int-295.py311.nbi")) == \
+    assert function_of(pathlib.Path("quant_int.quantize_int-295.py311.nbi")) == \
         "quant_int.quantize_int-295"
-    assert _function_of(pathlib.Path("quant_int.quantize_int-295.py311.12.nbc")) == \
+    assert function_of(pathlib.Path("quant_int.quantize_int-295.py311.12.nbc")) == \
         "quant_int.quantize_int-295"
-    assert _function_of(pathlib.Path(
+    assert function_of(pathlib.Path(
         "quant_int._half_quantizer.locals.quantize-320.py313.3.nbc")) == \
         "quant_int._half_quantizer.locals.quantize-320"
 
@@ -39,7 +40,7 @@ def test_each_function_comes_whole_from_the_first_directory_that_has_it(tmp_path
     _write(dest / "m.h-30.py311.nbi", "index of h, already here")
     _write(a / "m.h-30.py311.nbi", "index of h from a")
 
-    move_cache_files([tmp_path / "a", tmp_path / "b"], dest)
+    merge_functions([tmp_path / "a", tmp_path / "b"], dest)
 
     got = {f.name: f.read_text() for f in dest.iterdir()}
     assert got == {
