@@ -1,8 +1,10 @@
 """hostlib: the client library offload experiments import."""
 
+from hostlib import owner_key
 from hostlib.attention import merge_attention
 from hostlib.client import Device, Future, QueuePair, connect, control_request, reinsert
 from hostlib.errors import (
+    AccessDeniedError,
     CapacityError,
     ConnectError,
     DeviceError,
@@ -19,9 +21,10 @@ from hostlib.errors import (
 )
 
 __all__ = [
-    "CapacityError", "ConnectError", "Device", "DeviceError", "DeviceGoneError", "Future",
+    "AccessDeniedError", "CapacityError", "ConnectError", "Device", "DeviceError",
+    "DeviceGoneError", "Future",
     "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
     "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "MediaError",
     "NamespaceError", "OutOfRangeError", "QueuePair", "connect", "control_request",
-    "merge_attention", "reinsert",
+    "merge_attention", "owner_key", "reinsert",
 ]

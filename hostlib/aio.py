@@ -237,8 +237,11 @@ class AsyncDevice:
         await self.close()
 
 
-async def connect(socket_path: str, entries: int = 1024, timeout: float = 5.0,
-                  owner: str | None = None) -> AsyncDevice:
-    """Connect on the running event loop (the handshake itself is a few short requests)."""
-    dev = _connect(socket_path, entries, timeout, owner)
+async def connect(socket_path: str, entries: int = 1024, timeout: float = 5.0, *,
+                  owner_key: str | bytes | None = None,
+                  owner_key_file: str | None = None) -> AsyncDevice:
+    """Connect on the running event loop (the handshake itself is a few short requests);
+    the owner key as in hostlib.connect."""
+    dev = _connect(socket_path, entries, timeout, owner_key=owner_key,
+                   owner_key_file=owner_key_file)
     return AsyncDevice(dev, asyncio.get_running_loop())

@@ -35,7 +35,8 @@ from hostlib.errors import (
     raise_for_status,
 )
 from ssdemu_wire import _ring, control
-from ssdemu_wire.layout import NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
+from ssdemu_wire import owner_key as owner_key_module
+from ssdemu_wire.layout import NS_ALL_OWNERS, NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
 
 ffi, lib = _ring.ffi, _ring.lib
 
@@ -791,18 +792,27 @@ class Device:
     def identify(self) -> dict:
         return self._admin_json(OPCODES["IDENTIFY"], "identify")
 
-    def namespaces(self) -> list[dict]:
-        return self._admin_json(OPCODES["NS_LIST"], "namespace list")
+    def namespaces(self, all_owners: bool = False) -> list[dict]:
+        """The namespaces this client may use (nsid, bytes, start, shared).  all_owners (an
+        admin's request): every namespace on the drive, each with its owner's `uid` and
+        whether this client may use it (`mine`)."""
+        return self._admin_json(OPCODES["NS_LIST"], "namespace list",
+                                param1=NS_ALL_OWNERS if all_owners else 0)
 
     def ns_create(self, nbytes: int = 0, shared: bool = False) -> int:
         """A new namespace: nbytes of blocks (0: for keys only; KV calls name it with
-        `nsid=`).  It belongs to this client's owner (its uid, and the owner name given to
-        `connect`): other owners cannot see it, unless it is created shared."""
+        `nsid=`).  It belongs to this client's owner (its uid, and the owner key given to
+        `connect`): other owners cannot see it, unless it is created shared (then every
+        client may use it, and only its creator or an admin may delete it)."""
         return self.submit(OPCODES["NS_CREATE"], "namespace create", param0=nbytes,
                            param1=NS_SHARED if shared else 0).result()
 
-    def ns_delete(self, nsid: int) -> None:
-        self.submit(OPCODES["NS_DELETE"], f"namespace delete {nsid}", nsid=nsid).result()
+    def ns_delete(self, nsid: int, any_owner: bool = False) -> None:
+        """Delete a namespace of this client's owner, or a shared one it created (another's
+        shared one: AccessDeniedError).  any_owner (an admin's request): any namespace,
+        whoever owns it."""
+        self.submit(OPCODES["NS_DELETE"], f"namespace delete {nsid}", nsid=nsid,
+                    param1=NS_ALL_OWNERS if any_owner else 0).result()
 
     # -- fault injection: for testing the software above the drive --
     def inject_fault(self, kind: str, *, nsid: int | None = None,
@@ -817,7 +827,9 @@ class Device:
         that range of nsid; key: KV commands on that key (of nsid, 0 when None).  count:
         the rule ends after hitting that many commands (0: at clear_faults); probability:
         each matching command is hit with it, drawn from `seed` (the same seed, the same
-        faults).  The daemon's own user and root only."""
+        faults).  An admin (the holder of the daemon's --admin-key; without one, the
+        daemon's uid and root) may name any namespace or none; any other owner only a
+        namespace of its own."""
         msg = {"op": "fault", "action": "add", "kind": kind, "nsid": nsid, "count": count,
                "probability": probability, "seed": seed}
         if lba is not None:
@@ -830,21 +842,24 @@ class Device:
         return self._request(msg)[0]["id"]
 
     def clear_faults(self, rule_id: int = 0) -> int:
-        """Remove one fault rule, or every one (0); how many went."""
+        """Remove one fault rule, or every one (0) this client may see; how many went."""
         return self._request({"op": "fault", "action": "clear", "id": rule_id})[0]["cleared"]
 
     def faults(self) -> list[dict]:
-        """The fault rules in force, with how many commands each has hit."""
+        """The fault rules in force, with how many commands each has hit: an admin sees
+        every rule, another owner its own."""
         return self._request({"op": "fault", "action": "list"})[0]["rules"]
 
     def surprise_removal(self, seconds: float = 0) -> None:
         """Pull the drive: every client (this one too) sees the device gone at once; new
-        queue pairs are refused until `seconds` pass (0: until hostlib.reinsert)."""
+        queue pairs are refused until `seconds` pass (0: until hostlib.reinsert).  Admin
+        only."""
         self._request({"op": "fault", "action": "remove", "seconds": seconds})
 
     def power_cut(self, seed: int = 0) -> None:
         """Cut the drive's power (a daemon started with --power-cut): every client sees it
-        gone; writes no completed flush covered may be lost (seeded); it powers on again."""
+        gone; writes no completed flush covered may be lost (seeded); it powers on again.
+        Admin only."""
         self._request({"op": "fault", "action": "power-cut", "seed": seed})
 
     def log(self, page: int = 1) -> dict:
@@ -865,15 +880,19 @@ class Device:
         self.close()
 
 
-def control_request(socket_path: str, msg: dict, timeout: float = 5.0) -> dict:
+def control_request(socket_path: str, msg: dict, timeout: float = 5.0,
+                    owner_key: str | bytes | None = None,
+                    owner_key_file: str | None = None) -> dict:
     """One control-plane request on a connection of its own, no queue pair (what `ssdemu
-    ctl fault` uses: it works while the device is removed)."""
+    ctl fault` uses: it works while the device is removed).  The owner key as in
+    `connect`."""
+    hello = _hello(owner_key, owner_key_file)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout)
     try:
         try:
             sock.connect(socket_path)
-            control.send(sock, {"op": "hello", "version": PROTOCOL_VERSION})
+            control.send(sock, hello)
             reply, _ = control.recv(sock)
             if reply and reply.get("ok"):
                 control.send(sock, msg)
@@ -887,16 +906,34 @@ def control_request(socket_path: str, msg: dict, timeout: float = 5.0) -> dict:
         sock.close()
 
 
-def reinsert(socket_path: str) -> bool:
-    """End an injected surprise removal; whether the device was removed."""
-    return control_request(socket_path, {"op": "fault", "action": "reinsert"})["was_removed"]
+def reinsert(socket_path: str, owner_key: str | bytes | None = None,
+             owner_key_file: str | None = None) -> bool:
+    """End an injected surprise removal (an admin's request); whether the device was
+    removed."""
+    return control_request(socket_path, {"op": "fault", "action": "reinsert"},
+                           owner_key=owner_key, owner_key_file=owner_key_file)["was_removed"]
 
 
-def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5.0,
-            owner: str | None = None) -> Device:
-    """Connect to a daemon.  owner: a name for this experiment (1-255 characters); the
-    namespaces it creates belong to this uid and that name together, across reconnects and
-    restarts, so that two experiments of one user stay apart.  None: the uid alone."""
+def _hello(owner_key, owner_key_file) -> dict:
+    hello = {"op": "hello", "version": PROTOCOL_VERSION}
+    try:
+        key = owner_key_module.resolve(owner_key, owner_key_file)
+    except owner_key_module.OwnerKeyError as e:
+        raise ConnectError(str(e)) from None
+    if key is not None:
+        hello["owner_key"] = key
+    return hello
+
+
+def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5.0, *,
+            owner_key: str | bytes | None = None, owner_key_file: str | None = None) -> Device:
+    """Connect to a daemon.  The owner this client acts as is a secret key
+    (hostlib.owner_key): `owner_key` (hex or bytes), or the key file `owner_key_file` (mode
+    0600), or the file $SSDEMU_OWNER_KEY_FILE names.  What a client creates (namespaces,
+    fault rules) belongs to its uid and its key together, across reconnects and restarts;
+    with no key, to the uid alone.  Knowing an experiment's name gives another process
+    nothing: it needs the key."""
+    hello = _hello(owner_key, owner_key_file)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout)
     try:
@@ -906,9 +943,6 @@ def connect(socket_path: str, entries: int = DEFAULT_ENTRIES, timeout: float = 5
         raise ConnectError(f"cannot reach ssdemu at {socket_path}: {e.strerror}") from None
     try:
         try:
-            hello = {"op": "hello", "version": PROTOCOL_VERSION}
-            if owner is not None:
-                hello["owner"] = owner
             control.send(sock, hello)
         except BrokenPipeError:
             pass  # the daemon refused us at once: its reason is waiting to be read

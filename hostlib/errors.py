@@ -40,6 +40,11 @@ class CapacityError(DeviceError):
     """No room left on the device."""
 
 
+class AccessDeniedError(DeviceError):
+    """The command acts on what belongs to another owner (a shared namespace it did not
+    create: only its creator or an admin deletes it)."""
+
+
 class KeyNotFoundError(DeviceError):
     """KV: the key does not exist."""
 
@@ -79,6 +84,7 @@ _BY_STATUS = {
     STATUS["LBA_OUT_OF_RANGE"]: OutOfRangeError,
     STATUS["MEDIA_ERROR"]: MediaError,
     STATUS["CAPACITY_EXCEEDED"]: CapacityError,
+    STATUS["ACCESS_DENIED"]: AccessDeniedError,
     STATUS["KV_KEY_NOT_EXIST"]: KeyNotFoundError,
     STATUS["KV_KEY_EXISTS"]: KeyExistsError,
     STATUS["KV_INVALID_KEY_SIZE"]: InvalidKeySizeError,

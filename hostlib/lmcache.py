@@ -12,7 +12,7 @@ LMCache's own configuration, with no code from the user:
       remote_storage_plugin.ssdemu.socket: /run/ssdemu.sock
       remote_storage_plugin.ssdemu.quant: none     # or int8_g64, int4_g64, kivi4_g32_r128, ...
       remote_storage_plugin.ssdemu.queue_pairs: 4
-      remote_storage_plugin.ssdemu.owner: lmcache  # the drive-side owner name (default)
+      remote_storage_plugin.ssdemu.owner_key_file: ~/.config/ssdemu/lmcache.key  # default
 
 How it maps LMCache onto the drive:
 - Each chunk is one value (up to the drive's max_value_bytes: 64 MiB on the shipped
@@ -20,8 +20,10 @@ How it maps LMCache onto the drive:
   of LMCache's key string.  The full key string and the chunk's RemoteMetadata (shapes,
   dtypes, format, length) go in a second, small record in a names namespace, so that `list`
   returns LMCache's keys and partial chunks come back with their shapes.
-- Both namespaces are keys-only namespaces of the owner (`owner`, default "lmcache"), found
-  again after a restart (the two lowest keys-only namespaces it owns) or made on first use.
+- Both namespaces are keys-only namespaces of the owner whose key is in `owner_key_file`
+  (default $XDG_CONFIG_HOME/ssdemu/lmcache.key, written with mode 0600 on first use; see
+  hostlib.owner_key), found again after a restart (the two lowest keys-only namespaces it
+  owns) or made on first use.
 - Batched lookups are one PREFIX_MATCH command (the drive's index), not one exists each.
 - The coroutines run on LMCache's event loop through hostlib.aio, spread over `queue_pairs`
   connections; LMCache's synchronous calls use a connection of their own under a lock.
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import os
 import struct
 import threading
 from typing import List
@@ -56,12 +59,19 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import hostlib
 import hostlib.aio
+from hostlib import owner_key
 
 logger = init_logger(__name__)
 
 PLUGIN_TYPE = "ssdemu"
 NAME_HEADER = struct.Struct("<I")  # metadata length, then metadata, then the key string
 QUANT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def default_key_file() -> str:
+    """$XDG_CONFIG_HOME/ssdemu/lmcache.key (~/.config/ssdemu/lmcache.key)."""
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return os.path.join(config, "ssdemu", "lmcache.key")
 
 
 def drive_key(key_string: str) -> bytes:
@@ -85,10 +95,21 @@ class SsdemuConnector(RemoteConnector):
                              "ssdemu daemon's socket path")
         self.quant = str(_setting(config, plugin_name, "quant", "none"))
         self.queue_pairs = max(1, int(_setting(config, plugin_name, "queue_pairs", 4)))
-        self.owner = str(_setting(config, plugin_name, "owner", "lmcache"))
+        if _setting(config, plugin_name, "owner") is not None:
+            raise ValueError(f"remote_storage_plugin.{plugin_name}.owner: an owner is a key "
+                             "now, not a name: set owner_key_file (a file `ssdemu owner-key` "
+                             "wrote)")
+        self.owner_key_file = os.path.expanduser(str(_setting(
+            config, plugin_name, "owner_key_file", default_key_file())))
+        if not os.path.exists(self.owner_key_file):
+            try:
+                owner_key.new(self.owner_key_file)
+            except owner_key.OwnerKeyError:
+                pass  # another engine made it meanwhile: load it below
+        self.owner_key = owner_key.load(self.owner_key_file)
         # synchronous calls (exists_sync, remove_sync, batched_contains) come from other
         # threads: one connection, one at a time
-        self._sync = hostlib.connect(self.socket, owner=self.owner)
+        self._sync = hostlib.connect(self.socket, owner_key=self.owner_key)
         self._sync_lock = threading.Lock()
         self.data_ns, self.names_ns = self._namespaces(self._sync)
         self.max_value = self._sync.identify()["max_value_bytes"]
@@ -124,7 +145,8 @@ class SsdemuConnector(RemoteConnector):
                 self._aio_lock = asyncio.Lock()
             async with self._aio_lock:
                 while len(self._aio) < self.queue_pairs:
-                    self._aio.append(await hostlib.aio.connect(self.socket, owner=self.owner))
+                    self._aio.append(await hostlib.aio.connect(self.socket,
+                                                               owner_key=self.owner_key))
         return self._aio[next(self._turn) % len(self._aio)]
 
     def _take(self, dev: hostlib.aio.AsyncDevice, nbytes: int) -> np.ndarray:

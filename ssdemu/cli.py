@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--group", type=_group_id,
                        help="a group (name or gid) whose members may connect: the socket "
                        "is then 0660 in that group (default: 0600, the daemon's user)")
+    serve.add_argument("--admin-key", metavar="FILE",
+                       help="an owner key file (ssdemu owner-key): its holder alone is an "
+                       "admin (faults anywhere, power cut, removal, every owner's "
+                       "namespaces); without it the daemon's own user and root are")
     serve.add_argument("--max-buffers-per-client", type=_positive_int, default=256,
                        help="registered buffers one client may hold (default 256 of the "
                        "device's 1024), so that none can lock the others out")
@@ -186,21 +190,26 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = sub.add_parser("ctl", help="admin commands against a running daemon")
     ctl.add_argument("--socket", required=True)
     ctl.add_argument("--json", action="store_true", help="print one JSON object")
-    ctl.add_argument("--owner", help="act as this owner (the name an experiment connects "
-                     "with): its private namespaces")
+    ctl.add_argument("--owner-key-file", metavar="FILE",
+                     help="act as the owner of this key (ssdemu owner-key): its namespaces "
+                     "and fault rules (default: $SSDEMU_OWNER_KEY_FILE, else the uid alone)")
     csub = ctl.add_subparsers(dest="ctl", required=True, parser_class=_Parser)
     csub.add_parser("identify", help="what the device is")
-    csub.add_parser("ns-list", help="namespaces")
+    nl = csub.add_parser("ns-list", help="namespaces")
+    nl.add_argument("--all-owners", action="store_true",
+                    help="every owner's, with its uid (an admin's request)")
     nc = csub.add_parser("ns-create", help="create a namespace")
     nc.add_argument("size", type=_size_arg, help="bytes, with K/M/G/T (0: for keys only)")
     nc.add_argument("--shared", action="store_true",
                     help="every client may use it (default: only its owner)")
     nd = csub.add_parser("ns-delete", help="delete a namespace")
     nd.add_argument("nsid", type=_positive_int)
+    nd.add_argument("--any-owner", action="store_true",
+                    help="whoever owns it (an admin's request: reclaim another's space)")
     lg = csub.add_parser("log", help="a log page (1: counters, latency, bytes copied)")
     lg.add_argument("page", type=_positive_int, nargs="?", default=1)
     ft = csub.add_parser("fault", help="inject faults, for testing the software above the "
-                         "drive (the daemon's own user and root)")
+                         "drive (an admin anywhere; an owner into its own namespaces)")
     fsub = ft.add_subparsers(dest="fault", required=True, parser_class=_Parser)
     for kind, what in (("read-error", "reads fail with MEDIA_ERROR"),
                        ("write-error", "writes fail with MEDIA_ERROR"),
@@ -233,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "the drive powers on again (serve --power-cut)")
     fpc.add_argument("--seed", type=_nonnegative_int, default=0,
                      help="which writes are lost: the same seed, the same outcome")
+
+    ok = sub.add_parser("owner-key", help="write a new owner key (mode 0600): what a client "
+                        "presents to own namespaces, in place of a name anyone could claim")
+    ok.add_argument("file", help="where to write it (must not exist)")
 
     sp = sub.add_parser("stat", help="a live per-interval table of a running drive (IOPS, "
                         "MB/s, latency, queue depth, compute), as iostat")
@@ -466,16 +479,28 @@ def _cmd_serve(args) -> int:
     from ssdemu.device.daemon import check_socket_path, serve
     from ssdemu.device.media import open_media
     from ssdemu.sim.profile import load
+    from ssdemu_wire import owner_key
 
     check_socket_path(args.socket)  # before anything is opened, formatted or logged
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s ssdemu[%(process)d] %(levelname)s %(message)s")
     profile = load(args.profile)
+    admin_key = owner_key.load(args.admin_key) if args.admin_key else None
     with open_media(args.media) as media:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      args.max_buffers_per_client, args.max_queue_pairs_per_client,
-                     args.max_inflight_per_client, args.power_cut, args.metrics)
+                     args.max_inflight_per_client, args.power_cut, args.metrics,
+                     admin_key=admin_key)
+
+
+def _cmd_owner_key(args) -> int:
+    from ssdemu_wire import owner_key
+
+    owner_key.new(args.file)
+    print(f"wrote a new owner key to {args.file} (mode 0600): connect with "
+          f"owner_key_file={args.file!r} or SSDEMU_OWNER_KEY_FILE={args.file}")
+    return 0
 
 
 def _cmd_format(args) -> int:
@@ -690,6 +715,7 @@ COMMANDS = {
     ("ctl", "log"): _cmd_ctl,
     ("ctl", "fault"): _cmd_ctl,
     ("torture", None): _cmd_torture,
+    ("owner-key", None): _cmd_owner_key,
     ("stat", None): _cmd_stat,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,

@@ -51,6 +51,7 @@ OPCODES = _constants("SDE_CMD_")  # name -> opcode
 STATUS = _constants("SDE_SC_")  # name -> status code
 STATUS_NAMES = {v: k for k, v in STATUS.items()}
 NS_SHARED = lib.SDE_NS_SHARED  # NS_CREATE's param1: a namespace every client may use
+NS_ALL_OWNERS = lib.SDE_NS_ALL_OWNERS  # NS_LIST's, NS_DELETE's param1: an admin's view
 
 
 def new_sqes(n: int) -> np.ndarray:

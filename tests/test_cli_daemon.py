@@ -1,6 +1,7 @@
 """`ssdemu ctl` and `ssdemu bench queue` as a user runs them, against a real daemon."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,33 @@ def test_ctl_admin_round(daemon):
     p = ssdemu("ctl", *sock, "--json", "log")
     assert json.loads(p.stdout)["classes"]["admin"]["commands"] >= 3
     assert ssdemu("ctl", *sock, "ns-delete", "1").returncode == 0
+
+
+def test_ctl_as_an_owner_and_as_an_admin(daemon, tmp_path):
+    """owner-key writes a key once; ctl acts as that owner with --owner-key-file or the
+    environment variable; the uid alone (here an admin) sees the owner's namespace only
+    with --all-owners, and deletes it only with --any-owner."""
+    sock = ["--socket", daemon.socket_path]
+    key = str(tmp_path / "exp.key")
+    p = ssdemu("owner-key", key)
+    assert p.returncode == 0 and "mode 0600" in p.stdout, p.stderr
+    p = ssdemu("owner-key", key)
+    assert p.returncode == 1 and "never overwritten" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    p = ssdemu("ctl", *sock, "--owner-key-file", key, "ns-create", "0")
+    assert p.stdout.strip() == "created namespace 1", p.stderr
+    env = dict(os.environ, SSDEMU_OWNER_KEY_FILE=key)
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "ctl", *sock, "--json", "ns-list"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert [n["nsid"] for n in json.loads(p.stdout)] == [1], p.stderr
+    assert json.loads(ssdemu("ctl", *sock, "--json", "ns-list").stdout) == []
+    p = ssdemu("ctl", *sock, "ns-list", "--all-owners")
+    assert p.returncode == 0 and f"uid {os.getuid()}" in p.stdout
+    p = ssdemu("ctl", *sock, "ns-delete", "1")
+    assert p.returncode == 1 and "INVALID_NAMESPACE" in p.stderr
+    assert ssdemu("ctl", *sock, "ns-delete", "1", "--any-owner").returncode == 0
+    p = ssdemu("ctl", *sock, "--owner-key-file", str(tmp_path / "none.key"), "identify")
+    assert p.returncode == 1 and "cannot read owner key" in p.stderr
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -1,11 +1,14 @@
-"""Namespaces belong to an owner (a uid, or a uid and the owner name a client connects with)
+"""Namespaces belong to an owner (a uid, or a uid and the owner key a client connects with)
 unless created shared; keys live in a namespace; another owner's namespace is
-indistinguishable from a missing one (real daemon processes; real other uids when root)."""
+indistinguishable from a missing one (real daemon processes; real other uids when root).
+The hostile-neighbour probes of owners and admins are in test_daemon_hostile.py."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -17,7 +20,8 @@ import hostlib
 from ssdemu.device.media import open_media
 from ssdemu.device.store import KeyNotFound, Store
 from ssdemu.tools.daemon_process import DaemonProcess
-from ssdemu_wire.layout import OPCODES
+from ssdemu_wire import control
+from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION
 
 ROOT = os.getuid() == 0
 MISSING = 63  # a namespace id no test creates
@@ -50,14 +54,15 @@ def _every_touch(dev, ns: int) -> list[str]:
     ]
 
 
-def test_an_owner_names_private_namespaces_that_others_cannot_see_or_touch(tmp_path):
-    """Two experiments of one user (owner names A and B) and a client with no name: each
+def test_an_owner_keys_private_namespaces_that_others_cannot_see_or_touch(tmp_path):
+    """Two experiments of one user (owner keys A and B) and a client with no key: each
     sees its own namespaces and shared ones; another's private namespace answers every
     command exactly as a missing one does.  Across a reconnect and a daemon restart."""
     media = f"file:{tmp_path / 'd.img'}:64M"
+    key_a, key_b = secrets.token_hex(32), secrets.token_hex(32)
     d = DaemonProcess(str(tmp_path / "s.sock"), media=media)
     try:
-        with hostlib.connect(d.socket_path, owner="exp-A") as a:
+        with hostlib.connect(d.socket_path, owner_key=key_a) as a:
             ns_a = a.ns_create(1 << 20)
             kv_a = a.ns_create(0)  # keys only
             shared = a.ns_create(1 << 20, shared=True)
@@ -70,8 +75,8 @@ def test_an_owner_names_private_namespaces_that_others_cannot_see_or_touch(tmp_p
             a.kv_put(b"key-1", b"default value")  # namespace 0: everyone's
             assert {n["nsid"] for n in a.namespaces()} == {ns_a, kv_a, shared}
             assert a.kv_list(nsid=ns_a) == [b"key-1"]
-        for other in ("exp-B", None):
-            with hostlib.connect(d.socket_path, owner=other) as b:
+        for other in (key_b, None):
+            with hostlib.connect(d.socket_path, owner_key=other) as b:
                 assert [n["nsid"] for n in b.namespaces()] == [shared]
                 missing = _every_touch(b, MISSING)
                 assert set(missing) == {"INVALID_NAMESPACE"}, missing
@@ -81,9 +86,9 @@ def test_an_owner_names_private_namespaces_that_others_cannot_see_or_touch(tmp_p
                 assert b.kv_get(b"key-1") == b"default value"
         d.terminate()
         d = DaemonProcess(str(tmp_path / "s.sock"), media=media)
-        with hostlib.connect(d.socket_path, owner="exp-B") as b:
+        with hostlib.connect(d.socket_path, owner_key=key_b) as b:
             assert _every_touch(b, ns_a) == _every_touch(b, MISSING)
-        with hostlib.connect(d.socket_path, owner="exp-A") as a:  # the name survives
+        with hostlib.connect(d.socket_path, owner_key=key_a) as a:  # the key survives
             out = a.alloc(4096)
             a.read(ns_a, 0, out)
             assert (out == 7).all()
@@ -220,17 +225,62 @@ def test_another_uid_cannot_see_or_touch_a_private_namespace():
     assert code == 0, err
 
 
-def test_an_owner_name_is_checked(tmp_path):
+def test_an_owner_is_a_key_and_a_bad_one_is_refused_in_one_line(tmp_path):
+    """A name is refused (it is not a secret); keys are hex of 16 to 64 bytes, checked by
+    the client and again by the daemon; a key file must be its user's alone."""
     d = DaemonProcess(str(tmp_path / "s.sock"))
     try:
-        for bad in ("", "x" * 256):
-            with pytest.raises(hostlib.ConnectError, match="owner name"):
-                hostlib.connect(d.socket_path, owner=bad)
-        with hostlib.connect(d.socket_path, owner="x" * 255) as dev:
-            assert dev.ns_create(0) == 1
+        for hello, why in (({"owner": "alice"}, "an owner is a key, not a name"),
+                           ({"owner_key": "zz" * 16}, "hex text"),
+                           ({"owner_key": "ab" * 15}, "16 to 64 bytes"),
+                           ({"owner_key": "ab" * 65}, "16 to 64 bytes"),
+                           ({"owner_key": 12345}, "hex text")):
+            reply = _raw_hello(d.socket_path, hello)
+            assert not reply["ok"] and why in reply["error"], reply
+        for bad in ("", "ab" * 15, "not hex at all!"):
+            with pytest.raises(hostlib.ConnectError, match="owner key"):
+                hostlib.connect(d.socket_path, owner_key=bad)
+        path = tmp_path / "k" / "exp.key"
+        key = hostlib.owner_key.new(str(path))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        with pytest.raises(hostlib.owner_key.OwnerKeyError, match="never overwritten"):
+            hostlib.owner_key.new(str(path))
+        with hostlib.connect(d.socket_path, owner_key_file=str(path)) as dev:
+            nsid = dev.ns_create(0)
+        # the same owner by the key itself, and through the environment variable
+        with hostlib.connect(d.socket_path, owner_key=key) as dev:
+            assert [n["nsid"] for n in dev.namespaces()] == [nsid]
+        os.environ[hostlib.owner_key.ENV] = str(path)
+        try:
+            with hostlib.connect(d.socket_path) as dev:
+                assert [n["nsid"] for n in dev.namespaces()] == [nsid]
+        finally:
+            del os.environ[hostlib.owner_key.ENV]
+        with hostlib.connect(d.socket_path) as dev:  # no key: the uid alone
+            assert dev.namespaces() == []
+        os.chmod(path, 0o640)
+        with pytest.raises(hostlib.ConnectError, match="open to others .*chmod 600"):
+            hostlib.connect(d.socket_path, owner_key_file=str(path))
+        with pytest.raises(hostlib.ConnectError, match="not both"):
+            hostlib.connect(d.socket_path, owner_key=key, owner_key_file=str(path))
+        with pytest.raises(hostlib.ConnectError, match="cannot read owner key"):
+            hostlib.connect(d.socket_path, owner_key_file=str(tmp_path / "none.key"))
         with pytest.raises(hostlib.InvalidCommandError):
             with hostlib.connect(d.socket_path) as dev:
                 dev.submit(OPCODES["NS_CREATE"], "bad flags", param0=0,
                            param1=1).result()
     finally:
         assert d.terminate()[0] == 0
+
+
+def _raw_hello(path: str, fields: dict) -> dict:
+    """The daemon's reply to a hello a client library would not send."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(5)
+    try:
+        sock.connect(path)
+        control.send(sock, {"op": "hello", "version": PROTOCOL_VERSION, **fields})
+        return control.recv(sock)[0]
+    finally:
+        sock.close()

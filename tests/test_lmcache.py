@@ -41,7 +41,8 @@ def test_lmcache_engine_stores_finds_and_retrieves_through_the_drive(tmp_path, q
         p = subprocess.run([str(PY), str(ROOT / "tests" / "lmcache" / "scenario.py"),
                             d.socket_path, quant], capture_output=True, text=True,
                            timeout=300, cwd=tmp_path,
-                           env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(metrics)})
+                           env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(metrics),
+                                             "XDG_CONFIG_HOME": str(tmp_path)})
         assert p.returncode == 0, p.stderr[-3000:]
         assert metrics.is_dir()  # LMCache took the test's own metrics directory
         r = json.loads(p.stdout.strip().splitlines()[-1])
@@ -54,7 +55,9 @@ def test_lmcache_engine_stores_finds_and_retrieves_through_the_drive(tmp_path, q
             assert r["exact_a"] and r["exact_b"] and r["max_err"] == 0
         else:
             assert not r["exact_a"] and r["max_err_over_bound"] <= 1.0
-        with hostlib.connect(d.socket_path, owner="lmcache") as dev:
+        key = tmp_path / "ssdemu" / "lmcache.key"  # the plug-in's default, written 0600
+        assert key.stat().st_mode & 0o777 == 0o600
+        with hostlib.connect(d.socket_path, owner_key_file=str(key)) as dev:
             log = dev.log()
             assert log["classes"]["compute"]["commands"] > 0  # prefix matches in the drive
             spaces = [n for n in dev.namespaces() if not n["shared"]]

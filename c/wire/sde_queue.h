@@ -88,6 +88,8 @@
 #define SDE_SC_ABORTED 7
 #define SDE_SC_CAPACITY_EXCEEDED 8
 #define SDE_SC_INTERNAL 9
+/* an owner acting on what is not its own (a shared namespace it did not create) */
+#define SDE_SC_ACCESS_DENIED 10
 /* the NVMe KV command set's own status codes */
 #define SDE_SC_KV_INVALID_VALUE_SIZE 0x85
 #define SDE_SC_KV_INVALID_KEY_SIZE 0x86
@@ -98,6 +100,10 @@
  * otherwise only its owner); SDE_NS_USED marks a taken id in the store's table */
 #define SDE_NS_USED 1
 #define SDE_NS_SHARED 2
+/* NS_LIST's and NS_DELETE's param1: an admin acting on every owner's namespaces (the list
+ * then has each namespace's owner uid; a delete may take any); without it an admin is an
+ * owner like any other */
+#define SDE_NS_ALL_OWNERS 1
 
 /* ring flags */
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */

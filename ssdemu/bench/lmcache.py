@@ -46,9 +46,11 @@ def bench_lmcache(chunks: int = 16, where: str | None = None, quant: str = "none
                                 d.socket_path,
                                 disk, str(chunks), quant], capture_output=True, text=True,
                                timeout=1800, cwd=base,
-                               # LMCache's metrics files, else in /tmp/lmcache_prometheus
+                               # LMCache's metrics files, else in /tmp/lmcache_prometheus;
+                               # the plug-in's owner key (a fresh one), else in ~/.config
                                env=os.environ | {"PROMETHEUS_MULTIPROC_DIR":
-                                                 os.path.join(base, "prometheus")})
+                                                 os.path.join(base, "prometheus"),
+                                                 "XDG_CONFIG_HOME": base})
         finally:
             d.terminate()
         if p.returncode != 0:

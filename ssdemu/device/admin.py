@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from ssdemu.device.store import KeyNotFound, StoreFull
-from ssdemu_wire.layout import NS_SHARED, OPCODES, STATUS
+from ssdemu_wire.layout import NS_ALL_OWNERS, NS_SHARED, OPCODES, STATUS
 
 
 @dataclass
@@ -60,8 +60,24 @@ class Admin:
     def identify(self, client, sqe):
         return self._reply_json(client, sqe, self.d.identify())
 
+    @staticmethod
+    def _all_owners(client, sqe) -> bool | str:
+        """NS_LIST's and NS_DELETE's param1: 0, or NS_ALL_OWNERS (an admin's request, for
+        every owner's namespaces); else the status name to refuse with."""
+        p = int(sqe.param1)
+        if p not in (0, NS_ALL_OWNERS):
+            return "INVALID_FIELD"
+        if p and not client.admin:
+            return "ACCESS_DENIED"
+        return bool(p)
+
     def ns_list(self, client, sqe):
-        return self._reply_json(client, sqe, self.d.namespace_list(client))
+        if client is None:
+            return _err("ABORTED")
+        every = self._all_owners(client, sqe)
+        if isinstance(every, str):
+            return _err(every)
+        return self._reply_json(client, sqe, self.d.namespace_list(client, every))
 
     def get_log(self, client, sqe):
         page = self.d.log_page(int(sqe.param0))
@@ -87,10 +103,17 @@ class Admin:
         return _ok(nsid)
 
     def ns_delete(self, client, sqe):
+        if client is None:  # it left meanwhile: its rights went with it
+            return _err("ABORTED")
+        every = self._all_owners(client, sqe)
+        if isinstance(every, str):
+            return _err(every)
         try:
-            self.d.delete_namespace(int(sqe.nsid), client)
+            self.d.delete_namespace(int(sqe.nsid), client, every)
         except KeyNotFound:
             return _err("INVALID_NAMESPACE")
+        except PermissionError:
+            return _err("ACCESS_DENIED")
         return _ok()
 
 

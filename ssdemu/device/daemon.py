@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import logging
 import math
 import mmap
@@ -36,7 +35,7 @@ from ssdemu.device.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreErro
 from ssdemu.sim.cost import kernel_stats
 from ssdemu.sim.profile import Profile
 from ssdemu.sim.timing import budget_of, model_param_fields
-from ssdemu_wire import control
+from ssdemu_wire import control, owner_key
 from ssdemu_wire.layout import OPCODES, PROTOCOL_VERSION, SQE_DTYPE, STATUS
 
 ffi, lib = _device.ffi, _device.lib
@@ -85,7 +84,10 @@ class Client:
     sock: socket.socket
     uid: int
     pid: int
-    token: int = 0  # the owner name given at hello, hashed (0: none): see owner_token
+    token: int = 0  # the digest of the owner key given at hello (0: none): owner_key.token
+    # may inject faults anywhere, cut power, remove the drive, see every rule and namespace:
+    # a client that presented the --admin-key, or without one the daemon's own uid and root
+    admin: bool = False
     qps: dict[int, QueuePair] = field(default_factory=dict)
     buffers: dict[int, Buffer] = field(default_factory=dict)
 
@@ -96,8 +98,12 @@ class Daemon:
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
                  group: int | None = None, max_buffers: int = 256,
                  max_queue_pairs: int | None = None, max_inflight: int | None = None,
-                 power_cut: bool = False, metrics: str | None = None):
+                 power_cut: bool = False, metrics: str | None = None,
+                 admin_key: str | None = None):
         self.profile = profile
+        # the owner key (hex) whose holder is an admin besides the daemon's uid and root
+        self.admin_token = owner_key.token(admin_key) if admin_key else None
+        self.fault_owner: dict[int, tuple[int, int]] = {}  # rule id -> who added it
         self.metrics_address = metrics
         self.metrics_server = None
         # per-client quotas, so that no client takes what the others need
@@ -302,7 +308,10 @@ class Daemon:
         if uid not in self.allowed_uids and self.group is None:
             self._refuse(sock, pid, uid)
             return
-        client = Client(self._next_client, sock, uid, pid)
+        # admins: the holders of --admin-key when the daemon has one; else its own uid and
+        # root (whoever can read the key file can be one: docs/architecture.md)
+        client = Client(self._next_client, sock, uid, pid,
+                        admin=self.admin_token is None and uid in (os.getuid(), 0))
         self._next_client += 1
         self.clients[client.cid] = client
         # non-blocking: the control loop serves every client, and waits for none of them
@@ -368,14 +377,22 @@ class Daemon:
             if msg.get("version") != PROTOCOL_VERSION:
                 return {"ok": False, "error": f"protocol version {msg.get('version')!r} is "
                         f"not supported: this daemon speaks {PROTOCOL_VERSION}"}, []
-            owner = msg.get("owner")
-            if owner is not None:
-                if not isinstance(owner, str) or not 1 <= len(owner) <= 255:
-                    return {"ok": False, "error": "an owner name is 1 to 255 characters"}, []
-                if client.qps:
-                    return {"ok": False, "error": "the owner is named before any queue "
-                            "pair is made"}, []
-                client.token = owner_token(owner)
+            if "owner" in msg:
+                return {"ok": False, "error": "an owner is a key, not a name: connect with "
+                        "owner_key_file= (ssdemu owner-key FILE makes one)"}, []
+            key = msg.get("owner_key")
+            if key is not None:
+                try:
+                    key = owner_key.check(key) if isinstance(key, str) else None
+                except owner_key.OwnerKeyError as e:
+                    return {"ok": False, "error": str(e)}, []
+                if key is None:
+                    return {"ok": False, "error": "an owner key is hex text"}, []
+                if client.qps or client.buffers or client.token:
+                    return {"ok": False, "error": "the owner key is given once, before any "
+                            "queue pair or buffer is made"}, []
+                client.token = owner_key.token(key)
+                client.admin = client.admin or client.token == self.admin_token
             return {"ok": True, "version": PROTOCOL_VERSION, "device": self.identify()}, []
         if op == "create_qp":
             if self.removed_until is not None:
@@ -399,28 +416,40 @@ class Daemon:
 
     # -- fault injection (ssdemu/device/faults.py holds the rule format) --
     def _fault(self, client: Client, msg: dict) -> dict:
-        if client.uid not in (os.getuid(), 0):
-            return {"ok": False, "error": "fault injection is for the daemon's own user and "
-                    "root"}
+        """An admin may do anything here; any other owner may add rules on namespaces of its
+        own, and see and clear only the rules it added (docs/architecture.md, Threat
+        model)."""
         action = msg.get("action")
+        if action in ("remove", "reinsert", "power-cut") and not client.admin:
+            return {"ok": False, "error": f"fault {action} is an admin's (the holder of the "
+                    "daemon's --admin-key; without one, the daemon's uid and root)"}
         try:
             if action == "add":
                 rule, seed = faults.rule_from_request(msg)
+                if not client.admin and not self._owns(client, rule):
+                    return {"ok": False, "error": "an owner may inject faults only into a "
+                            "namespace of its own (nsid of one it created, not shared); "
+                            "device-wide rules are an admin's"}
                 fid = lib.sde_dev_fault_add(self.dev, rule, seed)
                 if fid < 0:
                     return {"ok": False, "error": "the device holds at most "
                             f"{lib.SDE_FAULT_MAX} fault rules" if fid == -errno.ENOSPC
                             else "the fault rule is not valid"}
-                log.warning("fault %d injected: %s", fid, faults.describe(msg))
+                self.fault_owner[fid] = (client.uid, client.token)
+                log.warning("fault %d injected by uid %d: %s", fid, client.uid,
+                            faults.describe(msg))
                 return {"ok": True, "id": fid}
             if action == "clear":
-                n = lib.sde_dev_fault_clear(self.dev, int(msg.get("id", 0)))
+                rid = msg.get("id", 0)
+                if isinstance(rid, bool) or not isinstance(rid, int) or rid < 0:
+                    return {"ok": False, "error": "id is a rule's id, or 0 for all"}
+                mine = [r["id"] for r in self._fault_rules(client)]
+                if rid and rid not in mine:
+                    return {"ok": True, "cleared": 0}  # another's is as if it did not exist
+                n = sum(self._clear_fault(r) for r in ([rid] if rid else mine))
                 return {"ok": True, "cleared": n}
             if action == "list":
-                table = ffi.new("sde_faults *")
-                lib.sde_dev_faults(self.dev, table)
-                return {"ok": True, "rules": [faults.rule_to_dict(table.rules[i])
-                                              for i in range(table.n)]}
+                return {"ok": True, "rules": self._fault_rules(client)}
             if action == "remove":
                 seconds = faults.finite_number(msg.get("seconds", 0), "seconds")
                 self.removed_until = (time.monotonic() + seconds) if seconds > 0 else math.inf
@@ -444,7 +473,31 @@ class Daemon:
         except faults.FaultError as e:
             return {"ok": False, "error": str(e)}
         return {"ok": False, "error": f"unknown fault action {action!r} (add, clear, list, "
-                "remove, reinsert)"}
+                "remove, reinsert, power-cut)"}
+
+    def _owns(self, client: Client, rule) -> bool:
+        """Whether the rule touches only a namespace the client's owner created privately."""
+        if rule.all_ns or rule.nsid == 0:
+            return False
+        ns = self.store.namespace_table().get(int(rule.nsid))
+        return (ns is not None and not ns.flags & lib.SDE_NS_SHARED
+                and (ns.uid, ns.token) == (client.uid, client.token))
+
+    def _fault_rules(self, client: Client | None) -> list[dict]:
+        """The rules in force that the client may see (None: every one)."""
+        table = ffi.new("sde_faults *")
+        lib.sde_dev_faults(self.dev, table)
+        rules = [faults.rule_to_dict(table.rules[i]) for i in range(table.n)]
+        live = {r["id"] for r in rules}
+        self.fault_owner = {k: v for k, v in self.fault_owner.items() if k in live}
+        if client is None or client.admin:
+            return rules
+        me = (client.uid, client.token)
+        return [r for r in rules if self.fault_owner.get(r["id"]) == me]
+
+    def _clear_fault(self, rid: int) -> int:
+        self.fault_owner.pop(rid, None)
+        return lib.sde_dev_fault_clear(self.dev, rid)
 
     def _remove_socket(self) -> None:
         """Unlink the socket path if it is still the socket this daemon bound."""
@@ -758,20 +811,30 @@ class Daemon:
 
     # -- namespaces, kept in the store on the media with their owners --
     def _visible(self, client: Client | None) -> dict:
-        """The namespaces a client may see: shared ones and its owner's own (the data plane
+        """The namespaces a client may use: shared ones and its owner's own (the data plane
         applies the same rule, c/dev/dev_core.c, dev_ns_visible)."""
         return {nsid: ns for nsid, ns in self.store.namespace_table().items()
                 if ns.flags & lib.SDE_NS_SHARED
                 or (client is not None and (ns.uid, ns.token) == (client.uid, client.token))}
 
-    def namespace_list(self, client: Client | None) -> list[dict]:
-        return [{"nsid": nsid, "bytes": ns.bytes, "start": ns.offset,
-                 "shared": bool(ns.flags & lib.SDE_NS_SHARED)}
-                for nsid, ns in sorted(self._visible(client).items())]
+    def namespace_list(self, client: Client | None, all_owners: bool = False) -> list[dict]:
+        """The namespaces a client may use; all_owners (an admin's): every namespace, each
+        with its owner's uid and whether the admin itself may use it."""
+        mine = self._visible(client)
+        table = self.store.namespace_table() if all_owners else mine
+        out = []
+        for nsid, ns in sorted(table.items()):
+            row = {"nsid": nsid, "bytes": ns.bytes, "start": ns.offset,
+                   "shared": bool(ns.flags & lib.SDE_NS_SHARED)}
+            if all_owners:
+                row.update(uid=ns.uid, mine=nsid in mine)
+            out.append(row)
+        return out
 
     def create_namespace(self, nbytes: int, client: Client | None, shared: bool = False) -> int:
-        owner = None if shared or client is None else (client.uid, client.token)
-        nsid, offset = self.store.ns_create(nbytes, owner)
+        # a shared namespace records its creator too: only it (or an admin) may delete it
+        owner = None if client is None else (client.uid, client.token)
+        nsid, offset = self.store.ns_create(nbytes, owner, shared=shared or owner is None)
         # zeroed before anyone can read it: the space may have held another client's
         # namespace or values (a punched hole or BLKZEROOUT, not a write of every block)
         r = lib.sde_dev_zero(self.dev, offset, nbytes) if nbytes else 0
@@ -780,23 +843,30 @@ class Daemon:
             raise OSError(-r, f"cannot zero the new namespace: {os.strerror(-r)}")
         lib.sde_dev_set_ns(self.dev, nsid, self.store.namespace_table()[nsid])
         log.info("namespace %d created: %d bytes at %d, %s", nsid, nbytes, offset,
-                 "shared" if owner is None else f"owner uid {owner[0]}")
+                 ("shared, by " if shared or owner is None else "owner ")
+                 + (f"uid {owner[0]}" if owner else "the daemon"))
         return nsid
 
-    def delete_namespace(self, nsid: int, client: Client | None) -> None:
-        if nsid not in self._visible(client):
+    def delete_namespace(self, nsid: int, client: Client, any_owner: bool = False) -> None:
+        """Raises KeyNotFound for a namespace the client may not use, PermissionError for a
+        shared one it did not create; any_owner (an admin's request, checked by the
+        caller): any namespace."""
+        ns = self.store.namespace_table().get(nsid)
+        admin = any_owner
+        if ns is None or not (admin or nsid in self._visible(client)):
             raise KeyNotFound(nsid)  # another owner's is as if it did not exist
+        if not admin and (ns.uid, ns.token) != (client.uid, client.token):
+            raise PermissionError(f"namespace {nsid} is shared: only its creator or an "
+                                  "admin deletes it")
         # the data plane stops taking its commands first; a put already under way fails
         # at its commit (the store checks the namespace's generation)
         lib.sde_dev_set_ns(self.dev, nsid, ffi.NULL)
         self.store.ns_delete(nsid)
+        # rules naming it would otherwise hit the next namespace given its id
+        for rule in self._fault_rules(None):
+            if rule["nsid"] == nsid:
+                self._clear_fault(rule["id"])
         log.info("namespace %d deleted", nsid)
-
-
-def owner_token(name: str) -> int:
-    """The 64-bit token an owner name is kept as (on the media, with its namespaces)."""
-    token = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-    return token or 1  # 0 means no name
 
 
 def check_power_cut(profile: Profile, media: Media) -> None:
@@ -852,13 +922,14 @@ def serve(profile: Profile, media: Media, socket_path: str,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
           group: int | None = None, max_buffers: int = 256,
           max_queue_pairs: int | None = None, max_inflight: int | None = None,
-          power_cut: bool = False, metrics: str | None = None) -> int:
+          power_cut: bool = False, metrics: str | None = None,
+          admin_key: str | None = None) -> int:
     check_socket_path(socket_path)  # before the media is touched
     if power_cut:
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
                     journal_blocks, group, max_buffers, max_queue_pairs, max_inflight,
-                    power_cut, metrics)
+                    power_cut, metrics, admin_key)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

@@ -259,15 +259,16 @@ class Store:
     # in the journal and checkpoints --
     MAX_NAMESPACES = lib.SDE_STORE_MAX_NS
 
-    def ns_create(self, nbytes: int, owner: tuple[int, int] | None = None) -> tuple[int, int]:
+    def ns_create(self, nbytes: int, owner: tuple[int, int] | None = None,
+                  shared: bool = False) -> tuple[int, int]:
         """A new namespace of nbytes (a multiple of the media's block; 0: keys only): (nsid,
-        offset).  It takes whole store units.  owner: (uid, token) it belongs to; None:
-        shared by every client."""
+        offset).  It takes whole store units.  owner: (uid, token) it belongs to, or that
+        created it when shared; None: shared, created by no client."""
         lba = self.media.lba_size
         if nbytes < 0 or nbytes % lba:
             raise ValueError(f"namespace size must be a multiple of {lba}")
         uid, token = owner if owner is not None else (0, 0)
-        flags = 0 if owner is not None else lib.SDE_NS_SHARED
+        flags = lib.SDE_NS_SHARED if shared or owner is None else 0
         nsid, off = ffi.new("uint32_t *"), ffi.new("uint64_t *")
         with self._locked():
             st = lib.sde_store_ns_create(self._st, nbytes, uid, flags, token, nsid, off)

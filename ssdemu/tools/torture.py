@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -201,7 +202,8 @@ def fuzz(t: Tally, rng: random.Random, sock: str, seconds: float) -> None:
     daemon fetches them."""
     opcodes = sorted(OPCODES.values())
     np_rng = np.random.default_rng(rng.randrange(1 << 63))
-    with hostlib.connect(sock, owner="torture-fuzz") as dev:
+    # an owner of its own (a fresh key): what it breaks is its own
+    with hostlib.connect(sock, owner_key=secrets.token_hex(32)) as dev:
         qp = dev.queue_pair(256)
         buf = dev.alloc(1 << 20)
         handle, _ = dev._locate(buf)
@@ -250,7 +252,7 @@ def fuzz(t: Tally, rng: random.Random, sock: str, seconds: float) -> None:
 
 _VICTIM = r"""
 import sys, numpy as np, hostlib
-dev = hostlib.connect(sys.argv[1], owner="torture-victim")
+dev = hostlib.connect(sys.argv[1])
 qps = [dev.queue_pair(64) for _ in range(2)]
 bufs = [dev.alloc(1 << 16) for _ in range(4)]
 for i in range(8):
@@ -289,11 +291,12 @@ def kill_clients(t: Tally, rng: random.Random, sock: str, n: int) -> None:
 def load(t: Tally, rng: random.Random, sock: str, seconds: float, threads: int = 4) -> None:
     lock = threading.Lock()
     seeds = [rng.randrange(1 << 30) for _ in range(threads)]
+    owner = secrets.token_hex(32)  # the workers are one owner
 
     def worker(w: int) -> None:
         r = random.Random(seeds[w])
         ops = corrupt = 0
-        with hostlib.connect(sock, owner="torture-load") as dev:
+        with hostlib.connect(sock, owner_key=owner) as dev:
             qp = dev.queue_pair(64)
             out = dev.alloc(1 << 16)
             end = time.monotonic() + seconds

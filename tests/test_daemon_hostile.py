@@ -1,0 +1,197 @@
+"""Hostile neighbours against owners and admins (issue 33, item 4): what a process of the same
+uid, or of another allowed uid, can do to an owner it does not hold the key of.  Real daemon
+processes, real other processes; the control-plane and quota probes are in
+test_daemon_access.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import hostlib
+from ssdemu.tools.daemon_process import DaemonProcess
+
+ROOT = os.getuid() == 0
+
+_CLAIM = r"""
+import json, sys, hostlib
+from ssdemu_wire import control
+from ssdemu_wire.layout import PROTOCOL_VERSION
+import socket
+path, nsid = sys.argv[1], int(sys.argv[2])
+out = {}
+# the old way: the owner's name, which anyone could give
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(path)
+control.send(s, {"op": "hello", "version": PROTOCOL_VERSION, "owner": "alice"})
+out["by_name"] = control.recv(s)[0]
+s.close()
+# a key of its own, and none: neither sees alice's namespace
+for who, key in (("own_key", "ab" * 32), ("no_key", None)):
+    with hostlib.connect(path, owner_key=key) as dev:
+        try:
+            dev.kv_get(b"secret", nsid=nsid)
+            out[who] = "read it"
+        except hostlib.DeviceError as e:
+            out[who] = e.status_name
+        out[who + "_sees"] = [n["nsid"] for n in dev.namespaces()]
+print(json.dumps(out))
+"""
+
+
+def test_a_same_uid_process_cannot_claim_an_owner_by_its_name(tmp_path):
+    """alice's namespace, read by another process of the same uid that knows her name (the
+    probe of issue 33: before, `owner="alice"` read alice's key)."""
+    alice = secrets.token_hex(32)
+    d = DaemonProcess(str(tmp_path / "s.sock"))
+    try:
+        with hostlib.connect(d.socket_path, owner_key=alice) as a:
+            nsid = a.ns_create(0)
+            a.kv_put(b"secret", b"alice's", nsid=nsid)
+        p = subprocess.run([sys.executable, "-c", _CLAIM, d.socket_path, str(nsid)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert not out["by_name"]["ok"] and "not a name" in out["by_name"]["error"]
+        assert out["own_key"] == out["no_key"] == "INVALID_NAMESPACE"
+        assert out["own_key_sees"] == out["no_key_sees"] == []
+        with hostlib.connect(d.socket_path, owner_key=alice) as a:
+            assert a.kv_get(b"secret", nsid=nsid) == b"alice's"
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def _refused(call, match: str) -> None:
+    with pytest.raises((hostlib.ConnectError, hostlib.DeviceError), match=match):
+        call()
+
+
+def test_an_owner_injects_faults_only_into_its_own_namespaces(tmp_path):
+    """A daemon with --admin-key: no client is an admin by its uid.  An owner adds fault
+    rules only on namespaces it owns, sees and clears only its own rules, cannot remove the
+    drive, cut its power or reinsert it, cannot list or delete another's namespaces, nor
+    delete a shared namespace it did not create.  The admin can do all of it; a rule goes
+    with the namespace it names."""
+    admin_file = tmp_path / "admin.key"
+    admin = hostlib.owner_key.new(str(admin_file))
+    alice, bob = secrets.token_hex(32), secrets.token_hex(32)
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--admin-key", str(admin_file)])
+    try:
+        with hostlib.connect(d.socket_path, owner_key=alice) as a, \
+                hostlib.connect(d.socket_path, owner_key=bob) as b, \
+                hostlib.connect(d.socket_path, owner_key=admin) as root, \
+                hostlib.connect(d.socket_path) as anon:
+            ns_a = a.ns_create(1 << 20)
+            shared = a.ns_create(0, shared=True)
+            ns_b = b.ns_create(1 << 20)
+            buf = b.alloc(4096)
+            own = "only into a namespace of its own"
+            for dev in (b, anon):  # an owner, and the uid alone: neither is an admin
+                _refused(lambda dev=dev: dev.inject_fault("read-error"), own)
+                _refused(lambda dev=dev: dev.inject_fault("read-error", nsid=ns_a), own)
+                _refused(lambda dev=dev: dev.inject_fault("read-error", nsid=shared), own)
+                _refused(lambda dev=dev: dev.inject_fault("read-error", key=b"k"), own)
+                _refused(lambda dev=dev: dev.inject_fault("read-error", nsid=0, key=b"k"),
+                         own)
+                _refused(lambda dev=dev: dev.surprise_removal(), "admin")
+                _refused(lambda dev=dev: dev.power_cut(), "admin")
+                _refused(lambda dev=dev: dev.namespaces(all_owners=True), "ACCESS_DENIED")
+                _refused(lambda dev=dev: dev.ns_delete(ns_a, any_owner=True),
+                         "ACCESS_DENIED")
+                _refused(lambda dev=dev: dev.ns_delete(shared), "ACCESS_DENIED")
+            _refused(lambda: hostlib.reinsert(d.socket_path), "admin")
+            _refused(lambda: hostlib.reinsert(d.socket_path, owner_key=bob), "admin")
+            # bob's own namespace: his rule hits his reads (until the namespace goes)
+            rb = b.inject_fault("read-error", nsid=ns_b)
+            _refused(lambda: b.read(ns_b, 0, buf), "MEDIA_ERROR")
+            ra = root.inject_fault("latency", nsid=ns_a, latency_us=1)
+            rall = root.inject_fault("latency", latency_us=1, probability=1e-9)
+            assert [r["id"] for r in b.faults()] == [rb]
+            assert a.faults() == [] and anon.faults() == []
+            assert {r["id"] for r in root.faults()} == {rb, ra, rall}
+            # another's rule is as if it did not exist: clearing it or "all" leaves it
+            assert a.clear_faults(rb) == 0 and a.clear_faults() == 0
+            assert b.clear_faults(ra) == 0
+            assert {r["id"] for r in root.faults()} == {rb, ra, rall}
+            # the admin's view and powers
+            every = {n["nsid"]: n for n in root.namespaces(all_owners=True)}
+            assert set(every) == {ns_a, shared, ns_b}
+            assert not every[ns_a]["mine"] and every[shared]["mine"]
+            assert [n["nsid"] for n in root.namespaces()] == [shared]  # as an owner
+            _refused(lambda: root.ns_delete(ns_b), "INVALID_NAMESPACE")  # must ask
+            root.ns_delete(ns_b, any_owner=True)
+            assert {r["id"] for r in root.faults()} == {ra, rall}  # bob's rule went with it
+            # a namespace made again in its place carries no rule of the old one
+            again = b.ns_create(1 << 20)
+            assert again == ns_b
+            b.read(again, 0, buf)
+            assert (buf == 0).all()
+            # a shared namespace: its creator deletes it
+            a.ns_delete(shared)
+            assert root.clear_faults() == 2
+        assert hostlib.reinsert(d.socket_path, owner_key_file=str(admin_file)) is False
+    finally:
+        assert d.terminate()[0] == 0
+
+
+_OTHER_UID = r"""
+import json, os, sys
+import hostlib  # before the uid changes: this Python's files may be root's alone
+os.setgid(65534); os.setuid(65534)
+path, root_ns = sys.argv[1], int(sys.argv[2])
+out = {}
+def attempt(name, call):
+    try:
+        call()
+        out[name] = "ok"
+    except (hostlib.ConnectError, hostlib.DeviceError) as e:
+        out[name] = str(e)
+with hostlib.connect(path) as dev:
+    mine = dev.ns_create(1 << 20)
+    attempt("device_wide", lambda: dev.inject_fault("read-error"))
+    attempt("roots_ns", lambda: dev.inject_fault("read-error", nsid=root_ns))
+    attempt("own_ns", lambda: dev.inject_fault("read-error", nsid=mine, count=1))
+    attempt("remove", lambda: dev.surprise_removal())
+    attempt("all_owners", lambda: dev.namespaces(all_owners=True))
+    out["rules"] = [r["nsid"] for r in dev.faults()]
+    out["mine"] = mine
+    dev.ns_delete(mine)
+attempt("reinsert", lambda: hostlib.reinsert(path))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to act as another uid")
+def test_another_uid_is_no_admin():
+    """Without --admin-key the daemon's uid and root are admins, and an allowed other uid is
+    an owner like any: faults only into its own namespace, no removal."""
+    where = tempfile.mkdtemp(prefix="ssdemu-hostile-")
+    os.chmod(where, 0o755)
+    d = DaemonProcess(os.path.join(where, "s.sock"), extra=["--allow-uid", "65534"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            root_ns = dev.ns_create(1 << 20)
+            mine = dev.inject_fault("latency", nsid=root_ns, latency_us=1)
+        p = subprocess.run([sys.executable, "-c", _OTHER_UID, d.socket_path, str(root_ns)],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=os.getcwd()))
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert "own" in out["device_wide"] and "own" in out["roots_ns"]
+        assert out["own_ns"] == "ok" and out["rules"] == [out["mine"]]
+        assert "admin" in out["remove"] and "admin" in out["reinsert"]
+        assert "ACCESS_DENIED" in out["all_owners"]
+        with hostlib.connect(d.socket_path) as dev:
+            # root, an admin, sees every rule: the other uid's went with its namespace
+            assert [r["id"] for r in dev.faults()] == [mine]
+    finally:
+        code, err = d.terminate()
+        shutil.rmtree(where, ignore_errors=True)
+    assert code == 0, err
