@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from hostlib.errors import (
+    CapacityError,
     ConnectError,
     DeviceGoneError,
     InvalidKeySizeError,
@@ -36,7 +37,14 @@ from hostlib.errors import (
 )
 from ssdemu_wire import _ring, control
 from ssdemu_wire import owner_key as owner_key_module
-from ssdemu_wire.layout import NS_ALL_OWNERS, NS_SHARED, OPCODES, PROTOCOL_VERSION, STATUS
+from ssdemu_wire.layout import (
+    NS_ALL_OWNERS,
+    NS_QUOTA,
+    NS_SHARED,
+    OPCODES,
+    PROTOCOL_VERSION,
+    STATUS,
+)
 
 ffi, lib = _ring.ffi, _ring.lib
 
@@ -804,8 +812,15 @@ class Device:
         `nsid=`).  It belongs to this client's owner (its uid, and the owner key given to
         `connect`): other owners cannot see it, unless it is created shared (then every
         client may use it, and only its creator or an admin may delete it)."""
-        return self.submit(OPCODES["NS_CREATE"], "namespace create", param0=nbytes,
-                           param1=NS_SHARED if shared else 0).result()
+        try:
+            return self.submit(OPCODES["NS_CREATE"], "namespace create", param0=nbytes,
+                               param1=NS_SHARED if shared else 0).result()
+        except CapacityError as e:
+            if e.result != NS_QUOTA:
+                raise
+            raise CapacityError(e.status, "namespace create: this uid's namespace quota "
+                                "(serve --max-namespaces-per-uid, --max-namespace-bytes-per-"
+                                "uid; the daemon's log has the figures)", e.result) from None
 
     def ns_delete(self, nsid: int, any_owner: bool = False) -> None:
         """Delete a namespace of this client's owner, or a shared one it created (another's

@@ -147,9 +147,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an owner key file (ssdemu owner-key): its holder alone is an "
                        "admin (faults anywhere, power cut, removal, every owner's "
                        "namespaces); without it the daemon's own user and root are")
-    serve.add_argument("--max-buffers-per-client", type=_positive_int, default=256,
-                       help="registered buffers one client may hold (default 256 of the "
+    # quotas are a uid's, over all its connections and owner keys (ssdemu/device/quotas.py);
+    # the -per-client spellings are the old names of the same options
+    serve.add_argument("--max-buffers-per-uid", "--max-buffers-per-client",
+                       dest="max_buffers", type=_positive_int,
+                       help="registered buffers one uid may hold (default 3/4 of the "
                        "device's 1024), so that none can lock the others out")
+    serve.add_argument("--max-buffer-bytes-per-uid", dest="max_buffer_bytes", type=_size_arg,
+                       help="bytes of registered buffers one uid may hold (default: no "
+                       "limit: the pages are the client's, charged to its memory cgroup)")
+    serve.add_argument("--max-namespaces-per-uid", dest="max_namespaces", type=_positive_int,
+                       help="namespaces one uid may hold, shared ones it created included "
+                       "(default 3/4 of the store's 64)")
+    serve.add_argument("--max-namespace-bytes-per-uid", dest="max_namespace_bytes",
+                       type=_size_arg,
+                       help="bytes of namespaces one uid may hold (default 3/4 of the "
+                       "store's data region)")
     serve.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
                        help="serve Prometheus metrics (the log page's counters) at "
                        "http://HOST:PORT/metrics")
@@ -158,13 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "flush makes it durable, so that 'ctl fault power-cut' can lose it "
                        "(costs a read and a copy per write; needs the profile's write cache "
                        "and file or block media)")
-    serve.add_argument("--max-queue-pairs-per-client", type=_positive_int,
-                       help="queue pairs one client may hold (default: the profile's "
+    serve.add_argument("--max-queue-pairs-per-uid", "--max-queue-pairs-per-client",
+                       dest="max_queue_pairs", type=_positive_int,
+                       help="queue pairs one uid may hold (default: 3/4 of the profile's "
                        "queue.max_queue_pairs)")
-    serve.add_argument("--max-inflight-per-client", type=_positive_int,
-                       help="commands one client may have in flight over all its queue "
-                       "pairs; past it the rest wait in its queues (default: 3/4 of the "
-                       "profile's queue.io_depth, so others always have a share)")
+    serve.add_argument("--max-inflight-per-uid", "--max-inflight-per-client",
+                       dest="max_inflight", type=_positive_int,
+                       help="commands one uid may have in flight over all its queue pairs; "
+                       "past it the rest wait in its queues (default: 3/4 of the profile's "
+                       "queue.io_depth, so others always have a share)")
     serve.add_argument("--timing", choices=("detailed", "fixed", "off"), default="detailed",
                        help="hold completions until the profile's modelled time (detailed, "
                        "the default; fixed: every command its unloaded latency), or post "
@@ -478,6 +493,7 @@ def _cmd_serve(args) -> int:
 
     from ssdemu.device.daemon import check_socket_path, serve
     from ssdemu.device.media import open_media
+    from ssdemu.device.quotas import Quotas
     from ssdemu.sim.profile import load
     from ssdemu_wire import owner_key
 
@@ -487,11 +503,13 @@ def _cmd_serve(args) -> int:
     profile = load(args.profile)
     admin_key = owner_key.load(args.admin_key) if args.admin_key else None
     with open_media(args.media) as media:
+        quotas = Quotas(queue_pairs=args.max_queue_pairs, buffers=args.max_buffers,
+                        buffer_bytes=args.max_buffer_bytes, inflight=args.max_inflight,
+                        namespaces=args.max_namespaces,
+                        namespace_bytes=args.max_namespace_bytes)
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
-                     args.max_buffers_per_client, args.max_queue_pairs_per_client,
-                     args.max_inflight_per_client, args.power_cut, args.metrics,
-                     admin_key=admin_key)
+                     quotas, args.power_cut, args.metrics, admin_key=admin_key)
 
 
 def _cmd_owner_key(args) -> int:

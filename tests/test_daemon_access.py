@@ -4,13 +4,16 @@ what is not a number (real daemon processes throughout)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import grp
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -158,63 +161,117 @@ def test_a_profile_that_is_not_yaml_gives_one_line_with_its_place(tmp_path):
     assert "\n" not in msg and f"{bad}:" in msg and "not valid YAML" in msg
 
 
-def test_one_client_cannot_take_every_buffer_slot(tmp_path):
-    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--max-buffers-per-client", "8"])
+_OTHER_UID = r"""
+import os, sys
+import hostlib  # before the uid changes: this Python's files may be root's alone
+os.setgid(65534); os.setuid(65534)
+with hostlib.connect(sys.argv[1]) as dev:
+    dev.queue_pair(8)
+    buf = dev.alloc(4096)
+    buf[:] = 7
+    ns = dev.ns_create(1 << 20)
+    dev.write(ns, 0, buf)
+    dev.kv_put(b"mine", buf)
+    print("served", flush=True)
+"""
+
+
+def test_a_uids_quotas_hold_over_all_its_connections():
+    """Four connections of one uid together hit its quotas of queue pairs, buffers, buffer
+    bytes, namespaces and namespace bytes, each refused in one line that names the option
+    (before, each quota was per connection: four connections took every queue pair and
+    buffer slot).  Namespaces stay counted after their creator left.  Another uid is then
+    served (as root: a real other uid)."""
+    where = tempfile.mkdtemp(prefix="ssdemu-quota-")  # not under pytest's 0700 tree
+    os.chmod(where, 0o755)  # the other uid reaches the socket
+    sock = os.path.join(where, "s.sock")
+    d = DaemonProcess(sock, extra=[
+        "--max-queue-pairs-per-uid", "4", "--max-buffers-per-uid", "7",
+        "--max-buffer-bytes-per-uid", "18M", "--max-namespaces-per-uid", "3",
+        "--max-namespace-bytes-per-uid", "8M"] + (["--allow-uid", "65534"] if ROOT else []))
     try:
-        with hostlib.connect(d.socket_path) as greedy:
-            held = []
-            with pytest.raises(hostlib.ConnectError, match="at most 8 buffers per client"):
-                for _ in range(64):
-                    held.append(greedy.alloc(4096))
-            assert 1 <= len(held) < 8  # its queue pair's bounce buffer counts too
-            with hostlib.connect(d.socket_path) as other:  # the others still get theirs
-                buf = other.alloc(4096)
-                buf[:] = 7
-                other.kv_put(b"mine", buf)
-                assert other.kv_get(b"mine") == bytes(buf)
+        conns = [hostlib.connect(sock) for _ in range(4)]  # a queue pair and 4 MiB bounce each
+        try:
+            with pytest.raises(hostlib.ConnectError, match=r"uid \d+ holds 4 of its quota of 4 "
+                               r"queue pairs .*--max-queue-pairs-per-uid"):
+                hostlib.connect(sock)
+            with pytest.raises(hostlib.ConnectError, match="bytes of registered buffers .*"
+                               "--max-buffer-bytes-per-uid"):
+                conns[0].alloc(4 << 20)  # 16 MiB of bounce buffers held, 18 allowed
+            held = [conns[i].alloc(4096) for i in range(3)]
+            with pytest.raises(hostlib.ConnectError, match="holds 7 of its quota of 7 "
+                               "registered buffers"):
+                conns[3].alloc(4096)
+            conns[1].free(held[1])
+            conns[3].alloc(4096)  # room again
+            a = conns[0].ns_create(4 << 20)
+            conns[1].ns_create(0)
+            with pytest.raises(hostlib.CapacityError, match="namespace quota"):
+                conns[2].ns_create(8 << 20)  # 12 MiB of namespaces: over 8
+            conns[2].ns_create(4 << 20, shared=True)  # a shared one counts against its creator
+            with pytest.raises(hostlib.CapacityError, match="namespace quota"):
+                conns[3].ns_create(0)  # a fourth
+        finally:
+            for c in conns:
+                c.close()
+        with hostlib.connect(sock) as dev:  # they left; their namespaces still count
+            with pytest.raises(hostlib.CapacityError, match="namespace quota"):
+                dev.ns_create(0)
+            dev.ns_delete(a)
+            dev.ns_create(0)
+            assert dev.log()["quotas"]["namespaces"] == 3
+        if ROOT:
+            with contextlib.ExitStack() as stack:  # root at every quota it can reach
+                for _ in range(4):
+                    stack.enter_context(hostlib.connect(sock))
+                p = subprocess.run([sys.executable, "-c", _OTHER_UID, sock],
+                                   capture_output=True, text=True, timeout=60,
+                                   env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                assert p.returncode == 0 and p.stdout.strip() == "served", p.stderr
     finally:
-        assert d.terminate()[0] == 0
+        code, err = d.terminate()
+        shutil.rmtree(where, ignore_errors=True)
+    assert code == 0, err
 
 
 def test_queue_pair_and_inflight_quotas(tmp_path):
-    """A client past its queue-pair quota is refused in one line; past its in-flight quota
-    its commands wait in its queues: every one completes, and no more than the quota were
-    ever in flight at once (the daemon's own peak counter), while without the quota the same
-    load goes deeper."""
+    """Past its in-flight quota a uid's commands wait in its queues, whichever connection
+    they came by: every one completes, and no more than the quota were ever in flight at
+    once (the daemon's own peak counter), while without the quota the same load goes
+    deeper."""
     def peak(extra):
         d = DaemonProcess(str(tmp_path / "s.sock"), extra=extra)
         try:
-            with hostlib.connect(d.socket_path) as dev:
-                qps = [dev.qp] + [dev.queue_pair(128) for _ in range(2)]
-                ns = dev.ns_create(4 << 20)
-                bufs = [dev.alloc(64 * 4096) for _ in qps]
+            devs = [hostlib.connect(d.socket_path) for _ in range(3)]
+            try:
+                ns = devs[0].ns_create(4 << 20, shared=True)
+                bufs = [dev.alloc(64 * 4096) for dev in devs]
                 futures = []
-                for qp, buf in zip(qps, bufs, strict=True):
-                    with dev.batch(qp):
-                        futures += [dev.read_async(ns, i, buf[i * 4096:(i + 1) * 4096], qp)
+                for dev, buf in zip(devs, bufs, strict=True):
+                    with dev.batch():
+                        futures += [dev.read_async(ns, i, buf[i * 4096:(i + 1) * 4096])
                                     for i in range(64)]
                 for f in futures:
                     assert f.result() == 4096
-                quotas = dev.log()["quotas"]
-                with hostlib.connect(d.socket_path) as other:
-                    other.kv_put(b"still", b"served")
-                return quotas
+                return devs[0].log()["quotas"]
+            finally:
+                for dev in devs:
+                    dev.close()
         finally:
             assert d.terminate()[0] == 0
 
-    limited = peak(["--max-inflight-per-client", "4", "--max-queue-pairs-per-client", "3"])
-    assert limited["inflight"] == 4 and limited["client_inflight_peak"] == 4
+    limited = peak(["--max-inflight-per-uid", "4"])
+    assert limited["inflight"] == 4 and limited["uid_inflight_peak"] == 4
     assert limited["waits"] > 0
-    free = peak(["--max-queue-pairs-per-client", "3"])
-    assert free["client_inflight_peak"] > 4
+    free = peak([])
+    assert free["uid_inflight_peak"] > 4
+    # the old spelling of the option still works
     d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--max-queue-pairs-per-client", "2"])
     try:
         with hostlib.connect(d.socket_path) as dev:
             dev.queue_pair(8)
-            with pytest.raises(hostlib.ConnectError, match="at most 2 queue pairs per client"):
+            with pytest.raises(hostlib.ConnectError, match="quota of 2 queue pairs"):
                 dev.queue_pair(8)
-            with hostlib.connect(d.socket_path) as other:  # the others still get theirs
-                other.queue_pair(8)
     finally:
         assert d.terminate()[0] == 0
 

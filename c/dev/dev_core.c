@@ -83,29 +83,29 @@ int sde_dev_admin_fd(sde_dev *dev) { return dev->admin_fd; }
 
 /* ---- tables (control plane) ---------------------------------------------------------- */
 
-/* The in-flight counter of a client: its own, or a slot no queue pair uses any more.  There
- * is always one: a slot per queue pair. */
-static uint32_t *client_counter(sde_dev *dev, uint32_t client)
+/* The in-flight counter of a uid: the one its queue pairs share, or a slot no queue pair
+ * uses any more.  There is always one: a slot per queue pair. */
+static uint32_t *uid_counter(sde_dev *dev, uint32_t uid)
 {
     int free_slot = -1;
     for (int s = 0; s < SDE_MAX_QPS; s++) {
         int used = 0;
         for (int i = 0; i < dev->qp_hi && !used; i++)
-            used = dev->qps[i].in_use && dev->qps[i].client_inflight == &dev->clients[s].inflight;
-        if (used && dev->clients[s].client == client)
-            return &dev->clients[s].inflight;
+            used = dev->qps[i].in_use && dev->qps[i].uid_inflight == &dev->uids[s].inflight;
+        if (used && dev->uids[s].uid == uid)
+            return &dev->uids[s].inflight;
         if (!used && free_slot < 0)
             free_slot = s;
     }
-    dev->clients[free_slot].client = client;
-    dev->clients[free_slot].inflight = 0;
-    return &dev->clients[free_slot].inflight;
+    dev->uids[free_slot].uid = uid;
+    dev->uids[free_slot].inflight = 0;
+    return &dev->uids[free_slot].inflight;
 }
 
-int sde_dev_set_client_quota(sde_dev *dev, uint32_t max_inflight)
+int sde_dev_set_uid_quota(sde_dev *dev, uint32_t max_inflight)
 {
     pthread_mutex_lock(&dev->lock);
-    dev->max_client_inflight = max_inflight;
+    dev->max_uid_inflight = max_inflight;
     pthread_mutex_unlock(&dev->lock);
     return 0;
 }
@@ -132,7 +132,7 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
         q->in_use = 1;
         q->active = 1;
         q->client = client;
-        q->client_inflight = client_counter(dev, client);
+        q->uid_inflight = uid_counter(dev, uid);
         q->uid = uid;
         q->token = token;
         q->cfd = completion_fd;

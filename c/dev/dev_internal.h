@@ -49,7 +49,7 @@ struct dev_qp {
     uint64_t token;
     int cfd;        /* the client's completion eventfd */
     uint32_t inflight; /* fetched, not yet posted (staged completions count) */
-    uint32_t *client_inflight; /* the same, summed over its client's queue pairs */
+    uint32_t *uid_inflight; /* the same, summed over every queue pair of its uid */
     uint32_t nstage;
     sde_qp_view v;
     sde_cqe stage[STAGE]; /* completions of this dev_pass, posted together: one fence, one kick */
@@ -184,8 +184,10 @@ struct sde_dev {
     int admin_fd;
     struct dev_qp qps[SDE_MAX_QPS];
     /* commands in flight per client (a queue pair points at its client's counter) */
-    struct { uint32_t client, inflight; } clients[SDE_MAX_QPS];
-    uint32_t max_client_inflight; /* 0: no quota */
+    /* in-flight commands per uid: the quota is a uid's, so that more connections (or owner
+     * keys) of one user do not take more of the device */
+    struct { uint32_t uid, inflight; } uids[SDE_MAX_QPS];
+    uint32_t max_uid_inflight; /* 0: no quota */
     sde_faults faults;    /* fault injection rules */
     struct delay { int qp; uint16_t cid; uint64_t ns; } *delays; /* latency faults pending */
     uint32_t ndelays;
@@ -239,7 +241,7 @@ struct sde_dev {
 static inline void qp_done(struct dev_qp *q, uint32_t n)
 {
     q->inflight -= n;
-    *q->client_inflight -= n;
+    *q->uid_inflight -= n;
 }
 
 static inline void kick(int fd)

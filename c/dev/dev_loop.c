@@ -11,8 +11,8 @@ void dev_start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
     const struct dev_op *r = dev_op(c->opcode);
     int cls = r ? r->cls : SDE_CLASS_INVALID;
     q->inflight++;
-    if (++*q->client_inflight > dev->stats.client_inflight_peak)
-        dev->stats.client_inflight_peak = *q->client_inflight;
+    if (++*q->uid_inflight > dev->stats.uid_inflight_peak)
+        dev->stats.uid_inflight_peak = *q->uid_inflight;
     if (!r) {
         dev_finish(dev, qp, cls, c->cid, SDE_SC_INVALID_OPCODE, 0, 0, t0);
         return;
@@ -100,11 +100,11 @@ int dev_pass(sde_dev *dev)
         if (space < 0 || !sde_sq_pending(&q->v) || dev->nfree == 0)
             goto check_broken;
         /* fetch no more than can complete: CQ room not yet promised, free contexts, and
-         * the client's quota of commands in flight (so that one client cannot hold every
-         * context and starve the others: its commands wait in its SQ, not fetched) */
+         * the uid's quota of commands in flight (so that one user cannot hold every context
+         * and starve the others: its commands wait in its SQs, not fetched) */
         int room = space - (int)q->inflight;
-        if (dev->max_client_inflight) {
-            int quota = (int)dev->max_client_inflight - (int)*q->client_inflight;
+        if (dev->max_uid_inflight) {
+            int quota = (int)dev->max_uid_inflight - (int)*q->uid_inflight;
             if (quota <= 0) {
                 dev->stats.quota_waits++;
                 continue;

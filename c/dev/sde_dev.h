@@ -52,11 +52,11 @@ typedef struct sde_dev_stats {
     uint64_t wakeups;
     uint64_t held;           /* completions held until their modelled time (real time) */
     uint64_t host_lag;       /* commands whose media I/O ended after their modelled time */
-    uint64_t quota_waits;    /* passes that left a client's commands unfetched: its quota */
+    uint64_t quota_waits;    /* passes that left a uid's commands unfetched: its quota */
     uint64_t key_waits;      /* KV changes held back behind an early put of their key */
     uint64_t deferred;       /* virtual time: commands started at their turn behind compute
                               * commands (sde_dev_run: the model books in fetch order) */
-    uint64_t client_inflight_peak; /* the most commands one client had in flight */
+    uint64_t uid_inflight_peak; /* the most commands one uid had in flight */
     uint64_t faults_injected; /* commands failed or delayed by a fault rule */
     uint64_t pins;           /* pins held now, over every client */
     uint64_t cache_destages; /* power-cut emulation: the write cache filled and was synced */
@@ -89,9 +89,10 @@ int sde_dev_qp_inflight(sde_dev *dev, int qp);
 /* Mark every queue pair dead (shutdown): clients waiting are woken with an error. */
 void sde_dev_shutdown_qps(sde_dev *dev);
 
-/* Most commands one client may have in flight over all its queue pairs (0: no quota).
- * Past it, the data plane leaves its commands in its SQs until some complete. */
-int sde_dev_set_client_quota(sde_dev *dev, uint32_t max_inflight);
+/* Most commands one uid may have in flight over all its queue pairs, whatever its
+ * connections (0: no quota).  Past it, the data plane leaves its commands in its SQs
+ * until some complete. */
+int sde_dev_set_uid_quota(sde_dev *dev, uint32_t max_inflight);
 
 /* Buffers of a client: handle >= 1, or -errno. */
 int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, uint32_t flags);

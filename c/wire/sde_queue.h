@@ -104,6 +104,9 @@
  * then has each namespace's owner uid; a delete may take any); without it an admin is an
  * owner like any other */
 #define SDE_NS_ALL_OWNERS 1
+/* NS_CREATE's result with CAPACITY_EXCEEDED when the drive has room but the creator's uid
+ * is at its namespace quota (serve --max-namespaces-per-uid, --max-namespace-bytes-per-uid) */
+#define SDE_NS_QUOTA 1
 
 /* ring flags */
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ssdemu.device.quotas import QuotaExceeded
 from ssdemu.device.store import KeyNotFound, StoreFull
-from ssdemu_wire.layout import NS_ALL_OWNERS, NS_SHARED, OPCODES, STATUS
+from ssdemu_wire.layout import NS_ALL_OWNERS, NS_QUOTA, NS_SHARED, OPCODES, STATUS
 
 
 @dataclass
@@ -98,6 +99,8 @@ class Admin:
             return _err("INVALID_FIELD")
         except StoreFull:
             return _err("CAPACITY_EXCEEDED")
+        except QuotaExceeded:  # the drive has room; this uid has had its share
+            return _err("CAPACITY_EXCEEDED", NS_QUOTA)
         except OSError:
             return _err("MEDIA_ERROR")
         return _ok(nsid)

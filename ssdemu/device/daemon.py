@@ -30,6 +30,7 @@ from firmware import entry
 from ssdemu.device import _device, faults
 from ssdemu.device.admin import Admin, Outcome
 from ssdemu.device.media import Media
+from ssdemu.device.quotas import QuotaExceeded, Quotas, Usage, refusal
 from ssdemu.device.retrieval import Retrieval
 from ssdemu.device.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreError, probe
 from ssdemu.sim.cost import kernel_stats
@@ -96,8 +97,7 @@ class Daemon:
     def __init__(self, profile: Profile, media: Media, socket_path: str,
                  allowed_uids: set[int] | None = None, format_media: bool = False,
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
-                 group: int | None = None, max_buffers: int = 256,
-                 max_queue_pairs: int | None = None, max_inflight: int | None = None,
+                 group: int | None = None, quotas: Quotas | None = None,
                  power_cut: bool = False, metrics: str | None = None,
                  admin_key: str | None = None):
         self.profile = profile
@@ -106,12 +106,7 @@ class Daemon:
         self.fault_owner: dict[int, tuple[int, int]] = {}  # rule id -> who added it
         self.metrics_address = metrics
         self.metrics_server = None
-        # per-client quotas, so that no client takes what the others need
-        self.max_buffers = max_buffers
-        self.max_queue_pairs = max_queue_pairs or profile.queue.max_queue_pairs
-        # commands in flight: by default three quarters of the data plane's contexts, so
-        # one client can drive a deep queue and a quarter always remains for the others
-        self.max_inflight = max_inflight or max(1, profile.queue.io_depth * 3 // 4)
+        self.quotas = quotas or Quotas()  # per uid; resolved once the store's size is known
         self.group = group  # the socket's group (mode 0660): its members may connect
         self.media = media
         self.socket_path = socket_path
@@ -121,7 +116,6 @@ class Daemon:
         if r < 0:
             raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
         self.dev = out[0]
-        lib.sde_dev_set_client_quota(self.dev, self.max_inflight)
         self.timing, self.clock = timing, clock
         if timing != "off":
             # the drive's FTL maps the whole media (at a declared scale past 64 GiB).  The
@@ -140,6 +134,13 @@ class Daemon:
                                 profile, journal_blocks)
         for nsid, ns in self.store.namespace_table().items():
             lib.sde_dev_set_ns(self.dev, nsid, ns)
+        self.quotas = self.quotas.resolve(
+            queue_pairs=min(profile.queue.max_queue_pairs, lib.SDE_MAX_QPS),
+            buffers=lib.SDE_MAX_BUFS, io_depth=profile.queue.io_depth,
+            namespaces=lib.SDE_STORE_MAX_NS, data_bytes=self.store.info()["data_bytes"])
+        # commands in flight: counted per uid by the data plane, which leaves the rest of a
+        # uid's commands in its SQs past the quota
+        lib.sde_dev_set_uid_quota(self.dev, self.quotas.inflight)
         # from here on KV commands run in the data plane against the store (c/store)
         self.store.attach(self.dev)
         self.power_cut = power_cut
@@ -578,9 +579,9 @@ class Daemon:
                 or entries & (entries - 1)):
             return {"ok": False, "error": f"queue entries must be a power of two in "
                     f"2..{q.max_entries}"}, []
-        if len(client.qps) >= self.max_queue_pairs:
-            return {"ok": False, "error": f"at most {self.max_queue_pairs} queue pairs per "
-                    "client (serve --max-queue-pairs-per-client)"}, []
+        why = refusal(self.quotas, client.uid, self._usage(client.uid), "queue_pairs")
+        if why:
+            return {"ok": False, "error": why}, []
         nbytes = lib.sde_qp_bytes(entries, entries)
         fd = os.memfd_create("ssdemu-qp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, nbytes)
@@ -607,9 +608,11 @@ class Daemon:
         nbytes = msg.get("bytes")
         if len(fds) != 1 or not isinstance(nbytes, int) or nbytes <= 0:
             return {"ok": False, "error": "register_buffer takes one memfd and its size"}, []
-        if len(client.buffers) >= self.max_buffers:
-            return {"ok": False, "error": f"at most {self.max_buffers} buffers per client "
-                    "(serve --max-buffers-per-client)"}, []
+        used = self._usage(client.uid)
+        why = (refusal(self.quotas, client.uid, used, "buffers")
+               or refusal(self.quotas, client.uid, used, "buffer_bytes", nbytes))
+        if why:
+            return {"ok": False, "error": why}, []
         fd = os.dup(fds[0])
         try:
             st = os.fstat(fd)
@@ -640,6 +643,20 @@ class Daemon:
             return {"ok": False, "error": "the device has no free buffer slot"}, []
         client.buffers[handle] = Buffer(handle, fd, mm, nbytes, bounce)
         return {"ok": True, "handle": handle}, []
+
+    def _usage(self, uid: int) -> Usage:
+        """What uid holds now, over all its connections (and namespaces on the media)."""
+        u = Usage()
+        for c in self.clients.values():
+            if c.uid == uid:
+                u.queue_pairs += len(c.qps)
+                u.buffers += len(c.buffers)
+                u.buffer_bytes += sum(b.nbytes for b in c.buffers.values())
+        for ns in self.store.namespace_table().values():
+            if ns.uid == uid:  # a shared namespace counts against its creator
+                u.namespaces += 1
+                u.namespace_bytes += ns.bytes
+        return u
 
     def _unregister_buffer(self, client: Client, handle: int):
         buf = client.buffers.get(handle)
@@ -754,9 +771,9 @@ class Daemon:
                 "deferred": st.deferred,
                 "power_cut": {"enabled": self.power_cut, "cache_destages": st.cache_destages,
                               "undo_failures": st.undo_failures},
-                "quotas": {"queue_pairs": self.max_queue_pairs, "buffers": self.max_buffers,
-                           "inflight": self.max_inflight, "waits": st.quota_waits,
-                           "client_inflight_peak": st.client_inflight_peak},
+                # per uid; waits: passes that left a uid's commands unfetched
+                "quotas": {**self.quotas.as_dict(), "waits": st.quota_waits,
+                           "uid_inflight_peak": st.uid_inflight_peak},
                 "logical_bytes": self.store.logical_bytes,
                 "physical_bytes": self.store.physical_bytes,
                 "store": self.store.info()}
@@ -832,6 +849,14 @@ class Daemon:
         return out
 
     def create_namespace(self, nbytes: int, client: Client | None, shared: bool = False) -> int:
+        """Raises QuotaExceeded past the creator's uid's namespace quotas."""
+        if client is not None:
+            used = self._usage(client.uid)
+            why = (refusal(self.quotas, client.uid, used, "namespaces")
+                   or refusal(self.quotas, client.uid, used, "namespace_bytes", nbytes))
+            if why:
+                log.warning("client %d: %s", client.cid, why)
+                raise QuotaExceeded(why)
         # a shared namespace records its creator too: only it (or an admin) may delete it
         owner = None if client is None else (client.uid, client.token)
         nsid, offset = self.store.ns_create(nbytes, owner, shared=shared or owner is None)
@@ -920,16 +945,14 @@ def _close_mapping(mm: mmap.mmap) -> None:
 def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
-          group: int | None = None, max_buffers: int = 256,
-          max_queue_pairs: int | None = None, max_inflight: int | None = None,
+          group: int | None = None, quotas: Quotas | None = None,
           power_cut: bool = False, metrics: str | None = None,
           admin_key: str | None = None) -> int:
     check_socket_path(socket_path)  # before the media is touched
     if power_cut:
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks, group, max_buffers, max_queue_pairs, max_inflight,
-                    power_cut, metrics, admin_key)
+                    journal_blocks, group, quotas, power_cut, metrics, admin_key)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

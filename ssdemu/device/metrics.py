@@ -59,7 +59,7 @@ def families(page: dict) -> list:
                      ("faults_injected", "commands failed or delayed by fault injection")):
         out.append(CounterMetricFamily(f"ssdemu_{key}", doc, value=page[key]))
     q = page["quotas"]
-    out.append(CounterMetricFamily("ssdemu_quota_waits", "passes that left a client's "
+    out.append(CounterMetricFamily("ssdemu_quota_waits", "passes that left a uid's "
                                    "commands unfetched: its in-flight quota", value=q["waits"]))
     out.append(GaugeMetricFamily("ssdemu_pins", "pins held", value=page["pins"]))
     for key, doc in (("calls", "kernel calls"), ("ops", "kernel operations charged"),
