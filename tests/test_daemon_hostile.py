@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import random
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
 import hostlib
 from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu_wire.layout import OPCODES
 
 ROOT = os.getuid() == 0
+ROOT_DIR = pathlib.Path(__file__).resolve().parent.parent
 
 _CLAIM = r"""
 import json, sys, hostlib
@@ -195,3 +200,67 @@ def test_another_uid_is_no_admin():
         code, err = d.terminate()
         shutil.rmtree(where, ignore_errors=True)
     assert code == 0, err
+
+
+_DOORBELL_THIEF = r"""
+import os, sys, hostlib
+dev = hostlib.connect(sys.argv[1])
+fd, stop = dev.qp.doorbell_fd, sys.argv[2]
+print("reading", flush=True)
+taken = i = 0
+while True:  # take every kick the moment it lands
+    try:
+        os.read(fd, 8)
+        taken += 1
+    except BlockingIOError:
+        pass
+    i += 1
+    if i % 4096 == 0 and os.path.exists(stop):
+        break
+print(taken, flush=True)
+"""
+
+
+def test_a_client_reading_its_doorbell_delays_no_one_else(tmp_path):
+    """Another client spins reading the doorbell eventfd it was given; the victim's NOPs,
+    each a random while after the last (the data plane goes to sleep after 1 us idle here,
+    so each kick is one it sleeps on), must all complete within a second, and the thief
+    takes none of the victim's kicks (issue 33, item 11: every client was given the one
+    doorbell the data plane slept on; a client that read it took the others' kicks, and 8
+    of 500 NOPs hung for 5 s or more, one for 65 s.  On this machine's kernel the stolen
+    kicks did not hang the victim (io_uring's poll saw each write), but the thief took all
+    but one of 3,000)."""
+    profile = tmp_path / "fast-sleep.yaml"
+    text = (ROOT_DIR / "ssdemu" / "sim" / "profiles" / "star2000d.yaml").read_text()
+    assert "  spin_us: 50\n" in text
+    profile.write_text(text.replace("  spin_us: 50\n", "  spin_us: 1\n"))
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--profile", str(profile)])
+    stop = tmp_path / "stop"
+    thief = None
+    try:
+        thief = subprocess.Popen([sys.executable, "-c", _DOORBELL_THIEF, d.socket_path,
+                                  str(stop)], stdout=subprocess.PIPE, text=True)
+        assert thief.stdout.readline().strip() == "reading"
+        late, rng, n = 0, random.Random(7), 3000
+        with hostlib.connect(d.socket_path) as dev:
+            for _ in range(n):
+                until = time.perf_counter() + rng.uniform(0, 100e-6)
+                while time.perf_counter() < until:
+                    pass
+                f = dev.submit(OPCODES["NOP"], "nop")
+                try:
+                    f.result(timeout=1.0)
+                except TimeoutError:
+                    late += 1
+                    f.result(timeout=120)  # the next kick gets it: do not leave it behind
+            sleeps = dev.log()["sleeps"]
+        stop.touch()
+        taken = int(thief.communicate(timeout=30)[0].strip())
+        assert late == 0, f"{late} of {n} NOPs took more than a second"
+        assert sleeps > n // 2  # the data plane did sleep between them, kicked awake
+        assert taken == 0, f"the other client took {taken} of the victim's kicks"
+    finally:
+        if thief is not None and thief.poll() is None:
+            thief.kill()
+            thief.communicate()
+        assert d.terminate()[0] == 0

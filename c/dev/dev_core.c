@@ -21,6 +21,13 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     struct stat st;
     dev->is_block = fstat(media_fd, &st) == 0 && S_ISBLK(st.st_mode);
     dev->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event own = {.events = EPOLLIN, .data.u32 = DEV_OWN_DOORBELL};
+    if (dev->doorbell >= 0 && dev->epfd >= 0 &&
+        epoll_ctl(dev->epfd, EPOLL_CTL_ADD, dev->doorbell, &own) < 0) {
+        close(dev->epfd);
+        dev->epfd = -1;
+    }
     dev->origin = now_ns(); /* the device clock without a model too (compute times) */
     dev->admin_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     dev->ctx = calloc(io_depth, sizeof(*dev->ctx));
@@ -28,7 +35,7 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     dev->admin = calloc(ADMIN_CAP, sizeof(*dev->admin));
     dev->vwrites = calloc(2 * (size_t)io_depth, sizeof(*dev->vwrites));
     int ret = -ENOMEM;
-    if (dev->doorbell < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin ||
+    if (dev->doorbell < 0 || dev->epfd < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin ||
         !dev->vwrites)
         goto fail;
     /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
@@ -66,6 +73,8 @@ void sde_dev_free(sde_dev *dev)
         free(dev->ctx[i].bounce);
     if (dev->doorbell >= 0)
         close(dev->doorbell);
+    if (dev->epfd >= 0)
+        close(dev->epfd);
     if (dev->admin_fd >= 0)
         close(dev->admin_fd);
     free(dev->ctx);
@@ -111,7 +120,7 @@ int sde_dev_set_uid_quota(sde_dev *dev, uint32_t max_inflight)
 }
 
 int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
-                   uint32_t uid, uint64_t token)
+                   int doorbell_fd, uint32_t uid, uint64_t token)
 {
     const sde_ring_hdr *h = mem;
     if (sde_qp_check(mem, bytes) < 0)
@@ -124,11 +133,15 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
             break;
         }
     }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)qp};
+    if (qp >= 0 && epoll_ctl(dev->epfd, EPOLL_CTL_ADD, doorbell_fd, &ev) < 0)
+        qp = -errno;
     if (qp >= 0) {
         struct dev_qp *q = &dev->qps[qp];
         if (qp >= dev->qp_hi)
             dev->qp_hi = qp + 1;
         memset(q, 0, sizeof(*q));
+        q->dbfd = doorbell_fd;
         q->in_use = 1;
         q->active = 1;
         q->client = client;
@@ -160,6 +173,9 @@ int sde_dev_remove_qp(sde_dev *dev, int qp)
         if (q->active)
             sde_sq_set_dead(&q->v);
         q->active = 0;
+        if (q->dbfd >= 0) /* its kicks no longer wake the data plane: the caller may close it */
+            epoll_ctl(dev->epfd, EPOLL_CTL_DEL, q->dbfd, NULL);
+        q->dbfd = -1;
         qp_done(q, q->nstage); /* staged completions go nowhere now */
         q->nstage = 0;
         ret = (int)q->inflight;

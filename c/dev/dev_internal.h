@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -41,6 +42,9 @@
 
 #define STAGE 64
 
+/* the epoll data of the device's own doorbell (a queue pair's is its index) */
+#define DEV_OWN_DOORBELL ((uint32_t)SDE_MAX_QPS)
+
 struct dev_qp {
     int in_use;     /* slot taken (until inactive and drained) */
     int active;     /* serving */
@@ -48,6 +52,7 @@ struct dev_qp {
     uint32_t uid;   /* the client's owner identity: uid and token (0: none) */
     uint64_t token;
     int cfd;        /* the client's completion eventfd */
+    int dbfd;       /* its doorbell: an eventfd of this queue pair alone (-1: removed) */
     uint32_t inflight; /* fetched, not yet posted (staged completions count) */
     uint32_t *uid_inflight; /* the same, summed over every queue pair of its uid */
     uint32_t nstage;
@@ -180,10 +185,13 @@ struct sde_dev {
     uint64_t media_size;
     uint32_t lba;
     uint32_t depth;
-    int doorbell;
+    int doorbell; /* the device's own doorbell: the firmware's threads and Python kick it */
+    /* every doorbell (the device's and each queue pair's), level-triggered: the data plane
+     * sleeps on this set, never on a descriptor a client holds, so that a client reading
+     * its doorbell can take only its own kicks */
+    int epfd;
     int admin_fd;
     struct dev_qp qps[SDE_MAX_QPS];
-    /* commands in flight per client (a queue pair points at its client's counter) */
     /* in-flight commands per uid: the quota is a uid's, so that more connections (or owner
      * keys) of one user do not take more of the device */
     struct { uint32_t uid, inflight; } uids[SDE_MAX_QPS];

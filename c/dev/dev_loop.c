@@ -164,6 +164,24 @@ int dev_pass(sde_dev *dev)
     return work;
 }
 
+/* Read every doorbell that was kicked (the set is level-triggered: one left unread would wake
+ * the next sleep at once). */
+static void drain_doorbells(sde_dev *dev)
+{
+    struct epoll_event ev[64];
+    int n;
+    do {
+        n = epoll_wait(dev->epfd, ev, 64, 0);
+        for (int i = 0; i < n; i++) {
+            uint32_t who = ev[i].data.u32;
+            int fd = who == DEV_OWN_DOORBELL ? dev->doorbell : dev->qps[who].dbfd;
+            uint64_t v;
+            if (fd >= 0 && read(fd, &v, sizeof(v)) > 0)
+                dev->stats.wakeups++;
+        }
+    } while (n == 64);
+}
+
 /* Sleep until an I/O completion, a doorbell kick, or (timeout_ns > 0) that much time.  First
  * tell every client to kick the doorbell, then look once more (the other half of the
  * handshake is theirs); then serve what woke us. */
@@ -174,7 +192,7 @@ static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns
     for (int qp = 0; qp < dev->qp_hi; qp++)
         if (dev->qps[qp].active)
             pending |= sde_sq_prepare_sleep(&dev->qps[qp].v);
-    int armed = pending ? 0 : sde_engine_arm_poll(dev->eng, dev->doorbell);
+    int armed = pending ? 0 : sde_engine_arm_poll(dev->eng, dev->epfd);
     pthread_mutex_unlock(&dev->lock);
     if (armed < 0)
         return armed;
@@ -189,11 +207,8 @@ static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns
     }
     pthread_mutex_lock(&dev->lock);
     dev_pass(dev); /* consumes the poll's completion too */
-    if (sde_engine_take_poll(dev->eng)) {
-        uint64_t v;
-        if (read(dev->doorbell, &v, sizeof(v)) > 0)
-            dev->stats.wakeups++;
-    }
+    if (sde_engine_take_poll(dev->eng))
+        drain_doorbells(dev);
     for (int qp = 0; qp < dev->qp_hi; qp++)
         if (dev->qps[qp].active)
             sde_sq_clear_wakeup(&dev->qps[qp].v);

@@ -75,13 +75,15 @@ typedef struct sde_dev sde_dev;
 int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
                 sde_dev **out);
 void sde_dev_free(sde_dev *dev);
-int sde_dev_doorbell_fd(sde_dev *dev);   /* clients kick it; Python kicks it to wake the loop */
+int sde_dev_doorbell_fd(sde_dev *dev);   /* the device's own: Python kicks it to wake the loop */
 int sde_dev_admin_fd(sde_dev *dev);      /* readable when admin commands wait for Python */
 
-/* Queue pairs: mem is the mapped queue-pair memory (initialised by sde_qp_init).  uid and
- * token: the client's owner identity, which namespaces it may use (sde_ns_info). */
+/* Queue pairs: mem is the mapped queue-pair memory (initialised by sde_qp_init);
+ * doorbell_fd: an eventfd of this queue pair alone, which its client kicks (the caller keeps
+ * it open until the queue pair has drained); uid and token: the client's owner identity,
+ * which namespaces it may use (sde_ns_info). */
 int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
-                   uint32_t uid, uint64_t token);
+                   int doorbell_fd, uint32_t uid, uint64_t token);
 /* Stop serving a queue pair (its client left).  Completions of its in-flight commands are
  * dropped.  Returns the commands still in flight: unmap only when it reaches 0. */
 int sde_dev_remove_qp(sde_dev *dev, int qp);

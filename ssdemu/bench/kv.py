@@ -90,7 +90,7 @@ def run_bench(socket_path: str, seconds: float) -> dict:
     dev = hostlib.connect(socket_path, entries=256)
     try:
         out: dict = {"qd": QD}
-        ns_bytes = 256 << 20
+        ns_bytes = min(256 << 20, dev.log()["quotas"]["namespace_bytes"] >> 20 << 20)
         nsid = dev.ns_create(ns_bytes)
         rng = np.random.default_rng(5)
         for name, bs in SIZES.items():

@@ -45,7 +45,10 @@ def run_bench(socket_path: str, seconds: float, ns_bytes: int) -> dict:
     dev = hostlib.connect(socket_path, entries=256)
     try:
         ident = dev.identify()
-        ns_bytes = min(ns_bytes, ident["capacity_bytes"])
+        # within the drive and this uid's share of it (serve --max-namespace-bytes-per-uid),
+        # whole MiBs (the fill below writes 1 MiB at a time)
+        ns_bytes = min(ns_bytes, ident["capacity_bytes"],
+                       dev.log()["quotas"]["namespace_bytes"]) >> 20 << 20
         nsid = dev.ns_create(ns_bytes)
         start = next(n["start"] for n in dev.namespaces() if n["nsid"] == nsid)
         chunk = dev.alloc(1 << 20)

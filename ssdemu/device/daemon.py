@@ -59,6 +59,7 @@ class QueuePair:
     fd: int
     mm: mmap.mmap
     cfd: int
+    dfd: int  # its doorbell: this queue pair's alone (a client reading it takes only its kicks)
 
 
 @dataclass
@@ -592,17 +593,19 @@ class Daemon:
         mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
         addr = ffi.cast("void *", ffi.from_buffer(mm))
         cfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        dfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         lib.sde_qp_init(addr, entries, entries, 0)
-        index = lib.sde_dev_add_qp(self.dev, addr, nbytes, client.cid, cfd, client.uid,
+        index = lib.sde_dev_add_qp(self.dev, addr, nbytes, client.cid, cfd, dfd, client.uid,
                                    client.token)
         if index < 0:
             mm.close()
             os.close(fd)
             os.close(cfd)
+            os.close(dfd)
             return {"ok": False, "error": "the device has no free queue pair"}, []
-        client.qps[index] = QueuePair(index, fd, mm, cfd)
+        client.qps[index] = QueuePair(index, fd, mm, cfd, dfd)
         return ({"ok": True, "qid": index, "bytes": nbytes, "entries": entries},
-                [fd, lib.sde_dev_doorbell_fd(self.dev), cfd])
+                [fd, dfd, cfd])
 
     def _register_buffer(self, client: Client, msg: dict, fds: list[int]):
         nbytes = msg.get("bytes")
@@ -701,6 +704,7 @@ class Daemon:
                 _close_mapping(qp.mm)
                 os.close(qp.fd)
                 os.close(qp.cfd)
+                os.close(qp.dfd)
             for handle, buf in dep.buffers:
                 lib.sde_dev_remove_buffer(self.dev, handle)
                 self._release_buffer(buf)
@@ -850,7 +854,8 @@ class Daemon:
 
     def create_namespace(self, nbytes: int, client: Client | None, shared: bool = False) -> int:
         """Raises QuotaExceeded past the creator's uid's namespace quotas."""
-        if client is not None:
+        # a request the drive cannot hold at all is its refusal (StoreFull), not the quota's
+        if client is not None and nbytes <= self.store.info()["free_bytes"]:
             used = self._usage(client.uid)
             why = (refusal(self.quotas, client.uid, used, "namespaces")
                    or refusal(self.quotas, client.uid, used, "namespace_bytes", nbytes))
