@@ -108,8 +108,16 @@ class Future:
         return self.value if self._out is None else self._out
 
 
+class _PerThread(threading.local):
+    batch: list | None = None  # a class default: no exception to find it unset
+
+
 class QueuePair:
-    """A submission and a completion ring shared with the daemon."""
+    """A submission and a completion ring shared with the daemon.  Threads may share one:
+    its ring, command ids, pending table and bounce arena change under one lock (never held
+    while blocked or in a completion's callbacks), and a batch (Device.batch) is its own
+    thread's.  A queue pair per thread
+    is still the fast way: the threads then never wait for each other."""
 
     def __init__(self, qid: int, nbytes: int, entries: int, fds: list[int],
                  hangup_fd: int = -1):
@@ -131,7 +139,26 @@ class QueuePair:
         self.bounce_handle = 0
         self._bounce_used = 0  # a bump arena: reset when no command holds a share
         self._bounce_users = 0
-        self._batch: list | None = None  # commands held back by Device.batch
+        # the ring, command ids, pending table and bounce arena; never held while blocked,
+        # nor while a completion's callbacks run (they take it again)
+        self.lock = threading.Lock()
+        self._local = _PerThread()  # each thread's batch (Device.batch)
+        # the wait protocol (wait): one thread at a time sleeps on the ring (the one holding
+        # _ring); the others queue on _ring for it to come back; whoever reaps while another
+        # thread sleeps there kicks the completion eventfd, so that no completion is waited
+        # for after it was reaped
+        self._ring = threading.Lock()
+        self._sleeper: int | None = None  # the thread asleep on the ring
+        self._reaped = 0  # completions reaped so far (by any thread)
+
+    @property
+    def _batch(self) -> list | None:
+        """This thread's commands held back by Device.batch (None: not in a batch)."""
+        return self._local.batch
+
+    @_batch.setter
+    def _batch(self, value: list | None) -> None:
+        self._local.batch = value
 
     def bounce_take(self, nbytes: int) -> tuple[int, np.ndarray]:
         """A share of the bounce buffer for one command: (offset, view).  Waits for the
@@ -140,56 +167,95 @@ class QueuePair:
         if size > self.bounce.nbytes:
             raise ValueError(f"{nbytes} bytes do not fit the {self.bounce.nbytes}-byte bounce "
                              "buffer: use Device.alloc")
-        if self._bounce_used + size > self.bounce.nbytes:
-            if self._batch:
-                raise ValueError("a batch outgrew its queue pair's bounce buffer: use "
-                                 "Device.alloc buffers for its values")
-            while self._bounce_users:
-                self.wait(None)
-            self._bounce_used = 0
-        off = self._bounce_used
-        self._bounce_used += size
-        self._bounce_users += 1
-        return off, self.bounce[off:off + nbytes]
+        while True:
+            with self.lock:
+                if self._bounce_used + size > self.bounce.nbytes and not self._bounce_users:
+                    self._bounce_used = 0  # every share is back: the arena starts over
+                if self._bounce_used + size <= self.bounce.nbytes:
+                    off = self._bounce_used
+                    self._bounce_used += size
+                    self._bounce_users += 1
+                    return off, self.bounce[off:off + nbytes]
+                if self._batch:
+                    raise ValueError("a batch outgrew its queue pair's bounce buffer: use "
+                                     "Device.alloc buffers for its values")
+            self.wait(None)  # for the commands holding shares (not under the lock)
 
     def _bounce_release(self) -> None:
-        self._bounce_users -= 1
-        if not self._bounce_users:
-            self._bounce_used = 0
+        with self.lock:
+            self._bounce_users -= 1
+            if not self._bounce_users:
+                self._bounce_used = 0
 
     def submit(self, sqes, futures: list[Future]) -> int:
         """Publish commands (a cffi sde_sqe array, cids already set); returns how many the
         ring took."""
-        n = lib.sde_sq_submit(self.mem, sqes, len(futures), self.doorbell_fd, self._kicked)
-        if n < 0:
-            raise DeviceGoneError(f"doorbell failed: {os.strerror(-n)}")
-        self.kicks += self._kicked[0]
-        for f in futures[:n]:
-            self.pending[f.cid] = f
+        with self.lock:
+            # pending first: another thread's poll may reap the completion at once
+            for f in futures:
+                self.pending[f.cid] = f
+            n = lib.sde_sq_submit(self.mem, sqes, len(futures), self.doorbell_fd,
+                                  self._kicked)
+            if n < 0:
+                raise DeviceGoneError(f"doorbell failed: {os.strerror(-n)}")
+            if n < len(futures):  # the ring took fewer: the rest are not in flight
+                for f in futures[n:]:
+                    del self.pending[f.cid]
+            self.kicks += self._kicked[0]
         return n
 
     def new_cid(self) -> int:
-        if not self._free_cids:
-            self.poll()
-        while not self._free_cids:  # a full queue is back-pressure: wait for completions
-            self.wait(None)
-        return self._free_cids.pop()
+        while True:
+            try:
+                return self._free_cids.pop()  # one bytecode: atomic under the GIL
+            except IndexError:
+                pass
+            if not self.poll():
+                self.wait(None)  # a full queue is back-pressure: wait for completions
 
     def poll(self) -> int:
-        n = lib.sde_cq_reap(self.mem, self._cqes, self.entries)
-        for i in range(n):
-            c = self._cqes[i]
-            f = self.pending.pop(c.cid, None)
-            if f is not None:
-                f._complete(c.status, c.result, c.device_time_ns)
-                self._free_cids.append(f.cid)
+        with self.lock:
+            n = lib.sde_cq_reap(self.mem, self._cqes, self.entries)
+            if not n:
+                return 0
+            self._reaped += n
+            done = []
+            for i in range(n):
+                c = self._cqes[i]
+                f = self.pending.pop(c.cid, None)
+                if f is not None:
+                    done.append((f, c.status, c.result, c.device_time_ns))
+                    self._free_cids.append(f.cid)
+        sleeper = self._sleeper
+        if sleeper is not None and sleeper != threading.get_ident():
+            # the thread asleep on the ring may be waiting for what this reaped: wake it
+            os.eventfd_write(self.completion_fd, 1)
+        for f, status, result, device_ns in done:  # callbacks, outside the lock
+            f._complete(status, result, device_ns)
         return n
 
     def wait(self, timeout: float | None) -> int:
-        if self.poll():
-            return 1
-        r = lib.sde_cq_wait(self.mem, self.completion_fd, self.hangup_fd, SPIN_NS,
-                            0 if timeout is None else max(1, int(timeout * 1e9)))
+        """Wait for completions (or timeout seconds); returns how many this call reaped, 0
+        when another thread reaped them or on timeout: callers look at what they wait for
+        and call again.  Any number of threads, and an event loop (hostlib.aio), may wait
+        on one queue pair at once: one sleeps on the ring, the rest on it."""
+        n = self.poll()
+        if n:
+            return n
+        seen = self._reaped  # a reap after this by anyone: look again before sleeping
+        if not self._ring.acquire(False) and not self._ring.acquire(
+                timeout=-1 if timeout is None else timeout):
+            return self.poll()  # another thread slept on the ring all that time
+        try:
+            # first say who sleeps, then look: a reaper first counts, then looks who sleeps
+            self._sleeper = threading.get_ident()
+            if self._reaped != seen:
+                return self.poll()  # reaped while this thread queued: the caller looks
+            r = lib.sde_cq_wait(self.mem, self.completion_fd, self.hangup_fd, SPIN_NS,
+                                0 if timeout is None else max(1, int(timeout * 1e9)))
+        finally:
+            self._sleeper = None
+            self._ring.release()
         if r == -107:  # ENOTCONN: the daemon marked the queue dead
             self._fail_all()
             raise DeviceGoneError("the device shut down or dropped this queue")
@@ -198,11 +264,14 @@ class QueuePair:
         return self.poll()
 
     def _fail_all(self) -> None:
-        for f in self.pending.values():
+        with self.lock:
+            failed = list(self.pending.values())
+            self.pending.clear()
+        for f in failed:
             f._complete(GONE, 0)
-        self.pending.clear()
-        self._bounce_users = 0
-        self._bounce_used = 0
+        with self.lock:
+            self._bounce_users = 0
+            self._bounce_used = 0
 
     def close(self) -> None:
         self.mem = None
@@ -247,6 +316,10 @@ class Device:
         self._buffers: list[tuple[int, int, int]] = []  # (base address, bytes, handle)
         self._arrays: dict[int, np.ndarray] = {}
         self._bounce_handles: set[int] = set()
+        # registered staging buffers for values larger than a bounce buffer, kept for the
+        # next one (registering is a control round trip; unregistering is refused while
+        # any command of this connection is in flight, which other threads make likely)
+        self._staging: list[np.ndarray] = []
         # On a drive with a virtual clock (serve --clock virtual) every command carries this
         # submission time (ns); an experiment advances it, e.g. to a trace's timestamps.
         self.submit_time_ns = 0
@@ -320,6 +393,39 @@ class Device:
             self._buffers = [b for b in self._buffers if b[2] != handle]
             self._arrays.pop(handle, None)
 
+    STAGING_KEEP = 256 << 20  # bytes of staging buffers kept for reuse
+
+    def _staging_take(self, nbytes: int) -> np.ndarray:
+        """A registered buffer of nbytes for one command's value (a view of a pooled one,
+        whole MiBs: sizes repeat); give it back with _staging_give."""
+        with self._lock:
+            fits = [b for b in self._staging if b.nbytes >= nbytes]
+            if fits:
+                buf = min(fits, key=lambda b: b.nbytes)
+                self._staging = [b for b in self._staging if b is not buf]
+                return buf[:nbytes]
+        return self._alloc(-(-nbytes // (1 << 20)) << 20)[:nbytes]
+
+    def _staging_give(self, view: np.ndarray) -> None:
+        handle, _ = self._locate(view)
+        with self._lock:
+            buf = self._arrays.get(handle)
+            if buf is None:
+                return
+            self._staging.append(buf)
+            keep = sum(b.nbytes for b in self._staging)
+            extra = []
+            while keep > self.STAGING_KEEP and len(self._staging) > 1:
+                b = self._staging.pop(0)  # the oldest
+                keep -= b.nbytes
+                extra.append(b)
+        for b in extra:
+            try:
+                self.free(b)
+            except ConnectError:  # commands in flight: keep it for now
+                with self._lock:
+                    self._staging.append(b)
+
     def _locate(self, arr) -> tuple[int | None, int]:
         """(handle, offset) of an array inside a registered buffer, or (None, 0)."""
         if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
@@ -345,7 +451,7 @@ class Device:
         f = Future(qp, cid, what, after, bounce)
         tmp = getattr(after, "temporary", None)
         if tmp is not None:
-            f.release = lambda: self.free(tmp)
+            f.release = lambda: self._staging_give(tmp)
         if qp._batch is not None:
             qp._batch.append((fields, f))
             return f
@@ -428,7 +534,7 @@ class Device:
             return {"buf": handle, "buf_offset": off, "length": out.nbytes}, False, None
         view = out.reshape(-1).view(np.uint8)
         if view.nbytes > qp.bounce.nbytes:  # larger than the bounce: a registered one for it
-            tmp = self.alloc(view.nbytes)
+            tmp = self._staging_take(view.nbytes)
             handle, off = self._locate(tmp)
 
             def copy_back(n):
@@ -436,7 +542,7 @@ class Device:
                 view[:n] = tmp[:n]
                 return n
 
-            copy_back.temporary = tmp  # submit() frees it at completion, whatever happens
+            copy_back.temporary = tmp  # submit() gives it back at completion, whatever happens
             return {"buf": handle, "buf_offset": off, "length": view.nbytes}, False, copy_back
         boff, share = qp.bounce_take(view.nbytes)
 
@@ -502,13 +608,13 @@ class Device:
         """Store a value (1 byte to identify's max_value_bytes); True if the key existed."""
         n = value.nbytes if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))
         if n > (qp or self.qp).bounce.nbytes and self._locate(value)[0] is None:
-            tmp = self.alloc(n)  # larger than the bounce: a registered buffer for it
+            tmp = self._staging_take(n)  # larger than the bounce: a registered buffer
             try:
                 tmp[:] = _as_bytes_array(value)
                 return self.kv_put_async(key, tmp, only_if_exists, only_if_not_exists,
                                          qp, nsid=nsid).result()
             finally:
-                self.free(tmp)
+                self._staging_give(tmp)
         return self.kv_put_async(key, value, only_if_exists, only_if_not_exists, qp,
                                  nsid=nsid).result()
 
@@ -538,12 +644,12 @@ class Device:
         except InvalidValueSizeError as e:
             if out is not None or not e.value_length:
                 raise
-            tmp = self.alloc(e.value_length)  # larger than the bounce buffer
+            tmp = self._staging_take(e.value_length)  # larger than the bounce buffer
             try:
                 n = self.kv_get_async(key, tmp, qp, nsid=nsid).result()
                 return bytes(tmp[:n])
             finally:
-                self.free(tmp)
+                self._staging_give(tmp)
 
     def kv_delete_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         return self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}", qp=qp,
@@ -617,7 +723,7 @@ class Device:
                                nsid=nsid, **kf)
         tmp = None
         if handle is None:  # larger than the bounce: a registered buffer for it
-            tmp = self.alloc(block.nbytes)
+            tmp = self._staging_take(block.nbytes)
             tmp[:] = _as_bytes_array(block)
             handle, off = self._locate(tmp)
         roff, rshare = qp.bounce_take(QUANT_REQUEST.size)
@@ -627,9 +733,9 @@ class Device:
                         param0=(qp.bounce_handle << 40) | roff, nsid=nsid, **kf)
         if tmp is not None:
             if f.finished:
-                self.free(tmp)
+                self._staging_give(tmp)
             else:
-                f.release = lambda: self.free(tmp)
+                f.release = lambda: self._staging_give(tmp)
         return f
 
     def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
@@ -707,7 +813,7 @@ class Device:
             off, share = qp.bounce_take(total)
             handle, bounced = qp.bounce_handle, True
         else:
-            tmp = self.alloc(total)
+            tmp = self._staging_take(total)
             share = tmp.reshape(-1).view(np.uint8)
             (handle, off), bounced = self._locate(tmp), False
         share[:payload.nbytes] = payload
@@ -717,7 +823,7 @@ class Device:
             out.reshape(-1).view(np.uint8)[:] = result
             return parse(pages)
 
-        after.temporary = tmp  # submit() frees it at completion, whatever happens
+        after.temporary = tmp  # submit() gives it back at completion, whatever happens
         return self.submit(opcode, what, qp=qp, bounce=bounced, after=after, nsid=nsid,
                            buf=handle, buf_offset=off, length=payload.nbytes,
                            param0=(handle << 40) | (off + n_in), param1=out.nbytes)

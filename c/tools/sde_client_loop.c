@@ -139,8 +139,8 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
         int n = sde_cq_reap(mem, L.cqe, qd);
         if (n == 0) {
             int w = sde_cq_wait(mem, completion_fd, -1, 0, 1000000000);
-            if (w <= 0) {
-                rc = w < 0 ? w : -ETIMEDOUT;
+            if (w < 0 || (w == 0 && now_ns() - t > 1000000000)) {
+                rc = w < 0 ? w : -ETIMEDOUT; /* nothing for a second */
                 break;
             }
             continue;

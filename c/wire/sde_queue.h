@@ -16,7 +16,9 @@
  * Doorbells: the daemon sets SDE_SQF_NEED_WAKEUP in sq_flags before it sleeps on its eventfd;
  * the client, after publishing sq_tail, does a full fence and kicks the eventfd only if the
  * flag is set (the SQPOLL handshake of io_uring).  The mirror image wakes a sleeping client:
- * SDE_CQF_WAITING in cq_flags, the client's completion eventfd.
+ * cq_waiters, the number of the client's waiters asleep on its completion eventfd (blocking
+ * waits and an event loop's arming each hold one), signalled by the daemon while nonzero.
+ * A count, not a flag: no waiter's leaving can take away another's wake-ups.
  */
 #ifndef SDE_QUEUE_H
 #define SDE_QUEUE_H
@@ -111,7 +113,6 @@
 /* ring flags */
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */
 #define SDE_SQF_DEAD 2        /* daemon: shut down, nothing more will complete */
-#define SDE_CQF_WAITING 1     /* client: asleep, signal the completion eventfd */
 
 /* TOPK_PAGES and ATTEND's request (64 bytes), at the start of the command's buffer. */
 #define SDE_RETRIEVAL_MAGIC 0x51525253u /* "SRRQ" */
@@ -182,7 +183,7 @@ typedef struct sde_ring_hdr {
     uint32_t pad4[15];
     uint32_t sq_flags; /* daemon */
     uint32_t pad5[15];
-    uint32_t cq_flags; /* client */
+    uint32_t cq_waiters; /* client: waiters asleep on its completion eventfd */
     uint32_t pad6[15];
 } sde_ring_hdr;
 
@@ -199,16 +200,17 @@ int sde_sq_submit(void *mem, const sde_sqe *sqes, uint32_t n, int doorbell_fd, i
 /* Client: take up to max completions. */
 int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
 /* Client: wait until a completion is there, or until timeout_ns (0: forever): poll for
- * spin_ns, then sleep on completion_fd.  hangup_fd (the control socket, or -1) becoming
- * readable or hung up means the daemon is gone: -ENOTCONN, as for a queue marked dead.
- * Returns completions ready, 0 on timeout, -errno.  The ring's CQ_WAITING flag is left as
- * the wait found it: a waiter that armed it (sde_cq_arm: an event loop) keeps its wake-ups
- * whoever else waits on the queue pair. */
+ * spin_ns, then sleep on completion_fd (holding one of cq_waiters while asleep).  hangup_fd
+ * (the control socket, or -1) hung up means the daemon is gone: -ENOTCONN, as for a queue
+ * marked dead.  Returns completions ready; 0 on timeout, or when the completion eventfd was
+ * kicked with none ready (another waiter of the queue pair reaped them, and kicked it so
+ * that this one looks again); -errno. */
 int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                 uint64_t timeout_ns);
-/* Client, event-loop style (hostlib.aio): waiting 1 asks the daemon to signal completion_fd
- * for every completion it posts from now on, 0 stops it.  Returns the completions ready
- * (look at them before sleeping: one may have been posted just before the flag was seen). */
+/* Client, event-loop style (hostlib.aio): waiting 1 takes one of cq_waiters (the daemon
+ * signals completion_fd for every completion it posts while any is held), 0 gives it back;
+ * each 1 is balanced by one 0.  Returns the completions ready (look at them before
+ * sleeping: one may have been posted just before the daemon saw the count). */
 int sde_cq_arm(void *mem, int waiting);
 /* CDEF-END */
 

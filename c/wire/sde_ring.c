@@ -110,18 +110,61 @@ int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max)
     return (int)k;
 }
 
+/* Completions posted and not reaped: head first, then tail (a reap by another thread
+ * between the two loads can only make the count smaller, never wrap it). */
+static uint32_t cq_ready(const sde_ring_hdr *h)
+{
+    uint32_t head = LOAD_ACQ(&h->cq_head);
+    return LOAD_ACQ(&h->cq_tail) - head;
+}
+
+static int wait_asleep(sde_ring_hdr *h, int completion_fd, int hangup_fd, uint64_t start,
+                       uint64_t timeout_ns)
+{
+    for (;;) {
+        uint32_t ready = cq_ready(h);
+        if (ready)
+            return (int)ready;
+        if (LOAD_ACQ(&h->sq_flags) & SDE_SQF_DEAD)
+            return -ENOTCONN;
+        int wait_ms = -1;
+        if (timeout_ns) {
+            uint64_t spent = now_ns() - start;
+            if (spent >= timeout_ns)
+                return 0;
+            wait_ms = (int)((timeout_ns - spent + 999999) / 1000000);
+        }
+        struct pollfd p[2] = {{.fd = completion_fd, .events = POLLIN},
+                              /* not POLLIN: a reply to another thread's control
+                               * request makes the socket readable; only a hang-up (the
+                               * daemon gone) ends the wait */
+                              {.fd = hangup_fd, .events = POLLRDHUP}};
+        int r = poll(p, hangup_fd >= 0 ? 2 : 1, wait_ms);
+        if (r < 0 && errno != EINTR)
+            return -errno;
+        if (r > 0 && hangup_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            ready = cq_ready(h);
+            return ready ? (int)ready : -ENOTCONN; /* the daemon closed its end: gone */
+        }
+        if (r > 0 && p[0].revents) {
+            uint64_t v;
+            if (read(completion_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                return -errno;
+            /* kicked: what is ready, or 0 when another waiter took it (look again) */
+            ready = cq_ready(h);
+            return ready ? (int)ready : (LOAD_ACQ(&h->sq_flags) & SDE_SQF_DEAD) ? -ENOTCONN : 0;
+        }
+    }
+}
+
 int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
                 uint64_t timeout_ns)
 {
     sde_ring_hdr *h = mem;
-    /* another waiter's arming (an event loop watching the completion eventfd for its
-     * commands on this queue pair) is the ring's state, not this wait's: it is put back as
-     * it was on every way out, never cleared (clearing it lost that waiter's wake-ups) */
-    const uint32_t armed = LOAD_ACQ(&h->cq_flags) & SDE_CQF_WAITING;
     uint64_t start = now_ns();
     uint32_t polls = 0;
     for (;;) {
-        uint32_t ready = LOAD_ACQ(&h->cq_tail) - h->cq_head;
+        uint32_t ready = cq_ready(h);
         if (ready)
             return (int)ready;
         if (LOAD_ACQ(&h->sq_flags) & SDE_SQF_DEAD)
@@ -135,47 +178,13 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
         }
         __builtin_ia32_pause();
     }
-    for (;;) {
-        STORE_REL(&h->cq_flags, SDE_CQF_WAITING);
-        FENCE(); /* pairs with the daemon's fence after posting */
-        uint32_t ready = LOAD_ACQ(&h->cq_tail) - h->cq_head;
-        if (ready || (LOAD_ACQ(&h->sq_flags) & SDE_SQF_DEAD)) {
-            STORE_REL(&h->cq_flags, armed);
-            return ready ? (int)ready : -ENOTCONN;
-        }
-        int wait_ms = -1;
-        if (timeout_ns) {
-            uint64_t spent = now_ns() - start;
-            if (spent >= timeout_ns) {
-                STORE_REL(&h->cq_flags, armed);
-                return 0;
-            }
-            wait_ms = (int)((timeout_ns - spent + 999999) / 1000000);
-        }
-        struct pollfd p[2] = {{.fd = completion_fd, .events = POLLIN},
-                              /* not POLLIN: a reply to another thread's control
-                               * request makes the socket readable; only a hang-up (the
-                               * daemon gone) ends the wait */
-                              {.fd = hangup_fd, .events = POLLRDHUP}};
-        int r = poll(p, hangup_fd >= 0 ? 2 : 1, wait_ms);
-        if (r < 0 && errno != EINTR) {
-            STORE_REL(&h->cq_flags, armed);
-            return -errno;
-        }
-        if (r > 0 && hangup_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-            STORE_REL(&h->cq_flags, armed);
-            if (LOAD_ACQ(&h->cq_tail) != h->cq_head)
-                return (int)(LOAD_ACQ(&h->cq_tail) - h->cq_head);
-            return -ENOTCONN; /* the daemon closed its end: it is gone */
-        }
-        if (r > 0 && p[0].revents) {
-            uint64_t v;
-            if (read(completion_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
-                STORE_REL(&h->cq_flags, armed);
-                return -errno;
-            }
-        }
-    }
+    /* one waiter more while asleep, one less on every way out: another waiter's count (an
+     * event loop's arming, a thread's wait) is never taken away */
+    __atomic_fetch_add(&h->cq_waiters, 1, __ATOMIC_SEQ_CST);
+    FENCE(); /* pairs with the daemon's fence after posting */
+    int r = wait_asleep(h, completion_fd, hangup_fd, start, timeout_ns);
+    __atomic_fetch_sub(&h->cq_waiters, 1, __ATOMIC_SEQ_CST);
+    return r;
 }
 
 /* ---- daemon side ------------------------------------------------------------------------- */
@@ -209,9 +218,12 @@ int sde_cq_space(sde_qp_view *q)
 int sde_cq_arm(void *mem, int waiting)
 {
     sde_ring_hdr *h = mem;
-    STORE_REL(&h->cq_flags, waiting ? SDE_CQF_WAITING : 0);
+    if (waiting)
+        __atomic_fetch_add(&h->cq_waiters, 1, __ATOMIC_SEQ_CST);
+    else
+        __atomic_fetch_sub(&h->cq_waiters, 1, __ATOMIC_SEQ_CST);
     FENCE(); /* pairs with the daemon's fence after posting */
-    return (int)(LOAD_ACQ(&h->cq_tail) - h->cq_head);
+    return (int)cq_ready(h);
 }
 
 int sde_cq_post(sde_qp_view *q, const sde_cqe *cqes, uint32_t n)
@@ -224,7 +236,7 @@ int sde_cq_post(sde_qp_view *q, const sde_cqe *cqes, uint32_t n)
     q->cq_tail += n;
     STORE_REL(&h->cq_tail, q->cq_tail);
     FENCE(); /* pairs with the client's fence in sde_cq_wait */
-    return (LOAD_ACQ(&h->cq_flags) & SDE_CQF_WAITING) ? 1 : 0;
+    return LOAD_ACQ(&h->cq_waiters) ? 1 : 0;
 }
 
 int sde_sq_prepare_sleep(sde_qp_view *q)
