@@ -73,6 +73,14 @@ def test_a_same_uid_process_cannot_claim_an_owner_by_its_name(tmp_path):
         assert d.terminate()[0] == 0
 
 
+def _ok(f) -> bool:
+    try:
+        f.result()
+        return True
+    except hostlib.DeviceError:
+        return False
+
+
 def _refused(call, match: str) -> None:
     with pytest.raises((hostlib.ConnectError, hostlib.DeviceError), match=match):
         call()
@@ -263,4 +271,37 @@ def test_a_client_reading_its_doorbell_delays_no_one_else(tmp_path):
         if thief is not None and thief.poll() is None:
             thief.kill()
             thief.communicate()
+        assert d.terminate()[0] == 0
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_a_deleted_namespace_drains_before_its_space_is_reused(tmp_path, round_):
+    """Issue 33, item 6: the delete of a namespace with 128 MiB of writes in flight
+    completes only once they are done; another owner's namespace made at once on the freed
+    space then reads back only its own bytes (zeroed, then written), never the deleted
+    namespace's late writes."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media=f"file:{tmp_path / 'd.img'}:512M",
+                      extra=["--timing", "off"])
+    try:
+        with hostlib.connect(d.socket_path, owner_key=secrets.token_hex(32)) as a, \
+                hostlib.connect(d.socket_path, owner_key=secrets.token_hex(32)) as b:
+            ns = a.ns_create(128 << 20)
+            start = next(n["start"] for n in a.namespaces() if n["nsid"] == ns)
+            chunk = a.alloc(1 << 20)  # the profile's largest transfer
+            chunk[:] = 0xAA
+            other = a.queue_pair(8)
+            writes = [a.write_async(ns, i * (1 << 20) // 512, chunk) for i in range(128)]
+            a.submit(OPCODES["NS_DELETE"], "delete", qp=other, nsid=ns).result()
+            # every write was done before the delete was: each either landed or was
+            # refused as the namespace went (never still in flight)
+            assert all(w.done() for w in writes)
+            landed = sum(_ok(w) for w in writes)
+            ns_b = b.ns_create(128 << 20)
+            assert next(n["start"] for n in b.namespaces() if n["nsid"] == ns_b) == start
+            out = b.alloc(1 << 20)
+            for i in range(128):
+                b.read(ns_b, i * (1 << 20) // 512, out)
+                assert not out.any(), f"MiB {i}: the deleted namespace's bytes ({landed} " \
+                    "writes had landed)"
+    finally:
         assert d.terminate()[0] == 0

@@ -111,6 +111,7 @@ void dev_block_io_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_
     x->cid = c->cid;
     x->cls = (uint8_t)cls;
     x->t0 = t0;
+    x->serial = ++dev->ctx_serial;
     x->bounce = NULL;
     x->io.user_data = (uint64_t)(x - dev->ctx);
     x->io.buf_index = -1;

@@ -186,6 +186,24 @@ int sde_dev_remove_qp(sde_dev *dev, int qp)
     return ret;
 }
 
+uint64_t sde_dev_ctx_mark(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    uint64_t mark = dev->ctx_serial;
+    pthread_mutex_unlock(&dev->lock);
+    return mark;
+}
+
+int sde_dev_inflight_before(sde_dev *dev, uint64_t mark)
+{
+    pthread_mutex_lock(&dev->lock);
+    int n = 0;
+    for (uint32_t i = 0; i < dev->depth; i++)
+        n += dev->ctx[i].used && dev->ctx[i].serial <= mark;
+    pthread_mutex_unlock(&dev->lock);
+    return n;
+}
+
 int sde_dev_qp_inflight(sde_dev *dev, int qp)
 {
     pthread_mutex_lock(&dev->lock);

@@ -93,6 +93,7 @@ struct dev_ctx {
     uint8_t io_failed;  /* a media I/O of it failed: MEDIA_ERROR */
     uint8_t no_memory;  /* no bounce for it: INTERNAL */
     uint64_t t0;
+    uint64_t serial; /* when it was taken (sde_dev_ctx_mark): deletes wait for older ones */
     uint8_t *bounce;
     uint8_t *client_addr;
     uint64_t due;    /* real time: post no earlier than this (monotonic ns); 0: at once */
@@ -196,6 +197,7 @@ struct sde_dev {
      * keys) of one user do not take more of the device */
     struct { uint32_t uid, inflight; } uids[SDE_MAX_QPS];
     uint32_t max_uid_inflight; /* 0: no quota */
+    uint64_t ctx_serial; /* contexts taken so far */
     sde_faults faults;    /* fault injection rules */
     struct delay { int qp; uint16_t cid; uint64_t ns; } *delays; /* latency faults pending */
     uint32_t ndelays;

@@ -19,6 +19,7 @@ struct dev_ctx *dev_ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, in
     x->kind = (uint8_t)kind;
     x->op = c->opcode;
     x->t0 = t0;
+    x->serial = ++dev->ctx_serial;
     x->io.user_data = dev_ctx_index(dev, x);
     x->io.buf_index = -1;
     x->io2.user_data = dev_ctx_index(dev, x) | UD_IO2;

@@ -88,6 +88,12 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
  * dropped.  Returns the commands still in flight: unmap only when it reaches 0. */
 int sde_dev_remove_qp(sde_dev *dev, int qp);
 int sde_dev_qp_inflight(sde_dev *dev, int qp);
+/* Draining: a mark of the commands started so far, and how many of those are still in
+ * flight (their media I/O may still read or write).  A namespace's space is given back only
+ * once none started before its delete is (after sde_dev_set_ns(dev, nsid, NULL), which
+ * stops new ones). */
+uint64_t sde_dev_ctx_mark(sde_dev *dev);
+int sde_dev_inflight_before(sde_dev *dev, uint64_t mark);
 /* Mark every queue pair dead (shutdown): clients waiting are woken with an error. */
 void sde_dev_shutdown_qps(sde_dev *dev);
 

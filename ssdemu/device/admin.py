@@ -117,6 +117,8 @@ class Admin:
             return _err("INVALID_NAMESPACE")
         except PermissionError:
             return _err("ACCESS_DENIED")
+        except TimeoutError:  # its commands did not drain: it was not deleted
+            return _err("ABORTED")
         return _ok()
 
 

@@ -46,6 +46,7 @@ SQE_FIELDS = SQE_DTYPE.names
 log = logging.getLogger("ssdemu.serve")
 
 LOG_PAGE_COUNTERS = 1
+DRAIN_S = 30.0  # a namespace delete waits this long at most for the commands before it
 # the command classes of the data plane's counters, by their SDE_CLASS_* number
 # (c/dev/sde_dev.h, the one definition)
 CLASS_NAMES = [name for _, name in sorted(
@@ -889,8 +890,19 @@ class Daemon:
             raise PermissionError(f"namespace {nsid} is shared: only its creator or an "
                                   "admin deletes it")
         # the data plane stops taking its commands first; a put already under way fails
-        # at its commit (the store checks the namespace's generation)
+        # at its commit (the store checks the namespace's generation).  Then its space is
+        # given back only once every command started before is done: a block read or
+        # write, or a retrieve, still in flight would otherwise land on space the next
+        # namespace or value was given (another owner's)
         lib.sde_dev_set_ns(self.dev, nsid, ffi.NULL)
+        mark = lib.sde_dev_ctx_mark(self.dev)
+        deadline = time.monotonic() + DRAIN_S
+        while lib.sde_dev_inflight_before(self.dev, mark) > 0:
+            if time.monotonic() > deadline:
+                lib.sde_dev_set_ns(self.dev, nsid, ns)  # still in use: it stays
+                raise TimeoutError(f"namespace {nsid}: commands still in flight after "
+                                   f"{DRAIN_S:.0f} s")
+            time.sleep(0.0005)
         self.store.ns_delete(nsid)
         # rules naming it would otherwise hit the next namespace given its id
         for rule in self._fault_rules(None):
