@@ -197,7 +197,7 @@ while True:
         except hostlib.KeyNotFoundError:
             pass
         dev.flush()
-        print("del", key.decode(), flush=True)
+        print("del", key.decode(), i, flush=True)
     else:
         v = (b"%d:" % i) * (50 + i % 300)
         dev.kv_put(key, v)
@@ -231,11 +231,11 @@ def test_kill_9_during_churn_loses_nothing_acknowledged(tmp_path, disk_dir):
         try:
             p = subprocess.Popen([sys.executable, "-c", CHURN, d.socket_path],
                                  stdout=subprocess.PIPE, text=True)
-            state: dict[str, int | None] = {}
+            state: dict[str, tuple[str, int]] = {}  # key -> its last acknowledged change
             limit = 600 + 400 * run
             for n, line in enumerate(p.stdout):
                 parts = line.split()
-                state[parts[1]] = int(parts[2]) if parts[0] == "put" else None
+                state[parts[1]] = (parts[0], int(parts[2]))
                 if n >= limit:
                     break
         finally:
@@ -245,18 +245,16 @@ def test_kill_9_during_churn_loses_nothing_acknowledged(tmp_path, disk_dir):
             with hostlib.connect(again.socket_path) as dev:
                 stored = set(dev.kv_list(max_keys=1000))
                 log = dev.log()["store"]
-                for key, i in state.items():
+                for key, (op, i) in state.items():
                     k = key.encode()
-                    # the acknowledged state, or the one command in flight at the kill
-                    if i is None:
-                        if k in stored:
-                            got = dev.kv_get(k)
-                            assert got.split(b":")[0].isdigit()
-                    else:
-                        got = dev.kv_get(k) if k in stored else None
-                        if got != _expected_value(i):
-                            # only a later change (unacknowledged) may differ
-                            assert got is None or int(got.split(b":")[0]) > i, key
+                    got = dev.kv_get(k) if k in stored else None
+                    # the acknowledged state, or a later change (made after the last line
+                    # read, unacknowledged here): a put after a delete, anything after a put
+                    if op == "del":
+                        assert got is None or int(got.split(b":")[0]) > i, \
+                            f"{key}: deleted at {i}, back with an older value"
+                    elif got != _expected_value(i):
+                        assert got is None or int(got.split(b":")[0]) > i, key
                 for k in stored:  # nothing reads back wrong
                     got = dev.kv_get(k)
                     assert got == _expected_value(int(got.split(b":")[0]))

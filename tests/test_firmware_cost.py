@@ -1,5 +1,6 @@
 """The op-cost formulas and the TOPS budget."""
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,14 +49,50 @@ def test_quantization_costs_follow_the_shape(tokens, layers, heads, dim, scheme)
     assert quantize_cost(2 * shape.elements, 2, scheme, comp).vector_ops > q.vector_ops
 
 
-@given(blocks=st.integers(1, 100), block=st.sampled_from([16, 256, 512]))
-def test_hash_cost_counts_blake2b_compressions(blocks, block):
-    c = prefix_hash_cost(blocks, block)
-    compressions = {16: 1, 256: 9, 512: 17}[block]  # (16 + 4 * block) bytes in 128-byte blocks
-    assert c.ops == blocks * compressions * 1400
-    assert prefix_match_cost(blocks).ops == 20 * blocks
+def _compressions_the_firmware_runs(blocks: int, block: int) -> int:
+    """Counted, not computed: the firmware's own hash_chain run as Python with its BLAKE2b
+    compression function wrapped in a counter."""
+    import firmware.prefix_hash as ph
+
+    count = [0]
+    compress = ph._compress
+
+    def counting(*args):
+        count[0] += 1
+        return compress(*args)
+
+    saved = ph._compress, ph._blake2b_128
+    ph._compress, ph._blake2b_128 = counting, ph._blake2b_128.py_func
+    try:
+        tokens = np.arange(blocks * block, dtype=np.uint32)
+        keys = np.zeros((blocks, 16), np.uint8)
+        assert ph.hash_chain.py_func(tokens, block, np.zeros(16, np.uint8), keys) == blocks
+    finally:
+        ph._compress, ph._blake2b_128 = saved
+    return count[0]
+
+
+@pytest.mark.parametrize("block", [16, 32, 256, 512])
+def test_hash_cost_counts_the_compressions_the_firmware_runs(block):
+    """The cost is the same charge per BLAKE2b compression the firmware actually runs
+    (counted by running it), at every block size; that charge is 12 rounds x 8 G functions
+    x 14 ops (RFC 7693) plus setup and finalisation: 1,344 to 1,500 ops."""
+    per = set()
+    for blocks in (1, 3):
+        ran = _compressions_the_firmware_runs(blocks, block)
+        assert ran >= blocks
+        ops = prefix_hash_cost(blocks, block).ops
+        assert ops % ran == 0
+        per.add(ops // ran)
+    (charge,) = per
+    assert 12 * 8 * 14 <= charge <= 1500
+
+
+@given(blocks=st.integers(1, 100))
+def test_match_and_insert_costs_are_per_key(blocks):
+    assert prefix_match_cost(blocks).ops == blocks * prefix_match_cost(1).ops
     assert prefix_match_cost(blocks).probes == blocks  # a dependent DRAM probe per key
-    assert index_insert_cost(blocks).bytes == 112 * blocks
+    assert index_insert_cost(blocks).bytes == blocks * index_insert_cost(1).bytes
 
 
 PROFILE = ComputeProfile(tops=8.0, compute_units=4, device_memory_bytes_per_s=64e9,

@@ -119,16 +119,23 @@ def test_stat_prints_rows_under_a_terminal_and_into_a_pipe(tmp_path):
         lines = out.decode().splitlines()
         assert lines[1].split()[:3] == ["time", "r/s", "w/s"]
         assert len(lines) == 5 and all(len(row.split()) == 17 for row in lines[2:])
-        # into a pipe: each row arrives as it is printed, not at exit
+        # into a pipe: each row arrives as it is printed, not at exit, and shows the
+        # traffic of its interval: kv/s times the interval, over the rows that saw 200
+        # puts, is about 200
+        header = lines[1].split()
+        kv_col = header.index("kv/s")
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
             with hostlib.connect(d.socket_path) as dev:
                 p.stdout.readline()
                 p.stdout.readline()
-                for _ in range(50):
+                quiet = p.stdout.readline().split()  # an interval with no traffic
+                for _ in range(200):
                     dev.kv_put(b"k", b"v")
-                row = p.stdout.readline()
-                assert len(row.split()) == 17
+                rows = [p.stdout.readline().split() for _ in range(3)]
+            assert all(len(r) == 17 for r in rows) and float(quiet[kv_col]) == 0
+            seen = sum(float(r[kv_col]) * 0.2 for r in rows)  # per second x 0.2 s
+            assert 100 <= seen <= 300, rows  # intervals run a little over 0.2 s
         finally:
             p.kill()
             p.wait()
