@@ -240,6 +240,10 @@ void dev_prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint6
         dev_finish(dev, qp, cls, c->cid, st, 0, 0, t0);
         return;
     }
+    if (sde_store_failed(dev->store)) {
+        dev_finish(dev, qp, cls, c->cid, SDE_SC_MEDIA_ERROR, 0, 0, t0);
+        return;
+    }
     uint64_t n = c->length / 16;
     uint64_t h0 = now_ns();
     uint64_t hits = sde_store_prefix_match(dev->store, c->nsid, b->addr + c->buf_offset, n);
@@ -330,6 +334,10 @@ void dev_pm_tokens_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
     double hashed = charge(dev, SDE_KERNEL_PREFIX_HASH,
                            sde_cost_prefix_hash(n, (uint32_t)j->block_tokens), x->msubmit,
                            j->host_ns);
+    if (sde_store_failed(dev->store)) {
+        dev_kv_finish(dev, x, SDE_SC_MEDIA_ERROR, 0);
+        return;
+    }
     uint64_t h0 = now_ns();
     uint64_t hits = sde_store_prefix_match(dev->store, x->nsid, x->bounce, n);
     double done = charge(dev, SDE_KERNEL_PREFIX_MATCH,

@@ -508,7 +508,7 @@ void dev_kv_list_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t
         int n = sde_store_list(dev->store, c->nsid, key, klen, b->addr + c->buf_offset,
                                c->length / SDE_LIST_ENTRY);
         if (n < 0) {
-            st = SDE_SC_INTERNAL;
+            st = n == -EIO ? SDE_SC_MEDIA_ERROR : SDE_SC_INTERNAL; /* -EIO: the store failed */
         } else {
             result = (uint64_t)n;
             bytes = (uint64_t)n * SDE_LIST_ENTRY;

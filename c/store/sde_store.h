@@ -73,6 +73,7 @@ typedef struct sde_store_info {
     uint64_t hash_collisions;     /* content hash equal, bytes not */
     uint64_t pieced_values;       /* values in several pieces (no free run held them) */
     uint64_t index_entries;       /* checkpoint entries in use (a key, and its pieces) */
+    uint64_t failed;              /* a journal write failed: sde_store_failed */
 } sde_store_info;
 
 typedef struct sde_kv_put_result {
@@ -137,6 +138,11 @@ int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
                   uint32_t *count);
 /* The leading run of n 16-byte keys (of namespace nsid) that the store holds. */
 uint64_t sde_store_prefix_match(sde_store *st, uint32_t nsid, const uint8_t *keys, uint64_t n);
+/* A journal write failed: the index in memory holds changes the media does not, so the
+ * store refuses reads as well as changes (MEDIA_ERROR) until it is opened again, when
+ * recovery gives back exactly what was acknowledged (a drive in its failed state until a
+ * power cycle). */
+int sde_store_failed(const sde_store *st);
 int sde_store_flush(sde_store *st);
 int sde_store_checkpoint(sde_store *st);
 

@@ -108,12 +108,16 @@ int sde_store_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
     return store_commit_sync(st) < 0 ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
 }
 
+int sde_store_failed(const sde_store *st) { return st->failed; }
+
 int sde_store_exists(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
 {
     if (!store_key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
     if (!store_ns_present(st, nsid))
         return SDE_SC_INVALID_NAMESPACE;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
     return store_ent_find(st, nsid, key, klen) == NIL ? SDE_SC_KV_KEY_NOT_EXIST : SDE_SC_SUCCESS;
 }
 
@@ -122,6 +126,8 @@ int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
 {
     if (!store_key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
     uint32_t i = store_ent_find(st, nsid, key, klen);
     if (i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;
@@ -147,6 +153,8 @@ int sde_store_list(sde_store *st, uint32_t nsid, const uint8_t *start, uint32_t 
 {
     if (!max)
         return 0;
+    if (st->failed)
+        return -EIO;
     uint64_t n = 0;
     uint8_t *all = malloc((st->nkeys + 1) * SDE_LIST_ENTRY);
     if (!all)
@@ -175,6 +183,8 @@ int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
 {
     if (!store_key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
     uint32_t i = store_ent_find(st, nsid, key, klen);
     if (i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;

@@ -339,6 +339,8 @@ int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
         return SDE_SC_KV_INVALID_KEY_SIZE;
     if (!store_ns_present(st, nsid))
         return SDE_SC_INVALID_NAMESPACE;
+    if (st->failed) /* the index holds changes the media may not: sde_store_failed */
+        return SDE_SC_MEDIA_ERROR;
     uint32_t i = store_ent_find(st, nsid, key, klen);
     if (i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;

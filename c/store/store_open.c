@@ -463,4 +463,5 @@ void sde_store_get_info(const sde_store *st, sde_store_info *o)
     o->extents = n;
     o->pieced_values = pieced;
     o->index_entries = st->entries;
+    o->failed = (uint64_t)st->failed;
 }

@@ -12,6 +12,7 @@ daemon the data plane runs KV commands against the same C store; the daemon's Py
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 
 import numpy as np
@@ -225,9 +226,13 @@ class Store:
         with self._locked():
             n = lib.sde_store_list(self._st, nsid, bytes(start), len(start),
                                    ffi.cast("uint8_t *", address_of(out)), limit)
+        if n < 0:
+            raise StoreError(f"key list failed: {os.strerror(-n)}"
+                             + (" (the store failed: a journal write did not reach the "
+                                "media)" if n == -errno.EIO else ""))
         raw = out.tobytes()
         return [raw[i * LIST_ENTRY + 1:i * LIST_ENTRY + 1 + raw[i * LIST_ENTRY]]
-                for i in range(max(n, 0))]
+                for i in range(n)]
 
     def prefix_match(self, keys: np.ndarray, nsid: int = 0) -> int:
         """The leading run of 16-byte keys (an (n, 16) uint8 array) that the store holds."""
