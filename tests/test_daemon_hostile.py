@@ -305,3 +305,42 @@ def test_a_deleted_namespace_drains_before_its_space_is_reused(tmp_path, round_)
                     "writes had landed)"
     finally:
         assert d.terminate()[0] == 0
+
+
+def test_the_log_page_shows_an_owner_its_own_commands(tmp_path):
+    """Issue 33, item 4: the log page showed every owner the whole drive's counters (and
+    with them what the others do).  With --admin-key no client is an admin by its uid: two
+    owners each see their own commands only (and none of the drive-wide figures); the
+    admin sees the whole drive; an owner's counters are kept across its reconnects."""
+    admin_file = tmp_path / "admin.key"
+    admin = hostlib.owner_key.new(str(admin_file))
+    alice, bob = secrets.token_hex(32), secrets.token_hex(32)
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--admin-key", str(admin_file),
+                                                        "--timing", "off"])
+    try:
+        with hostlib.connect(d.socket_path, owner_key=alice) as a:
+            ns = a.ns_create(1 << 20)
+            buf = a.alloc(4096)
+            for i in range(7):
+                a.write(ns, i * 8, buf)
+        with hostlib.connect(d.socket_path, owner_key=bob) as b:
+            for i in range(3):
+                b.kv_put(b"b%d" % i, b"bob's")
+            b.kv_get(b"b0", b.alloc(4096))
+            page = b.log()
+            assert page["scope"] == "owner"
+            assert (page["classes"]["kv"]["commands"], page["classes"]["write"]["commands"]) \
+                == (4, 0)
+            assert not {"store", "compute", "model", "retrieval"} & set(page)
+        with hostlib.connect(d.socket_path, owner_key=alice) as a:  # back again
+            page = a.log()
+            assert (page["classes"]["write"]["commands"], page["classes"]["kv"]["commands"]) \
+                == (7, 0)
+            assert page["classes"]["write"]["bytes"] == 7 * 4096
+        with hostlib.connect(d.socket_path, owner_key=admin) as root:
+            page = root.log()
+            assert page["scope"] == "device" and page["store"]["keys"] == 3
+            assert (page["classes"]["write"]["commands"], page["classes"]["kv"]["commands"]) \
+                == (7, 4)
+    finally:
+        assert d.terminate()[0] == 0

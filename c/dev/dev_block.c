@@ -136,7 +136,7 @@ void dev_block_io_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_
             }
             if (c->opcode == SDE_CMD_WRITE) {
                 memcpy(x->bounce, x->client_addr, c->length);
-                dev->stats.cls[cls].bytes_copied += c->length;
+                dev_copied(dev, qp, cls, c->length);
             }
             x->io.addr = (uint64_t)(uintptr_t)x->bounce;
         } else {

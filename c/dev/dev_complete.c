@@ -4,9 +4,8 @@
 #include "dev_internal.h"
 #include "sde_heap.h"
 
-static void account(sde_dev *dev, int cls, uint16_t status, uint64_t bytes, uint64_t lat)
+static void count(sde_class_stats *c, uint16_t status, uint64_t bytes, uint64_t lat)
 {
-    sde_class_stats *c = &dev->stats.cls[cls];
     c->commands++;
     if (status != SDE_SC_SUCCESS)
         c->errors++;
@@ -15,6 +14,20 @@ static void account(sde_dev *dev, int cls, uint16_t status, uint64_t bytes, uint
     c->lat_ns_total += lat;
     int b = lat ? 63 - __builtin_clzll(lat) : 0;
     c->lat_hist[b]++;
+}
+
+/* The device's counters and the command's owner's. */
+static void account(sde_dev *dev, int qp, int cls, uint16_t status, uint64_t bytes,
+                    uint64_t lat)
+{
+    count(&dev->stats.cls[cls], status, bytes, lat);
+    count(&dev->owners[dev->qps[qp].owner].cls[cls], status, bytes, lat);
+}
+
+void dev_copied(sde_dev *dev, int qp, int cls, uint64_t bytes)
+{
+    dev->stats.cls[cls].bytes_copied += bytes;
+    dev->owners[dev->qps[qp].owner].cls[cls].bytes_copied += bytes;
 }
 
 /* Post what a queue pair has staged; one kick if its client sleeps. */
@@ -106,7 +119,7 @@ void dev_finish_at(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
             break;
         }
     }
-    account(dev, cls, status, bytes, lat);
+    account(dev, qp, cls, status, bytes, lat);
     if (!q->active) {
         drop(q);
         return;

@@ -34,8 +34,9 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     dev->free_ctx = calloc(io_depth, sizeof(*dev->free_ctx));
     dev->admin = calloc(ADMIN_CAP, sizeof(*dev->admin));
     dev->vwrites = calloc(2 * (size_t)io_depth, sizeof(*dev->vwrites));
+    dev->owners = calloc(SDE_MAX_OWNERS, sizeof(*dev->owners));
     int ret = -ENOMEM;
-    if (dev->doorbell < 0 || dev->epfd < 0 || dev->admin_fd < 0 || !dev->ctx || !dev->free_ctx || !dev->admin ||
+    if (dev->doorbell < 0 || dev->epfd < 0 || dev->admin_fd < 0 || !dev->owners || !dev->ctx || !dev->free_ctx || !dev->admin ||
         !dev->vwrites)
         goto fail;
     /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
@@ -63,6 +64,7 @@ void sde_dev_free(sde_dev *dev)
         sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
         free(dev->pins);
         free(dev->delays);
+        free(dev->owners);
         sde_undo_free(dev->undo);
     }
     if (!dev)
@@ -111,6 +113,36 @@ static uint32_t *uid_counter(sde_dev *dev, uint32_t uid)
     return &dev->uids[free_slot].inflight;
 }
 
+/* The owner's counters: found, or a new slot (the last one shared once they are full). */
+static uint32_t owner_slot(sde_dev *dev, uint32_t uid, uint64_t token)
+{
+    for (uint32_t i = 0; i < dev->nowners; i++)
+        if (dev->owners[i].uid == uid && dev->owners[i].token == token)
+            return i;
+    if (dev->nowners == SDE_MAX_OWNERS)
+        return SDE_MAX_OWNERS - 1;
+    uint32_t i = dev->nowners++;
+    memset(&dev->owners[i], 0, sizeof(dev->owners[i]));
+    dev->owners[i].uid = uid;
+    dev->owners[i].token = token;
+    return i;
+}
+
+int sde_dev_owner_stats(sde_dev *dev, uint32_t uid, uint64_t token, sde_class_stats *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    int ret = -ENOENT;
+    for (uint32_t i = 0; i < dev->nowners; i++) {
+        if (dev->owners[i].uid == uid && dev->owners[i].token == token) {
+            memcpy(out, dev->owners[i].cls, sizeof(dev->owners[i].cls));
+            ret = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return ret;
+}
+
 int sde_dev_set_uid_quota(sde_dev *dev, uint32_t max_inflight)
 {
     pthread_mutex_lock(&dev->lock);
@@ -146,6 +178,7 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
         q->active = 1;
         q->client = client;
         q->uid_inflight = uid_counter(dev, uid);
+        q->owner = owner_slot(dev, uid, token);
         q->uid = uid;
         q->token = token;
         q->cfd = completion_fd;
@@ -396,7 +429,7 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
     int ret = -EINVAL;
     if (qp_ok(dev, qp) && dev->qps[qp].inflight) {
         int cls = sde_dev_opcode_class(opcode);
-        dev->stats.cls[cls].bytes_copied += bytes_copied;
+        dev_copied(dev, qp, cls, bytes_copied);
         uint64_t dtime = cqe->device_time_ns;
         uint64_t due = dtime && dev->model && !dev->virtual_time ? t0_ns + dtime : 0;
         dev_finish_at(dev, qp, cls, cqe->cid, cqe->status, cqe->result, bytes, t0_ns, due, dtime);

@@ -55,6 +55,7 @@ struct dev_qp {
     int dbfd;       /* its doorbell: an eventfd of this queue pair alone (-1: removed) */
     uint32_t inflight; /* fetched, not yet posted (staged completions count) */
     uint32_t *uid_inflight; /* the same, summed over every queue pair of its uid */
+    uint32_t owner;         /* its owner's counters: dev->owners[owner] */
     uint32_t nstage;
     sde_qp_view v;
     sde_cqe stage[STAGE]; /* completions of this dev_pass, posted together: one fence, one kick */
@@ -198,6 +199,9 @@ struct sde_dev {
     struct { uint32_t uid, inflight; } uids[SDE_MAX_QPS];
     uint32_t max_uid_inflight; /* 0: no quota */
     uint64_t ctx_serial; /* contexts taken so far */
+    /* per-owner class counters, for as long as the device runs (owners come back) */
+    struct { uint32_t uid; uint64_t token; sde_class_stats cls[9]; } *owners;
+    uint32_t nowners;
     sde_faults faults;    /* fault injection rules */
     struct delay { int qp; uint16_t cid; uint64_t ns; } *delays; /* latency faults pending */
     uint32_t ndelays;
@@ -307,6 +311,8 @@ int dev_ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid);
 /* dev_complete.c */
 void dev_flush_stage(struct dev_qp *q);
 int dev_release_due(sde_dev *dev, uint64_t now);
+/* Bytes the daemon copied for a command (the bounce path): the device's and its owner's. */
+void dev_copied(sde_dev *dev, int qp, int cls, uint64_t bytes);
 void dev_finish_at(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
                       uint64_t result, uint64_t bytes, uint64_t t0, uint64_t due,
                       uint64_t dtime);

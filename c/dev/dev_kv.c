@@ -72,7 +72,7 @@ struct dev_buf *dev_client_range(sde_dev *dev, struct dev_qp *q, const sde_sqe *
 
 void dev_kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes)
 {
-    dev->stats.cls[x->cls].bytes_copied += x->copied;
+    dev_copied(dev, x->qp, x->cls, x->copied);
     /* an error keeps its result (a retrieve's value length) and is not held */
     dev_finish_at(dev, x->qp, x->cls, x->cid, status, x->result, bytes, x->t0,
               status ? 0 : x->due, status ? 0 : x->dtime);
@@ -512,7 +512,7 @@ void dev_kv_list_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t
         } else {
             result = (uint64_t)n;
             bytes = (uint64_t)n * SDE_LIST_ENTRY;
-            dev->stats.cls[cls].bytes_copied += bytes; /* made here, copied out */
+            dev_copied(dev, qp, cls, bytes); /* made here, copied out */
         }
     }
     dev_finish(dev, qp, cls, c->cid, st, st ? 0 : result, bytes, t0);

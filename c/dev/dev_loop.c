@@ -70,7 +70,7 @@ static int reap_engine(sde_dev *dev)
         if (x->bounce) {
             if (st == SDE_SC_SUCCESS && x->io.op == SDE_OP_READ && dev->qps[x->qp].active) {
                 memcpy(x->client_addr, x->bounce, x->io.len);
-                dev->stats.cls[x->cls].bytes_copied += x->io.len;
+                dev_copied(dev, x->qp, x->cls, x->io.len);
             }
             free(x->bounce);
             x->bounce = NULL;

@@ -141,6 +141,12 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
                      uint64_t bytes, uint64_t bytes_copied);
 
 void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out);
+/* One owner's share of the per-class counters (uid and owner-key token, as its queue pairs
+ * were made with): what the log page shows a client that is not an admin.  The first
+ * SDE_MAX_OWNERS owners seen each have their own; later ones share the last slot.  0, or
+ * -ENOENT for an owner with no command yet. */
+#define SDE_MAX_OWNERS 128
+int sde_dev_owner_stats(sde_dev *dev, uint32_t uid, uint64_t token, sde_class_stats *out);
 
 /* Time block commands, NOP and FLUSH with the timing model (c/model/sde_model.h).  Real time: a
  * completion is held until its modelled time and its CQE carries the modelled latency; a

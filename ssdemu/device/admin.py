@@ -81,7 +81,9 @@ class Admin:
         return self._reply_json(client, sqe, self.d.namespace_list(client, every))
 
     def get_log(self, client, sqe):
-        page = self.d.log_page(int(sqe.param0))
+        if client is None:
+            return _err("ABORTED")
+        page = self.d.log_page(int(sqe.param0), client)
         if page is None:
             return _err("INVALID_FIELD")
         return self._reply_json(client, sqe, page)

@@ -734,23 +734,21 @@ class Daemon:
             "commands": sorted(OPCODES),
         }
 
-    def log_page(self, page: int) -> dict | None:
+    def log_page(self, page: int, client: Client | None = None) -> dict | None:
+        """The counters page: the whole drive's for an admin (and the metrics endpoint);
+        for any other client, its owner's own commands only (what others do on a shared
+        drive is theirs: docs/architecture.md, Threat model)."""
         if page != LOG_PAGE_COUNTERS:
             return None
+        if client is not None and not client.admin:
+            own = ffi.new("sde_class_stats[9]")
+            lib.sde_dev_owner_stats(self.dev, client.uid, client.token, own)
+            return {"page": page, "scope": "owner", "classes": _class_counters(own),
+                    "timing": self.timing, "clock": self.clock,
+                    "quotas": self.quotas.as_dict()}
         st = ffi.new("sde_dev_stats *")
         lib.sde_dev_get_stats(self.dev, st)
-        classes = {}
-        for i, name in enumerate(CLASS_NAMES):
-            c = st.cls[i]
-            classes[name] = {
-                "commands": c.commands, "errors": c.errors, "bytes": c.bytes,
-                "bytes_copied": c.bytes_copied,
-                "mean_latency_ns": c.lat_ns_total / c.commands if c.commands else 0.0,
-                "latency_ns_total": c.lat_ns_total,
-                # bucket b holds latencies in [2^b, 2^(b+1)) ns
-                "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
-                                              if c.lat_hist[b]},
-            }
+        classes = _class_counters(st.cls)
         budget = ffi.new("sde_budget *")
         lib.sde_dev_budget(self.dev, budget)
         compute = {name: {"calls": k.calls, "ops": k.ops, "bytes": k.bytes,
@@ -760,7 +758,8 @@ class Daemon:
         ms = ffi.new("sde_model_stats *")
         lib.sde_dev_model_stats(self.dev, ms)
         model = {name: getattr(ms, name) for name, _ in ffi.typeof("sde_model_stats").fields}
-        return {"page": page, "classes": classes, "broken_queues": st.broken_queues,
+        return {"page": page, "scope": "device", "classes": classes,
+                "broken_queues": st.broken_queues,
                 "retrieval": self.retrieval.stats(),
                 "timing": self.timing, "clock": self.clock, "held": st.held,
                 "host_lag": st.host_lag, "model": model,
@@ -909,6 +908,23 @@ class Daemon:
             if rule["nsid"] == nsid:
                 self._clear_fault(rule["id"])
         log.info("namespace %d deleted", nsid)
+
+
+def _class_counters(cls) -> dict:
+    """The per-class counters of the log page, from sde_class_stats[9] (CLASS_NAMES' order)."""
+    out = {}
+    for i, name in enumerate(CLASS_NAMES):
+        c = cls[i]
+        out[name] = {
+            "commands": c.commands, "errors": c.errors, "bytes": c.bytes,
+            "bytes_copied": c.bytes_copied,
+            "mean_latency_ns": c.lat_ns_total / c.commands if c.commands else 0.0,
+            "latency_ns_total": c.lat_ns_total,
+            # bucket b holds latencies in [2^b, 2^(b+1)) ns
+            "latency_histogram_log2_ns": {str(b): c.lat_hist[b] for b in range(64)
+                                          if c.lat_hist[b]},
+        }
+    return out
 
 
 def check_power_cut(profile: Profile, media: Media) -> None:

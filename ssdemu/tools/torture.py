@@ -129,10 +129,9 @@ def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: flo
         with hostlib.connect(sock) as dev:
             acked: dict[bytes, int | None] = {}
             changes = 0
-            while True:
-                key = b"crash-%02d" % rng.randrange(KEYS)
-                t.version += 1
-                state = None if rng.random() < 0.2 else t.version
+
+            def change(key: bytes, state: int | None) -> None:
+                nonlocal changes
                 written.setdefault(key, set()).add(state)
                 t.operations += 1
                 try:
@@ -145,10 +144,40 @@ def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: flo
                 acked[key] = state
                 t.acknowledged += 1
                 changes += 1
-                if changes % FLUSH_EVERY == 0:
-                    dev.flush()
-                    durable.update(acked)
-                    written = {}
+
+            def flush() -> None:
+                nonlocal written
+                dev.flush()
+                durable.update(acked)
+                written = {}
+
+            while True:
+                key = b"crash-%02d" % rng.randrange(KEYS)
+                r = rng.random()
+                t.version += 1
+                # the sequences around a flush that durability has to hold for (issue
+                # 33, item 1): the same bytes put again (acknowledged with no record of
+                # its own while the first put's group was open), a delete then a put, a
+                # put then a delete; otherwise one change, a flush every few
+                if r < 0.1 and acked.get(key) is not None:
+                    change(key, acked[key])
+                    flush()
+                elif r < 0.15:
+                    change(key, t.version)
+                    change(key, t.version)
+                    flush()
+                elif r < 0.2:
+                    change(key, None)
+                    change(key, t.version)
+                    flush()
+                elif r < 0.25:
+                    change(key, t.version)
+                    change(key, None)
+                    flush()
+                else:
+                    change(key, None if r < 0.4 else t.version)
+                    if changes % FLUSH_EVERY == 0:
+                        flush()
     except (hostlib.DeviceGoneError, hostlib.ConnectError, OSError):
         pass  # the kill: expected
     finally:
