@@ -298,5 +298,5 @@ def test_a_flushed_same_value_reput_survives_power_cuts_under_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_flushed_same_value_reput_survives_200_power_cuts_under_load(tmp_path):
-    _reput_rounds(tmp_path, rounds=200, seed=12)
+def test_a_flushed_same_value_reput_survives_100_power_cuts_under_load(tmp_path):
+    _reput_rounds(tmp_path, rounds=100, seed=12)
