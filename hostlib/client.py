@@ -96,11 +96,14 @@ class Future:
 
     def result(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.finished:
+        while True:
+            seen = self.qp.reaped  # before looking: a completion after it wakes the wait
+            if self.finished:
+                break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"{self.what}: no completion within {timeout} s")
-            self.qp.wait(left)
+            self.qp.wait(left, seen)
         if self.status == GONE:
             raise DeviceGoneError(f"{self.what}: the device shut down before completing it")
         raise_for_status(self.status, self.what, self.value or 0)
@@ -149,7 +152,7 @@ class QueuePair:
         # for after it was reaped
         self._ring = threading.Lock()
         self._sleeper: int | None = None  # the thread asleep on the ring
-        self._reaped = 0  # completions reaped so far (by any thread)
+        self.reaped = 0  # completions settled so far (by any thread): see wait
 
     @property
     def _batch(self) -> list | None:
@@ -168,6 +171,7 @@ class QueuePair:
             raise ValueError(f"{nbytes} bytes do not fit the {self.bounce.nbytes}-byte bounce "
                              "buffer: use Device.alloc")
         while True:
+            seen = self.reaped
             with self.lock:
                 if self._bounce_used + size > self.bounce.nbytes and not self._bounce_users:
                     self._bounce_used = 0  # every share is back: the arena starts over
@@ -179,7 +183,7 @@ class QueuePair:
                 if self._batch:
                     raise ValueError("a batch outgrew its queue pair's bounce buffer: use "
                                      "Device.alloc buffers for its values")
-            self.wait(None)  # for the commands holding shares (not under the lock)
+            self.wait(None, seen)  # for the commands holding shares (not under the lock)
 
     def _bounce_release(self) -> None:
         with self.lock:
@@ -206,19 +210,19 @@ class QueuePair:
 
     def new_cid(self) -> int:
         while True:
+            seen = self.reaped
             try:
                 return self._free_cids.pop()  # one bytecode: atomic under the GIL
             except IndexError:
                 pass
             if not self.poll():
-                self.wait(None)  # a full queue is back-pressure: wait for completions
+                self.wait(None, seen)  # a full queue is back-pressure: wait for completions
 
     def poll(self) -> int:
         with self.lock:
             n = lib.sde_cq_reap(self.mem, self._cqes, self.entries)
             if not n:
                 return 0
-            self._reaped += n
             done = []
             for i in range(n):
                 c = self._cqes[i]
@@ -226,30 +230,40 @@ class QueuePair:
                 if f is not None:
                     done.append((f, c.status, c.result, c.device_time_ns))
                     self._free_cids.append(f.cid)
-        sleeper = self._sleeper
-        if sleeper is not None and sleeper != threading.get_ident():
-            # the thread asleep on the ring may be waiting for what this reaped: wake it
-            os.eventfd_write(self.completion_fd, 1)
         for f, status, result, device_ns in done:  # callbacks, outside the lock
             f._complete(status, result, device_ns)
+        self._reaped_more(n)
         return n
 
-    def wait(self, timeout: float | None) -> int:
+    def _reaped_more(self, n: int) -> None:
+        """Count completions settled (after their futures are): a waiter that read the
+        count before looking at what it waits for sees it change, or is kicked awake."""
+        with self.lock:
+            self.reaped += n
+        sleeper = self._sleeper
+        if sleeper is not None and sleeper != threading.get_ident():
+            # the thread asleep on the ring may be waiting for what this settled: wake it
+            os.eventfd_write(self.completion_fd, 1)
+
+    def wait(self, timeout: float | None, seen: int | None = None) -> int:
         """Wait for completions (or timeout seconds); returns how many this call reaped, 0
         when another thread reaped them or on timeout: callers look at what they wait for
-        and call again.  Any number of threads, and an event loop (hostlib.aio), may wait
-        on one queue pair at once: one sleeps on the ring, the rest on it."""
+        and call again.  seen: `reaped` as the caller read it before it last looked at
+        what it waits for (a completion settled since then returns at once).  Any number
+        of threads, and an event loop (hostlib.aio), may wait on one queue pair at once:
+        one sleeps on the ring, the rest on it."""
+        if seen is None:
+            seen = self.reaped
         n = self.poll()
         if n:
             return n
-        seen = self._reaped  # a reap after this by anyone: look again before sleeping
         if not self._ring.acquire(False) and not self._ring.acquire(
                 timeout=-1 if timeout is None else timeout):
             return self.poll()  # another thread slept on the ring all that time
         try:
             # first say who sleeps, then look: a reaper first counts, then looks who sleeps
             self._sleeper = threading.get_ident()
-            if self._reaped != seen:
+            if self.reaped != seen:
                 return self.poll()  # reaped while this thread queued: the caller looks
             r = lib.sde_cq_wait(self.mem, self.completion_fd, self.hangup_fd, SPIN_NS,
                                 0 if timeout is None else max(1, int(timeout * 1e9)))
@@ -272,6 +286,7 @@ class QueuePair:
         with self.lock:
             self._bounce_users = 0
             self._bounce_used = 0
+        self._reaped_more(len(failed))
 
     def close(self) -> None:
         self.mem = None
@@ -500,6 +515,7 @@ class Device:
         deadline = None if timeout is None else time.monotonic() + timeout
         qps = {id(f.qp): f.qp for f in futures} or {id(qp or self.qp): qp or self.qp}
         while True:
+            seen = {k: q.reaped for k, q in qps.items()}  # before looking (QueuePair.wait)
             for q in qps.values():
                 q.poll()
             done = [f for f in futures if f.finished]
@@ -509,7 +525,8 @@ class Device:
             if left is not None and left <= 0:
                 return done
             waiting = next((f.qp for f in futures if not f.finished), self.qp)
-            waiting.wait(left if len(qps) == 1 else min(left or 0.001, 0.001))
+            waiting.wait(left if len(qps) == 1 else min(left or 0.001, 0.001),
+                         seen.get(id(waiting)))
 
     def nop(self, qp: QueuePair | None = None) -> None:
         self.submit(OPCODES["NOP"], "nop", qp=qp).result()
