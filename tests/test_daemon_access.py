@@ -385,6 +385,64 @@ def test_refused_buffer_registrations_keep_no_descriptor(tmp_path):
         assert d.terminate()[0] == 0
 
 
+def test_no_refused_request_keeps_a_descriptor(tmp_path):
+    """Issue 33, item 2: every kind of request the control plane refuses, 100 times each,
+    some with a descriptor attached: the daemon's open descriptors are what they were
+    before (a client that leaves releases what it held too)."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--max-queue-pairs-per-uid", "2",
+                                                       "--max-buffers-per-uid", "1"])
+    try:
+        keep = hostlib.connect(d.socket_path)  # a queue pair and its bounce: the buffer quota
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(d.socket_path)
+        control.send(s, {"op": "hello", "version": PROTOCOL_VERSION})
+        assert control.recv(s)[0]["ok"]
+        control.send(s, {"op": "create_qp", "entries": 8})
+        reply, qp_fds = control.recv(s)
+        assert reply["ok"]  # the uid's second queue pair: its quota is reached
+        for fd in qp_fds:
+            os.close(fd)
+        before = d.open_fds()
+
+        def memfd() -> int:
+            fd = os.memfd_create("refused", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, 1 << 16)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            return fd
+
+        kinds = {
+            "queue pair over the uid's quota": ({"op": "create_qp", "entries": 8}, False),
+            "queue pair of a bad size": ({"op": "create_qp", "entries": 3}, False),
+            "buffer over the uid's quota": ({"op": "register_buffer", "bytes": 1 << 16},
+                                            True),
+            "unregister of no buffer": ({"op": "unregister_buffer", "handle": 999}, True),
+            "unknown request with a descriptor": ({"op": "frobnicate"}, True),
+            "an unknown fault action": ({"op": "fault", "action": "nope"}, True),
+            "destroy of no queue pair": ({"op": "destroy_qp", "qid": 999}, True),
+        }
+        for what, (msg, with_fd) in kinds.items():
+            for _ in range(100):
+                fds = [memfd()] if with_fd else []
+                control.send(s, msg, fds)
+                reply, got = control.recv(s)
+                for fd in fds + got:
+                    os.close(fd)
+                assert not reply["ok"], what
+            assert d.open_fds() == before, what
+        # a second hello with a key, and one naming an owner: refused, nothing kept
+        for hello in ({"op": "hello", "version": PROTOCOL_VERSION, "owner": "x"},
+                      {"op": "hello", "version": PROTOCOL_VERSION, "owner_key": "zz"}):
+            for _ in range(100):
+                control.send(s, hello)
+                assert not control.recv(s)[0]["ok"]
+        assert d.open_fds() == before
+        s.close()
+        keep.close()
+        _serves(d.socket_path)  # and it serves, with the left clients' share back
+    finally:
+        assert d.terminate()[0] == 0
+
+
 def test_shutdown_removes_only_the_socket_it_bound(tmp_path):
     """Issue 33, item 7: what stands at the socket path when the daemon stops is removed only
     if it is still the socket this daemon bound (same device and inode): a file someone put
