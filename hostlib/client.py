@@ -410,9 +410,11 @@ class Device:
 
     STAGING_KEEP = 256 << 20  # bytes of staging buffers kept for reuse
 
-    def _staging_take(self, nbytes: int) -> np.ndarray:
+    def staging_take(self, nbytes: int) -> np.ndarray:
         """A registered buffer of nbytes for one command's value (a view of a pooled one,
-        whole MiBs: sizes repeat); give it back with _staging_give."""
+        whole MiBs: sizes repeat); give it back with staging_give once the command is
+        done.  What the blocking calls use for values larger than a bounce buffer, and
+        what a client that copies into registered memory anyway can use (LMCache's)."""
         with self._lock:
             fits = [b for b in self._staging if b.nbytes >= nbytes]
             if fits:
@@ -421,7 +423,7 @@ class Device:
                 return buf[:nbytes]
         return self._alloc(-(-nbytes // (1 << 20)) << 20)[:nbytes]
 
-    def _staging_give(self, view: np.ndarray) -> None:
+    def staging_give(self, view: np.ndarray) -> None:
         handle, _ = self._locate(view)
         with self._lock:
             buf = self._arrays.get(handle)
@@ -466,7 +468,7 @@ class Device:
         f = Future(qp, cid, what, after, bounce)
         tmp = getattr(after, "temporary", None)
         if tmp is not None:
-            f.release = lambda: self._staging_give(tmp)
+            f.release = lambda: self.staging_give(tmp)
         if qp._batch is not None:
             qp._batch.append((fields, f))
             return f
@@ -551,7 +553,7 @@ class Device:
             return {"buf": handle, "buf_offset": off, "length": out.nbytes}, False, None
         view = out.reshape(-1).view(np.uint8)
         if view.nbytes > qp.bounce.nbytes:  # larger than the bounce: a registered one for it
-            tmp = self._staging_take(view.nbytes)
+            tmp = self.staging_take(view.nbytes)
             handle, off = self._locate(tmp)
 
             def copy_back(n):
@@ -625,13 +627,13 @@ class Device:
         """Store a value (1 byte to identify's max_value_bytes); True if the key existed."""
         n = value.nbytes if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))
         if n > (qp or self.qp).bounce.nbytes and self._locate(value)[0] is None:
-            tmp = self._staging_take(n)  # larger than the bounce: a registered buffer
+            tmp = self.staging_take(n)  # larger than the bounce: a registered buffer
             try:
                 tmp[:] = _as_bytes_array(value)
                 return self.kv_put_async(key, tmp, only_if_exists, only_if_not_exists,
                                          qp, nsid=nsid).result()
             finally:
-                self._staging_give(tmp)
+                self.staging_give(tmp)
         return self.kv_put_async(key, value, only_if_exists, only_if_not_exists, qp,
                                  nsid=nsid).result()
 
@@ -661,12 +663,12 @@ class Device:
         except InvalidValueSizeError as e:
             if out is not None or not e.value_length:
                 raise
-            tmp = self._staging_take(e.value_length)  # larger than the bounce buffer
+            tmp = self.staging_take(e.value_length)  # larger than the bounce buffer
             try:
                 n = self.kv_get_async(key, tmp, qp, nsid=nsid).result()
                 return bytes(tmp[:n])
             finally:
-                self._staging_give(tmp)
+                self.staging_give(tmp)
 
     def kv_delete_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         return self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}", qp=qp,
@@ -740,7 +742,7 @@ class Device:
                                nsid=nsid, **kf)
         tmp = None
         if handle is None:  # larger than the bounce: a registered buffer for it
-            tmp = self._staging_take(block.nbytes)
+            tmp = self.staging_take(block.nbytes)
             tmp[:] = _as_bytes_array(block)
             handle, off = self._locate(tmp)
         roff, rshare = qp.bounce_take(QUANT_REQUEST.size)
@@ -750,9 +752,9 @@ class Device:
                         param0=(qp.bounce_handle << 40) | roff, nsid=nsid, **kf)
         if tmp is not None:
             if f.finished:
-                self._staging_give(tmp)
+                self.staging_give(tmp)
             else:
-                f.release = lambda: self._staging_give(tmp)
+                f.release = lambda: self.staging_give(tmp)
         return f
 
     def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
@@ -830,7 +832,7 @@ class Device:
             off, share = qp.bounce_take(total)
             handle, bounced = qp.bounce_handle, True
         else:
-            tmp = self._staging_take(total)
+            tmp = self.staging_take(total)
             share = tmp.reshape(-1).view(np.uint8)
             (handle, off), bounced = self._locate(tmp), False
         share[:payload.nbytes] = payload

@@ -116,7 +116,6 @@ class SsdemuConnector(RemoteConnector):
         self._aio: list[hostlib.aio.AsyncDevice] = []
         self._aio_lock: asyncio.Lock | None = None
         self._turn = itertools.count()
-        self._staging: dict[int, list[np.ndarray]] = {}
         if self.quant != "none":
             if self.meta_fmt != MemoryFormat.KV_2LTD or len(self.meta_shapes) != 1:
                 raise ValueError("quant needs LMCache's KV_2LTD format with one layer group")
@@ -149,18 +148,16 @@ class SsdemuConnector(RemoteConnector):
                                                                owner_key=self.owner_key))
         return self._aio[next(self._turn) % len(self._aio)]
 
-    def _take(self, dev: hostlib.aio.AsyncDevice, nbytes: int) -> np.ndarray:
-        """A registered staging buffer of that connection, from its pool: buffers are kept
-        (the daemon refuses to unregister one while the connection has commands in flight,
-        and registering is a control request), one per command in flight at most."""
-        pool = self._staging.setdefault(id(dev), [])
-        for i, buf in enumerate(pool):
-            if buf.nbytes >= nbytes:
-                return pool.pop(i)
-        return dev.alloc(-(-nbytes // (1 << 20)) << 20)  # whole MiBs: sizes repeat
+    @staticmethod
+    def _take(dev: hostlib.aio.AsyncDevice, nbytes: int) -> np.ndarray:
+        """A registered staging buffer of that connection (its Device keeps them: the daemon
+        refuses to unregister one while the connection has commands in flight, and
+        registering is a control request), one per command in flight at most."""
+        return dev.dev.staging_take(nbytes)
 
-    def _give(self, dev: hostlib.aio.AsyncDevice, buf: np.ndarray) -> None:
-        self._staging.setdefault(id(dev), []).append(buf)
+    @staticmethod
+    def _give(dev: hostlib.aio.AsyncDevice, buf: np.ndarray) -> None:
+        dev.dev.staging_give(buf)
 
     # -- records --
     def _name_record(self, key: CacheEngineKey, meta: bytes) -> bytes:

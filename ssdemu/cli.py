@@ -29,6 +29,13 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive_size(text: str) -> int:
+    n = _size_arg(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above 0, got {text!r}")
+    return n
+
+
 def _metrics_address(text: str) -> str:
     from ssdemu.device.metrics import parse_address
 
@@ -153,14 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
                        dest="max_buffers", type=_positive_int,
                        help="registered buffers one uid may hold (default 3/4 of the "
                        "device's 1024), so that none can lock the others out")
-    serve.add_argument("--max-buffer-bytes-per-uid", dest="max_buffer_bytes", type=_size_arg,
+    serve.add_argument("--max-buffer-bytes-per-uid", dest="max_buffer_bytes",
+                       type=_positive_size,
                        help="bytes of registered buffers one uid may hold (default: no "
                        "limit: the pages are the client's, charged to its memory cgroup)")
     serve.add_argument("--max-namespaces-per-uid", dest="max_namespaces", type=_positive_int,
                        help="namespaces one uid may hold, shared ones it created included "
                        "(default 3/4 of the store's 64)")
     serve.add_argument("--max-namespace-bytes-per-uid", dest="max_namespace_bytes",
-                       type=_size_arg,
+                       type=_positive_size,
                        help="bytes of namespaces one uid may hold (default 3/4 of the "
                        "store's data region)")
     serve.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -37,19 +38,18 @@ def _losetup_available() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def loop_device():
-    """A real block device: a loop device with direct I/O over a file, detached afterwards."""
+@contextlib.contextmanager
+def _loop(nbytes: int, sector_bytes: int = 512):
+    """A loop device with direct I/O over a fresh file in /var/tmp, detached afterwards."""
     why = _losetup_available()
     if why:
         pytest.skip(why)
     d = tempfile.mkdtemp(prefix="ssdemu-loop-", dir="/var/tmp")
     backing = os.path.join(d, "backing.img")
     with open(backing, "wb") as f:
-        f.truncate(MEDIA_BYTES)
-    proc = subprocess.run(
-        ["losetup", "-f", "--show", "--direct-io=on", backing], capture_output=True, text=True
-    )
+        f.truncate(nbytes)
+    proc = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", "--sector-size",
+                           str(sector_bytes), backing], capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(d, ignore_errors=True)
         pytest.skip(f"losetup failed: {proc.stderr.strip()}")
@@ -59,6 +59,20 @@ def loop_device():
     finally:
         subprocess.run(["losetup", "-d", dev], check=False)
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def loop_device():
+    """A real block device: a loop device with direct I/O over a file, detached afterwards."""
+    with _loop(MEDIA_BYTES) as dev:
+        yield dev
+
+
+@pytest.fixture
+def loop4k_device():
+    """A 256 MiB loop device with 4 KiB logical sectors, as many NVMe drives are formatted."""
+    with _loop(256 << 20, 4096) as dev:
+        yield dev
 
 
 @pytest.fixture(params=["file-tmpfs", "file-ext4", "mem", "block"])

@@ -60,3 +60,23 @@ def test_media_enlarged_after_format_is_refused(tmp_path):
     p = _run("serve", "--media", f"file:{img}", "--socket", str(tmp_path / "s"))
     assert p.returncode == 1 and "formatted for other media" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_bad_serve_owner_and_quota_values(tmp_path):
+    """serve's --admin-key must be a key file only its user can read; the byte quotas are
+    sizes above 0.  One line each, before any media is made."""
+    loose = tmp_path / "loose.key"
+    loose.write_text("ab" * 32 + "\n")
+    loose.chmod(0o644)
+    img = tmp_path / "d.img"
+    for args, code, says in (
+            (["--admin-key", str(tmp_path / "none.key")], 1, "cannot read owner key"),
+            (["--admin-key", str(loose)], 1, "open to others (mode 0644): chmod 600"),
+            (["--max-namespace-bytes-per-uid", "0"], 2, "a size above 0"),
+            (["--max-buffer-bytes-per-uid", "-1M"], 2, "--max-buffer-bytes-per-uid"),
+            (["--max-queue-pairs-per-uid", "0"], 2, "--max-queue-pairs-per-uid")):
+        p = _run("serve", "--media", f"file:{img}:32M", "--socket", str(tmp_path / "s"),
+                 *args)
+        assert p.returncode == code and says in p.stderr, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1
+        assert not img.exists()

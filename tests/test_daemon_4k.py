@@ -6,11 +6,6 @@ item 9: until now only the synchronous store API had run on such a device."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
-
 import numpy as np
 import pytest
 
@@ -19,27 +14,6 @@ from firmware.quant import dequantize
 from ssdemu.tools.daemon_process import DaemonProcess
 
 SIZES = (1, 511, 4095, 4096, 4097, 70_001, 3 << 20)
-
-
-@pytest.fixture
-def loop4k():
-    if os.geteuid() != 0 or shutil.which("losetup") is None:
-        pytest.skip("a 4 KiB-sector loop device needs root and losetup")
-    d = tempfile.mkdtemp(prefix="ssdemu-4k-", dir="/var/tmp")  # not tmpfs: real O_DIRECT
-    backing = os.path.join(d, "backing.img")
-    with open(backing, "wb") as f:
-        f.truncate(256 << 20)
-    p = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", "--sector-size", "4096",
-                        backing], capture_output=True, text=True)
-    if p.returncode != 0:
-        shutil.rmtree(d, ignore_errors=True)
-        pytest.skip(f"losetup failed: {p.stderr.strip()}")
-    dev = p.stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _value(i: int, n: int) -> bytes:
@@ -51,9 +25,9 @@ def _block(seed: int) -> np.ndarray:
     return x.view(np.uint16)
 
 
-def test_the_data_plane_on_4k_sectors(tmp_path, loop4k):
+def test_the_data_plane_on_4k_sectors(tmp_path, loop4k_device):
     sock = str(tmp_path / "s.sock")
-    d = DaemonProcess(sock, media=f"block:{loop4k}", extra=["--timing", "off"])
+    d = DaemonProcess(sock, media=f"block:{loop4k_device}", extra=["--timing", "off"])
     try:
         with hostlib.connect(sock) as dev:
             assert dev.identify()["logical_block_bytes"] == 4096
@@ -89,7 +63,7 @@ def test_the_data_plane_on_4k_sectors(tmp_path, loop4k):
             dev.kv_delete(chain[0])
             dev.flush()
         assert d.terminate()[0] == 0
-        d = DaemonProcess(sock, media=f"block:{loop4k}", extra=["--timing", "off"])
+        d = DaemonProcess(sock, media=f"block:{loop4k_device}", extra=["--timing", "off"])
         with hostlib.connect(sock) as dev:  # everything again, after a restart
             for i, n in enumerate(SIZES):
                 assert dev.kv_get(b"v%d" % n) == _value(i, n)
