@@ -15,6 +15,7 @@ from hostlib.errors import (
     InvalidValueSizeError,
     KeyExistsError,
     KeyNotFoundError,
+    KeyPinnedError,
     MediaError,
     NamespaceError,
     OutOfRangeError,
@@ -24,7 +25,7 @@ __all__ = [
     "AccessDeniedError", "CapacityError", "ConnectError", "Device", "DeviceError",
     "DeviceGoneError", "Future",
     "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
-    "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "MediaError",
+    "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "KeyPinnedError", "MediaError",
     "NamespaceError", "OutOfRangeError", "QueuePair", "connect", "control_request",
     "merge_attention", "owner_key", "reinsert",
 ]

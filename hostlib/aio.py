@@ -162,8 +162,8 @@ class AsyncDevice:
             finally:
                 self.dev.free(tmp)
 
-    async def kv_delete(self, key: bytes, *, nsid: int = 0) -> None:
-        await self._await(self.dev.kv_delete_async(key, self.qp, nsid=nsid))
+    async def kv_delete(self, key: bytes, *, nsid: int = 0, force: bool = False) -> None:
+        await self._await(self.dev.kv_delete_async(key, self.qp, nsid=nsid, force=force))
 
     async def kv_exists(self, key: bytes, *, nsid: int = 0) -> bool:
         from hostlib.errors import KeyNotFoundError

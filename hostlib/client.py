@@ -38,6 +38,7 @@ from hostlib.errors import (
 from ssdemu_wire import _ring, control
 from ssdemu_wire import owner_key as owner_key_module
 from ssdemu_wire.layout import (
+    KV_DELETE_FORCE,
     NS_ALL_OWNERS,
     NS_QUOTA,
     NS_SHARED,
@@ -670,12 +671,18 @@ class Device:
             finally:
                 self.staging_give(tmp)
 
-    def kv_delete_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
+    def kv_delete_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0,
+                        force: bool = False) -> Future:
+        """force: delete even though other clients pinned the key (their pins go); the
+        namespace's owner's or an admin's (AccessDeniedError otherwise; the default key
+        space 0 is an admin's).  Without it a pinned key raises KeyPinnedError."""
         return self.submit(OPCODES["KV_DELETE"], f"kv delete {bytes(key)!r}", qp=qp,
-                           nsid=nsid, **_key_fields(key))
+                           nsid=nsid, param0=KV_DELETE_FORCE if force else 0,
+                           **_key_fields(key))
 
-    def kv_delete(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> None:
-        self.kv_delete_async(key, qp, nsid=nsid).result()
+    def kv_delete(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0,
+                  force: bool = False) -> None:
+        self.kv_delete_async(key, qp, nsid=nsid, force=force).result()
 
     def kv_exists_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         """The result is 0 when the key exists; KeyNotFoundError otherwise."""

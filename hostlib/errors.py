@@ -53,6 +53,11 @@ class KeyExistsError(DeviceError):
     """KV: the key exists (store only if it does not)."""
 
 
+class KeyPinnedError(InvalidCommandError):
+    """KV: a delete of a key that clients pinned (unpin it first, or delete with
+    force=True as the namespace's owner or an admin)."""
+
+
 class InvalidKeySizeError(InvalidCommandError):
     """KV: keys are 1 to 16 bytes."""
 
@@ -87,6 +92,7 @@ _BY_STATUS = {
     STATUS["ACCESS_DENIED"]: AccessDeniedError,
     STATUS["KV_KEY_NOT_EXIST"]: KeyNotFoundError,
     STATUS["KV_KEY_EXISTS"]: KeyExistsError,
+    STATUS["KV_KEY_PINNED"]: KeyPinnedError,
     STATUS["KV_INVALID_KEY_SIZE"]: InvalidKeySizeError,
     STATUS["KV_INVALID_VALUE_SIZE"]: InvalidValueSizeError,
 }

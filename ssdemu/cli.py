@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                        type=_positive_size,
                        help="bytes of namespaces one uid may hold (default 3/4 of the "
                        "store's data region)")
+    serve.add_argument("--max-pins-per-uid", dest="max_pins", type=_positive_int,
+                       help="keys one uid may hold pinned at once, over all its clients "
+                       "(default 65,536)")
     serve.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
                        help="serve Prometheus metrics (the log page's counters) at "
                        "http://HOST:PORT/metrics")
@@ -514,7 +517,7 @@ def _cmd_serve(args) -> int:
         quotas = Quotas(queue_pairs=args.max_queue_pairs, buffers=args.max_buffers,
                         buffer_bytes=args.max_buffer_bytes, inflight=args.max_inflight,
                         namespaces=args.max_namespaces,
-                        namespace_bytes=args.max_namespace_bytes)
+                        namespace_bytes=args.max_namespace_bytes, pins=args.max_pins)
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      quotas, args.power_cut, args.metrics, admin_key=admin_key)

@@ -52,6 +52,7 @@ STATUS = _constants("SDE_SC_")  # name -> status code
 STATUS_NAMES = {v: k for k, v in STATUS.items()}
 NS_SHARED = lib.SDE_NS_SHARED  # NS_CREATE's param1: a namespace every client may use
 NS_ALL_OWNERS = lib.SDE_NS_ALL_OWNERS  # NS_LIST's, NS_DELETE's param1: an admin's view
+KV_DELETE_FORCE = lib.SDE_KV_DELETE_FORCE  # KV_DELETE's param0: even a key others pinned
 NS_QUOTA = lib.SDE_NS_QUOTA  # NS_CREATE's result with CAPACITY_EXCEEDED: the uid's quota
 
 

@@ -299,7 +299,7 @@ def test_pins_belong_to_their_client_and_go_with_it(tmp_path):
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             try:
                 assert p.stdout.readline().strip() == "pinned"
-                with pytest.raises(hostlib.InvalidCommandError):
+                with pytest.raises(hostlib.KeyPinnedError):
                     dev.kv_delete(keys[0])  # pinned (by the other client)
                 with pytest.raises(hostlib.InvalidCommandError):
                     dev.unpin(keys[0])  # not this client's pin
@@ -314,7 +314,7 @@ def test_pins_belong_to_their_client_and_go_with_it(tmp_path):
                 try:
                     dev.kv_delete(keys[0])
                     break
-                except hostlib.InvalidCommandError:
+                except hostlib.KeyPinnedError:
                     assert time.monotonic() < deadline, "the dead client's pins stayed"
                     time.sleep(0.01)
             for k in keys[1:]:

@@ -91,7 +91,7 @@ def test_pins(dev):
     k = chain_keys(list(range(16)), 16, root_key("pin"))[0]
     dev.kv_put(k, b"x")
     assert dev.pin(k) == 1 and dev.pin(k) == 2
-    with pytest.raises(hostlib.InvalidCommandError):
+    with pytest.raises(hostlib.KeyPinnedError):
         dev.kv_delete(k)  # a pinned block cannot be deleted
     assert dev.unpin(k) == 1 and dev.unpin(k) == 0
     with pytest.raises(hostlib.InvalidCommandError):

@@ -344,3 +344,97 @@ def test_the_log_page_shows_an_owner_its_own_commands(tmp_path):
                 == (7, 4)
     finally:
         assert d.terminate()[0] == 0
+
+
+def test_a_pin_in_the_commons_cannot_hold_a_key_against_its_owner(tmp_path):
+    """Issue 33: any client could pin a key in key space 0 or a shared namespace, and the
+    owner's delete then failed (INVALID_FIELD) until that client left.  Now an unforced
+    delete says the key is pinned; a forced one is the namespace owner's (its shared or
+    private namespace) or an admin's (anywhere, key space 0 included), takes every
+    client's pins on the key with it, and is refused to anyone else."""
+    admin_file = tmp_path / "admin.key"
+    admin = hostlib.owner_key.new(str(admin_file))
+    alice, mallory = secrets.token_hex(32), secrets.token_hex(32)
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--admin-key", str(admin_file)])
+    try:
+        with hostlib.connect(d.socket_path, owner_key=alice) as a, \
+                hostlib.connect(d.socket_path, owner_key=mallory) as m, \
+                hostlib.connect(d.socket_path, owner_key=admin) as root:
+            shared = a.ns_create(0, shared=True)
+            private = a.ns_create(0)
+            k = b"K" * 16
+            for nsid in (0, shared):
+                a.kv_put(k, b"v", nsid=nsid)
+                assert m.pin(k, nsid=nsid) == 1 and m.pin(k, nsid=nsid) == 2
+                with pytest.raises(hostlib.KeyPinnedError, match="KV_KEY_PINNED"):
+                    a.kv_delete(k, nsid=nsid)
+            # key space 0 has no owner: a forced delete there is an admin's
+            with pytest.raises(hostlib.AccessDeniedError):
+                a.kv_delete(k, force=True)
+            with pytest.raises(hostlib.AccessDeniedError):
+                m.kv_delete(k, nsid=shared, force=True)  # not its namespace
+            a.kv_delete(k, nsid=shared, force=True)  # its creator's
+            root.kv_delete(k, force=True)  # an admin's
+            for nsid in (0, shared):
+                assert not a.kv_exists(k, nsid=nsid)
+                with pytest.raises(hostlib.KeyNotFoundError):
+                    m.unpin(k, nsid=nsid)  # its pins went with the key
+            assert root.log()["pins"] == 0
+            # a private namespace: only its owner may pin there, from any connection, and
+            # the owner may force past its own pins
+            a.kv_put(k, b"v", nsid=private)
+            with hostlib.connect(d.socket_path, owner_key=alice) as a2:
+                assert a2.pin(k, nsid=private) == 1
+                with pytest.raises(hostlib.KeyPinnedError):
+                    a.kv_delete(k, nsid=private)
+                a.kv_delete(k, nsid=private, force=True)
+            with pytest.raises(hostlib.NamespaceError):
+                m.pin(k, nsid=private)
+            # a bad option is refused, not taken for force
+            a.kv_put(k, b"v")
+            f = a.submit(OPCODES["KV_DELETE"], "kv delete", param0=2,
+                         **a._key_fields(k))
+            with pytest.raises(hostlib.InvalidCommandError, match="INVALID_FIELD"):
+                f.result()
+            assert a.kv_exists(k)
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+
+
+def test_pins_have_a_quota_per_uid_and_cost_no_one_else(tmp_path):
+    """Pinned keys are counted per uid over all its connections (serve --max-pins-per-uid);
+    pinning a key again takes no more of it; an unpin or a client's exit gives it back.  A
+    client holding 20,000 pins (the old table was a list every pin scanned) leaves another's
+    pins exact, and its exit releases every one."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:128M",
+                      extra=["--max-pins-per-uid", "20050"])
+    try:
+        with hostlib.connect(d.socket_path) as a, hostlib.connect(d.socket_path) as b:
+            keys = [i.to_bytes(16, "little") for i in range(20100)]
+            for i in range(0, len(keys), 256):
+                for f in [a.kv_put_async(k, b"v") for k in keys[i:i + 256]]:
+                    f.result()
+            for i in range(0, 20000, 256):
+                for f in [a.pin_async(k) for k in keys[i:min(i + 256, 20000)]]:
+                    assert f.result() == 1
+            assert a.pin(keys[0]) == 2  # the same key again: no more of the quota
+            for k in keys[20000:20050]:
+                assert b.pin(k) == 1  # the same uid's other connection: the quota is shared
+            with pytest.raises(hostlib.CapacityError):
+                b.pin(keys[20050])
+            with pytest.raises(hostlib.CapacityError):
+                a.pin(keys[20051])
+            assert b.unpin(keys[20000]) == 0
+            assert a.pin(keys[20051]) == 1  # its room came back
+            # another client's pins on a key are its own, counted exactly
+            assert b.unpin(keys[20001]) == 0
+            assert b.pin(keys[5]) == 2 and b.unpin(keys[5]) == 1
+            assert a.log()["pins"] == 20000 + 1 + 1 + 48
+        with hostlib.connect(d.socket_path) as c:
+            assert c.log()["pins"] == 0  # both clients left: every pin went
+            c.kv_delete(keys[7])  # and nothing holds a key
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    assert "left 20002 pins: released" in err and "left 48 pins: released" in err, err

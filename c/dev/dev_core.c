@@ -18,6 +18,7 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     dev->media_size = media_size;
     dev->lba = lba_size;
     dev->depth = io_depth;
+    dev_pins_init(dev);
     struct stat st;
     dev->is_block = fstat(media_fd, &st) == 0 && S_ISBLK(st.st_mode);
     dev->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -62,7 +63,7 @@ void sde_dev_free(sde_dev *dev)
 {
     if (dev) {
         sde_fw_free(dev->fw); /* its threads first: they may still be in a kernel */
-        free(dev->pins);
+        dev_pins_free(dev);
         free(dev->delays);
         free(dev->owners);
         sde_undo_free(dev->undo);
@@ -197,6 +198,16 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
 
 static int qp_ok(sde_dev *dev, int qp) { return qp >= 0 && qp < SDE_MAX_QPS && dev->qps[qp].in_use; }
 
+int sde_dev_set_qp_admin(sde_dev *dev, int qp, int admin)
+{
+    if (!qp_ok(dev, qp))
+        return -EINVAL;
+    pthread_mutex_lock(&dev->lock);
+    dev->qps[qp].admin = !!admin;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
 int sde_dev_remove_qp(sde_dev *dev, int qp)
 {
     pthread_mutex_lock(&dev->lock);
@@ -322,12 +333,7 @@ int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns)
         dev->ns[nsid] = *ns;
     } else {
         memset(&dev->ns[nsid], 0, sizeof(dev->ns[nsid]));
-        /* its keys went with it: so do the pins on them */
-        for (uint32_t i = 0; i < dev->npins;)
-            if (dev->pins[i].nsid == nsid)
-                dev->pins[i] = dev->pins[--dev->npins];
-            else
-                i++;
+        dev_pins_drop_ns(dev, nsid); /* its keys went with it: so do the pins on them */
     }
     pthread_mutex_unlock(&dev->lock);
     return 0;
@@ -348,9 +354,7 @@ void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)
 {
     pthread_mutex_lock(&dev->lock);
     *out = dev->stats;
-    out->pins = 0;
-    for (uint32_t i = 0; i < dev->npins; i++)
-        out->pins += dev->pins[i].count;
+    out->pins = dev->pins.total;
     pthread_mutex_unlock(&dev->lock);
 }
 

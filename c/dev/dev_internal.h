@@ -51,6 +51,7 @@ struct dev_qp {
     uint32_t client;
     uint32_t uid;   /* the client's owner identity: uid and token (0: none) */
     uint64_t token;
+    int admin;      /* its client is an admin (may force a delete anywhere) */
     int cfd;        /* the client's completion eventfd */
     int dbfd;       /* its doorbell: an eventfd of this queue pair alone (-1: removed) */
     uint32_t inflight; /* fetched, not yet posted (staged completions count) */
@@ -164,13 +165,29 @@ enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2, FW_DEFERRED = 3 };
 #define UD_IO2 (1ull << 32)
 
 /* A client's pins on one key: pins belong to the client that made them (only it can unpin
- * them) and go when it does (sde_dev_release_pins). */
+ * them) and go when it does (sde_dev_release_pins), or when a forced delete takes the key. */
 struct pin_rec {
     uint32_t client;
+    uint32_t uid;
     uint32_t nsid;
     uint32_t klen;
     uint8_t key[SDE_KEY_MAX];
-    uint32_t count;
+    uint32_t count;   /* 0: a free slot */
+    uint32_t next;    /* its hash chain (or the free list) */
+};
+
+/* Every client's pins, hashed on (namespace, key) (dev_pins.c). */
+struct pin_table {
+    struct pin_rec *recs;
+    uint32_t nrecs, cap;    /* slots used so far, and allocated */
+    uint32_t *heads;        /* chains, nheads a power of two (0: none yet) */
+    uint32_t nheads;
+    uint32_t free;          /* free slots, chained by next */
+    uint32_t live;          /* records (client, key) */
+    uint64_t total;         /* pins, over every record */
+    struct { uint32_t uid, n; } uids[SDE_MAX_QPS]; /* pinned keys per uid */
+    uint32_t nuids;
+    uint32_t max_per_uid;   /* 0: no quota */
 };
 
 struct held {
@@ -230,8 +247,7 @@ struct sde_dev {
     int write_cache;      /* the model's: a store completes before its NAND program */
     /* the firmware: its threads and the TOPS budget its kernels are charged to (NULL: compute
      * commands are refused with INTERNAL) */
-    struct pin_rec *pins;
-    uint32_t npins, cap_pins;
+    struct pin_table pins;
     sde_fw *fw;
     sde_fw_entry fw_entry;
     /* value writes queued while a pass starts commands, held until the pass's journal group
@@ -374,10 +390,14 @@ void dev_prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, ui
 int dev_reap_firmware(sde_dev *dev);
 
 /* dev_pins.c */
-uint16_t dev_pin_add(sde_dev *dev, uint32_t client, uint32_t nsid, const uint8_t *key,
-                        uint32_t klen, uint32_t *count);
-uint16_t dev_pin_drop(sde_dev *dev, uint32_t client, uint32_t nsid, const uint8_t *key,
-                         uint32_t klen, uint32_t *count);
+void dev_pins_init(sde_dev *dev);
+void dev_pins_free(sde_dev *dev);
+uint16_t dev_pin_add(sde_dev *dev, const struct dev_qp *q, uint32_t nsid, const uint8_t *key,
+                     uint32_t klen, uint32_t *count);
+uint16_t dev_pin_drop(sde_dev *dev, const struct dev_qp *q, uint32_t nsid, const uint8_t *key,
+                      uint32_t klen, uint32_t *count);
+void dev_pins_drop_key(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen);
+void dev_pins_drop_ns(sde_dev *dev, uint32_t nsid);
 
 /* dev_faults.c */
 int dev_inject_fault(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r,

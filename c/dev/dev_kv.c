@@ -405,6 +405,18 @@ void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x)
     dev_kv_finish(dev, x, st, st ? 0 : x->vlen);
 }
 
+/* Who may delete a key that others pinned: an admin anywhere, a namespace's owner in it. */
+static uint16_t delete_fields(const sde_dev *dev, const struct dev_qp *q, const sde_sqe *c)
+{
+    if (c->param0 > SDE_KV_DELETE_FORCE)
+        return SDE_SC_INVALID_FIELD;
+    if (!c->param0 || q->admin)
+        return SDE_SC_SUCCESS;
+    const sde_ns_info *ns = &dev->ns[c->nsid];
+    return c->nsid && ns->uid == q->uid && ns->token == q->token ? SDE_SC_SUCCESS
+                                                                 : SDE_SC_ACCESS_DENIED;
+}
+
 /* resumed: it was held back, and is next for its key */
 static void kv_delete_run(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0,
                           int resumed)
@@ -413,6 +425,8 @@ static void kv_delete_run(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint6
     uint32_t klen;
     uint64_t group = 0;
     uint16_t st = dev_kv_common(dev, &dev->qps[qp], c, key, &klen);
+    if (!st)
+        st = delete_fields(dev, &dev->qps[qp], c);
     if (!st && !resumed && key_busy(dev, c->nsid, key, klen)) {
         /* after the early put of its key (run again from the command when it may) */
         struct dev_ctx *x = dev_ctx_take(dev, qp, c, cls, CTX_DEL_PARKED, t0);
@@ -423,6 +437,8 @@ static void kv_delete_run(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint6
         park(dev, x);
         return;
     }
+    if (!st && c->param0 == SDE_KV_DELETE_FORCE)
+        dev_pins_drop_key(dev, c->nsid, key, klen);
     if (!st)
         st = st_delete(dev->store, c->nsid, key, klen, &group);
     if (st) {

@@ -84,6 +84,9 @@ int sde_dev_admin_fd(sde_dev *dev);      /* readable when admin commands wait fo
  * which namespaces it may use (sde_ns_info). */
 int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int completion_fd,
                    int doorbell_fd, uint32_t uid, uint64_t token);
+/* The queue pair's client is an admin: it may force a delete of a key others pinned in any
+ * namespace (an owner may in its own namespaces, c/wire/sde_queue.h SDE_KV_DELETE_FORCE). */
+int sde_dev_set_qp_admin(sde_dev *dev, int qp, int admin);
 /* Stop serving a queue pair (its client left).  Completions of its in-flight commands are
  * dropped.  Returns the commands still in flight: unmap only when it reaches 0. */
 int sde_dev_remove_qp(sde_dev *dev, int qp);
@@ -108,6 +111,9 @@ int sde_dev_remove_buffer(sde_dev *dev, int handle);
 int sde_dev_client_inflight(sde_dev *dev, uint32_t client);
 /* A client left: its pins go (returns how many). */
 int sde_dev_release_pins(sde_dev *dev, uint32_t client);
+/* Most keys one uid may have pinned at once, over all its clients (0: no quota); past it
+ * PIN completes with CAPACITY_EXCEEDED. */
+int sde_dev_set_pin_quota(sde_dev *dev, uint32_t max_per_uid);
 
 /* Fault injection (c/dev/sde_fault.h): a rule's id, or -errno; clear one (id) or all (0),
  * returning how many went; a copy of the rules now in force. */

@@ -193,7 +193,8 @@ int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t kle
         return SDE_SC_INVALID_FIELD; /* not pinned */
     if (delta > 0 && e->pins == UINT16_MAX)
         return SDE_SC_CAPACITY_EXCEEDED;
-    e->pins = (uint16_t)(e->pins + delta);
+    /* a client's whole count at once (it left, or a forced delete): never below 0 */
+    e->pins = delta < 0 && (uint32_t)-delta > e->pins ? 0 : (uint16_t)(e->pins + delta);
     *count = e->pins;
     return SDE_SC_SUCCESS;
 }

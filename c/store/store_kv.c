@@ -374,7 +374,7 @@ int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
     if (i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;
     if (st->ents[i].pins)
-        return SDE_SC_INVALID_FIELD; /* in use by in-flight work: unpin it first */
+        return SDE_SC_KV_KEY_PINNED; /* in use by in-flight work: unpin it first */
     struct rec r = {.op = OP_DELETE, .klen = (uint8_t)klen, .nsid = nsid};
     memcpy(r.key, key, klen);
     if (store_append(st, &r) < 0)

@@ -42,7 +42,8 @@
 #define SDE_CMD_GET_LOG 20
 /* KV commands (the NVMe KV command set's Store, Retrieve, Delete, Exist, List): the key is
  * lba (bytes 0-7) and key_hi (bytes 8-15), its length in param1 (1..16); Store's option in
- * param0 (1 only if the key exists, 2 only if it does not). */
+ * param0 (1 only if the key exists, 2 only if it does not); Delete's param0 may be
+ * SDE_KV_DELETE_FORCE. */
 #define SDE_CMD_KV_STORE 32
 #define SDE_CMD_KV_RETRIEVE 33
 #define SDE_CMD_KV_DELETE 34
@@ -97,6 +98,14 @@
 #define SDE_SC_KV_INVALID_KEY_SIZE 0x86
 #define SDE_SC_KV_KEY_NOT_EXIST 0x87
 #define SDE_SC_KV_KEY_EXISTS 0x89
+/* vendor specific (NVMe's C0h-FFh): a delete of a key pinned by in-flight work (unpin it,
+ * or force the delete as the namespace's owner or an admin) */
+#define SDE_SC_KV_KEY_PINNED 0xC0
+
+/* KV_DELETE's param0: delete the key even though other clients pinned it (their pins go).
+ * An admin's, or the namespace's owner's (a private namespace's or a shared one's creator);
+ * the default key space 0 has no owner.  Anyone else: ACCESS_DENIED. */
+#define SDE_KV_DELETE_FORCE 1
 
 /* namespace flags: NS_CREATE's param1 takes SDE_NS_SHARED (every client may use it;
  * otherwise only its owner); SDE_NS_USED marks a taken id in the store's table */

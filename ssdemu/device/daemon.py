@@ -143,6 +143,7 @@ class Daemon:
         # commands in flight: counted per uid by the data plane, which leaves the rest of a
         # uid's commands in its SQs past the quota
         lib.sde_dev_set_uid_quota(self.dev, self.quotas.inflight)
+        lib.sde_dev_set_pin_quota(self.dev, self.quotas.pins)  # pinned keys, counted there too
         # from here on KV commands run in the data plane against the store (c/store)
         self.store.attach(self.dev)
         self.power_cut = power_cut
@@ -604,6 +605,7 @@ class Daemon:
             os.close(cfd)
             os.close(dfd)
             return {"ok": False, "error": "the device has no free queue pair"}, []
+        lib.sde_dev_set_qp_admin(self.dev, index, client.admin)  # may force a delete
         client.qps[index] = QueuePair(index, fd, mm, cfd, dfd)
         return ({"ok": True, "qid": index, "bytes": nbytes, "entries": entries},
                 [fd, dfd, cfd])

@@ -1,5 +1,6 @@
 """What one uid may hold of the device, whatever its connections and owner keys: queue pairs,
-registered buffers and their bytes, commands in flight, namespaces and their bytes.  A
+registered buffers and their bytes, commands in flight, namespaces and their bytes, pinned
+keys.  A
 quota is a uid's because the uid is what the kernel vouches for: a client can open more
 connections and mint more owner keys at will.  By default each is three quarters of what
 the device has, so that one user can drive the whole drive hard and a quarter always
@@ -10,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 SHARE = 0.75  # of each resource, one uid's by default
+# Pins have no device-wide limit to take a share of (a record is 40 bytes of the daemon's
+# memory, hashed, so many pins cost no one else time): a uid may hold this many pinned keys,
+# 2.6 MB of records, far more than LMCache pins at once (a chunk per hit while it loads).
+PINS = 65536
 
 
 class QuotaExceeded(Exception):
@@ -28,6 +33,7 @@ class Quotas:
     inflight: int | None = None
     namespaces: int | None = None
     namespace_bytes: int | None = None
+    pins: int | None = None
 
     def resolve(self, *, queue_pairs: int, buffers: int, io_depth: int, namespaces: int,
                 data_bytes: int) -> Quotas:
@@ -41,12 +47,14 @@ class Quotas:
             buffer_bytes=self.buffer_bytes or 0,
             inflight=self.inflight or share(io_depth),
             namespaces=self.namespaces or share(namespaces),
-            namespace_bytes=self.namespace_bytes or share(data_bytes))
+            namespace_bytes=self.namespace_bytes or share(data_bytes),
+            pins=self.pins or PINS)
 
     def as_dict(self) -> dict:
         return {"queue_pairs": self.queue_pairs, "buffers": self.buffers,
                 "buffer_bytes": self.buffer_bytes, "inflight": self.inflight,
-                "namespaces": self.namespaces, "namespace_bytes": self.namespace_bytes}
+                "namespaces": self.namespaces, "namespace_bytes": self.namespace_bytes,
+                "pins": self.pins}
 
 
 @dataclass
