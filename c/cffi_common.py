@@ -17,7 +17,8 @@ COMPILE_ARGS = ["-O2", "-flto=auto", "-fvisibility=hidden", "-std=gnu11", "-Wall
                 # a call without a prototype returns an int: never let one through
                 "-Werror=implicit-function-declaration"]
 
-WIRE = {"headers": ["wire/sde_queue.h"], "sources": ["wire/sde_ring.c"]}
+WIRE = {"headers": ["wire/sde_queue.h", "wire/sde_copy.h"],
+        "sources": ["wire/sde_ring.c", "wire/sde_copy.c"]}
 
 
 def cdef_block(header_text: str) -> str:

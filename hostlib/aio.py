@@ -132,18 +132,8 @@ class AsyncDevice:
 
     async def kv_put(self, key: bytes, value, only_if_exists: bool = False,
                      only_if_not_exists: bool = False, *, nsid: int = 0) -> bool:
-        """True if the key existed.  A value larger than the bounce buffer and not in an
-        alloc buffer goes through a temporary registered buffer."""
-        n = value.nbytes if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))
-        if n > self.qp.bounce.nbytes and self.dev._locate(value)[0] is None:
-            tmp = self.dev.alloc(n)
-            try:
-                tmp[:] = np.frombuffer(memoryview(value).cast("B"), np.uint8) \
-                    if not isinstance(value, np.ndarray) else value.reshape(-1).view(np.uint8)
-                return await self._await(self.dev.kv_put_async(
-                    key, tmp, only_if_exists, only_if_not_exists, self.qp, nsid=nsid))
-            finally:
-                self.dev.free(tmp)
+        """True if the key existed.  A value not in an alloc buffer is copied into the
+        queue pair's bounce or a pooled staging buffer (Device.staging_take)."""
         return await self._await(self.dev.kv_put_async(key, value, only_if_exists,
                                                        only_if_not_exists, self.qp, nsid=nsid))
 

@@ -60,6 +60,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 import hostlib
 import hostlib.aio
 from hostlib import owner_key
+from hostlib.client import copy_bytes
 
 logger = init_logger(__name__)
 
@@ -217,7 +218,7 @@ class SsdemuConnector(RemoteConnector):
                 n = await dev.kv_get(drive_key(k), stage, nsid=self.data_ns)
                 if n != meta.length:
                     raise ValueError(f"{k}: {n} bytes stored, {meta.length} expected")
-                np.frombuffer(dst, np.uint8, meta.length)[:] = stage[:n]
+                copy_bytes(np.frombuffer(dst, np.uint8, meta.length), stage[:n])
             else:
                 block = self._block_view(meta, stage)
                 await dev.kv_get_dequantized(drive_key(k), block, nsid=self.data_ns)
@@ -307,12 +308,12 @@ class SsdemuConnector(RemoteConnector):
         t = memory_obj.tensor
         block = self._block_view(RemoteMetadata(0, [t.shape], [t.dtype], MemoryFormat.KV_2LTD),
                                  stage)
-        block[:] = self._lmcache_view(memory_obj).view(block.dtype)  # the one copy
+        copy_bytes(block, self._lmcache_view(memory_obj).view(block.dtype))  # the one copy
         return block
 
     def _from_block(self, block: np.ndarray, memory_obj) -> None:
         dst = self._lmcache_view(memory_obj)
-        dst[:] = block.view(dst.dtype)
+        copy_bytes(dst, block.view(dst.dtype))
 
 
 class SsdemuConnectorAdapter(ConnectorAdapter):

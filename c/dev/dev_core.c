@@ -288,8 +288,10 @@ int sde_dev_add_buffer(sde_dev *dev, uint32_t client, void *addr, uint64_t len, 
     }
     if (h > 0) {
         dev->bufs[h] = (struct dev_buf){1, client, addr, len, flags};
-        if (!(flags & SDE_BUF_BOUNCE))
-            sde_buffer_set(dev->eng, (uint32_t)h - 1, addr, len); /* failure: unregistered */
+        /* a bounce too: KV values move straight between it and the media (the client
+         * copies in or out), and an unregistered buffer costs the kernel a page walk per
+         * I/O (a 2 MiB retrieve 1.6 ms instead of 0.33 on memory media) */
+        sde_buffer_set(dev->eng, (uint32_t)h - 1, addr, len); /* failure: unregistered */
     }
     pthread_mutex_unlock(&dev->lock);
     return h;
@@ -300,8 +302,7 @@ int sde_dev_remove_buffer(sde_dev *dev, int handle)
     pthread_mutex_lock(&dev->lock);
     int ret = -EINVAL;
     if (handle >= 1 && handle <= SDE_MAX_BUFS && dev->bufs[handle].active) {
-        if (!(dev->bufs[handle].flags & SDE_BUF_BOUNCE))
-            sde_buffer_set(dev->eng, (uint32_t)handle - 1, NULL, 0);
+        sde_buffer_set(dev->eng, (uint32_t)handle - 1, NULL, 0);
         dev->bufs[handle].active = 0;
         ret = 0;
     }

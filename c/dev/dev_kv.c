@@ -307,8 +307,12 @@ void dev_kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     memcpy(x->key, key, sizeof(key));
     x->klen = klen;
     x->nsid = c->nsid;
+    /* a bounce buffer (GDS compat mode): the client copied the value into it, counted as
+     * copied; the media I/O still goes straight from it (it is registered too) */
+    if (b->flags & SDE_BUF_BOUNCE)
+        x->copied += c->length;
     dev_kv_put_value(dev, x, c, b->addr + c->buf_offset, c->length, (int)c->param0,
-                 (b->flags & SDE_BUF_BOUNCE) ? -1 : (int)c->buf - 1, 0);
+                 (int)c->buf - 1, 0);
 }
 
 void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
@@ -334,13 +338,14 @@ void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
         return;
     }
     x->result = x->vlen;
+    if (b->flags & SDE_BUF_BOUNCE)
+        x->copied += x->vlen; /* the client copies it out of the bounce */
     dev_model_times(dev, c, t0, SDE_CMD_READ, off, x->vlen, &x->due, &x->dtime);
     uint8_t *dst = b->addr + c->buf_offset;
     x->client_addr = dst;
     /* the whole last block lands in the client's buffer when its range covers it (the
      * bytes past the value are the zeros the put wrote); else that block is bounced */
-    dev_value_start(dev, x, x->ext, dst, (b->flags & SDE_BUF_BOUNCE) ? -1 : (int)c->buf - 1, 0,
-                0, c->length);
+    dev_value_start(dev, x, x->ext, dst, (int)c->buf - 1, 0, 0, c->length);
     if (x->no_memory && !x->nio) {
         st_get_end(dev->store, x->ext);
         dev_kv_finish(dev, x, SDE_SC_INTERNAL, 0);

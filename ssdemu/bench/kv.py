@@ -10,7 +10,10 @@ off), each KV figure beside the block figure it is held to:
 - a quantized store and a dequantized retrieve of a 512-token block of the tiny model at
   int8_g64 (bytes/s of the fp16 block) against the firmware kernel called directly on the
   same block shape;
-- the bytes the daemon copies per KV put and get from registered buffers.
+- the bytes the daemon copies per KV put and get from registered buffers;
+- hostlib's public calls with plain numpy arrays (copied through the queue pair's bounce or
+  pooled staging buffers) against the same calls with registered buffers, at 64 KiB, 256 KiB
+  and 2 MiB: blocking, and 8 in flight (futures); interleaved, best of three rounds each.
 Every put carries a fresh serial number in its value, so deduplication never turns a put
 into a comparison.
 """
@@ -66,6 +69,64 @@ def _copied(dev, cls: str, fn, n: int) -> float:
     after = dev.log()["classes"][cls]
     return (after["bytes_copied"] - before["bytes_copied"]) / max(
         1, after["commands"] - before["commands"])
+
+
+PY_SIZES = {"64k": 64 << 10, "256k": 256 << 10, "2m": 2 << 20}
+PY_INFLIGHT = 8
+
+
+def _py_rate(dev, op: str, values: list, keys: list, seconds: float, inflight: int) -> float:
+    """Bytes/s of hostlib's public KV calls over `values` (one per key, reused in turn)."""
+    nbytes = values[0].nbytes
+    n, t0 = 0, time.perf_counter()
+    pending: list = []
+    while time.perf_counter() - t0 < seconds:
+        i = n % len(keys)
+        if inflight == 1:
+            if op == "put":
+                dev.kv_put(keys[i], values[i])
+            else:
+                dev.kv_get(keys[i], values[i])
+        else:
+            pending.append(dev.kv_put_async(keys[i], values[i]) if op == "put"
+                           else dev.kv_get_async(keys[i], values[i]))
+            if len(pending) == inflight:
+                pending.pop(0).result()
+        n += 1
+    for f in pending:
+        f.result()
+    return n * nbytes / (time.perf_counter() - t0)
+
+
+def _plain_vs_registered(dev, seconds: float) -> dict:
+    """hostlib's calls with numpy arrays against registered buffers (issue 35, item 3)."""
+    out = {}
+    rng = np.random.default_rng(9)
+    for name, size in PY_SIZES.items():
+        reg = [dev.alloc(size) for _ in range(PY_INFLIGHT)]
+        # plain arrays as numpy makes them (malloc's, 16 bytes into their pages when large)
+        plain = [np.empty(size, np.uint8) for _ in range(PY_INFLIGHT)]
+        for r, p in zip(reg, plain, strict=True):
+            r[:] = rng.integers(0, 256, size, dtype=np.uint8)
+            p[:] = r
+        keys = [b"py%s-%d" % (name.encode(), i) for i in range(PY_INFLIGHT)]
+        for k, r in zip(keys, reg, strict=True):
+            dev.kv_put(k, r)
+        row = {}
+        for inflight, mode in ((1, "blocking"), (PY_INFLIGHT, "inflight8")):
+            for op in ("put", "get"):
+                best = {"registered": 0.0, "plain": 0.0}
+                for _ in range(3):  # interleaved: the machine's drift hits both alike
+                    for kind, vals in (("registered", reg), ("plain", plain)):
+                        best[kind] = max(best[kind], _py_rate(dev, op, vals, keys,
+                                                              seconds / 6, inflight))
+                row[f"{op}_{mode}"] = {"plain_bytes_per_s": best["plain"],
+                                       "registered_bytes_per_s": best["registered"],
+                                       "ratio_registered": best["plain"] / best["registered"]}
+        for r in reg:
+            dev.free(r)
+        out[name] = row
+    return out
 
 
 def _kernel_rate(block: np.ndarray, seconds: float) -> tuple[float, float]:
@@ -154,6 +215,7 @@ def run_bench(socket_path: str, seconds: float) -> dict:
                                    "dedup_hits": dedup, "commands": qp_["commands"]}
         out["kv_get_dequantized"] = {"bytes_per_s": get_bps, "kernel_bytes_per_s": d_rate,
                                      "ratio_kernel": get_bps / d_rate}
+        out["plain_vs_registered"] = _plain_vs_registered(dev, seconds)
         store = dev.log()["store"]
         out["store"] = {k: store[k] for k in ("checkpoints", "journal_writes", "journal_records",
                                               "dedup_hits", "keys")}
@@ -201,4 +263,10 @@ def format_table(r: dict) -> str:
     lines.append(f"  bytes copied per kv put / get (registered): "
                  f"{r['bytes_copied_per_kv_put']:.0f} / {r['bytes_copied_per_kv_get']:.0f}")
     lines.append(f"  records per group commit: {r['records_per_group_commit']:.1f}")
+    lines.append("  hostlib calls, numpy arrays vs registered buffers (GB/s, ratio):")
+    for name, row in r["plain_vs_registered"].items():
+        cells = "   ".join(f"{op} {x['plain_bytes_per_s'] / 1e9:.2f}/"
+                           f"{x['registered_bytes_per_s'] / 1e9:.2f} {x['ratio_registered']:.2f}"
+                           for op, x in row.items())
+        lines.append(f"    {name:>5}  {cells}")
     return "\n".join(lines)

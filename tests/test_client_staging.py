@@ -1,0 +1,129 @@
+"""hostlib's copies of plain arrays (issue 35, item 3): the copy routine against numpy, and KV
+values that are not in registered buffers through the queue pair's bounce or the pooled
+staging buffers, blocking and many in flight, through a real daemon."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hostlib
+from hostlib.client import copy_bytes
+from ssdemu.tools.daemon_process import DaemonProcess
+
+
+def _at(nbytes: int, offset: int) -> np.ndarray:
+    m = mmap.mmap(-1, nbytes + 8192)
+    return np.frombuffer(m, np.uint8)[offset:offset + nbytes]
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(0, 300_000), st.integers(0, 4095), st.integers(0, 4095),
+       st.integers(0, 2**32 - 1))
+def test_copy_bytes_is_numpys_copy_wherever_the_arrays_lie(n, dst_off, src_off, seed):
+    src = _at(n, src_off)
+    src[:] = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+    dst = _at(n, dst_off)
+    guard = np.frombuffer(dst.base, np.uint8)  # the bytes around dst stay as they were
+    guard[:] = 0xA5
+    copy_bytes(dst, src)
+    assert np.array_equal(dst, src)
+    assert (guard[:dst_off] == 0xA5).all() and (guard[dst_off + n:] == 0xA5).all()
+
+
+def test_copy_bytes_takes_any_shapes_numpy_takes():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    b = np.empty((4, 6), np.float32)
+    copy_bytes(b.reshape(2, 3, 4), a)
+    assert np.array_equal(b.reshape(-1), a.reshape(-1))
+    strided = np.zeros((8, 8), np.uint8)[:, ::2]
+    copy_bytes(strided, np.ones((8, 4), np.uint8))  # not contiguous: numpy's own copy
+    assert (strided == 1).all()
+
+
+@pytest.fixture
+def dev(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:256M")
+    with hostlib.connect(d.socket_path) as dev:
+        yield dev
+    assert d.terminate()[0] == 0
+
+
+@pytest.mark.parametrize("size", [1, 4095, 65536 + 16, 3 << 20, (4 << 20) + 1, 6 << 20])
+def test_plain_values_round_trip_blocking(dev, size):
+    """Below, at and above the bounce buffer (4 MiB): put and get of numpy arrays and bytes
+    as the registered path would store them."""
+    if size > dev.max_value:
+        pytest.skip("larger than the drive's largest value")
+    v = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    dev.kv_put(b"k", v)
+    out = np.empty(size, np.uint8)
+    assert dev.kv_get(b"k", out) == size and np.array_equal(out, v)
+    assert dev.kv_get(b"k") == v.tobytes()
+    dev.kv_put(b"b", v.tobytes())
+    reg = dev.alloc(size)
+    assert dev.kv_get(b"b", reg) == size and np.array_equal(reg, v)
+
+
+def test_many_plain_values_in_flight_outgrow_the_bounce(dev):
+    """24 puts and then 24 gets of 1 MiB arrays in flight on one queue pair: the bounce holds
+    four, the rest go through pooled staging buffers instead of waiting (each back in the
+    pool at its completion, and reused: a second round registers nothing new)."""
+    size = 1 << 20
+    vals = [np.full(size, i, np.uint8) for i in range(24)]
+    outs = [np.zeros(size, np.uint8) for _ in range(24)]
+
+    def round_():
+        for f in [dev.kv_put_async(b"m%d" % i, v) for i, v in enumerate(vals)]:
+            f.result()
+        for f in [dev.kv_get_async(b"m%d" % i, o) for i, o in enumerate(outs)]:
+            assert f.result() == size
+        for i, o in enumerate(outs):
+            assert (o == i).all()
+            o[:] = 0
+
+    round_()
+    registered = len(dev._buffers)
+    assert len(dev._staging) >= 20  # given back
+    round_()
+    assert len(dev._buffers) == registered  # reused, none registered anew
+
+
+def test_a_failed_command_gives_its_staging_buffer_back(dev):
+    """A get of a missing key through a staging buffer: the error, and the buffer back in the
+    pool (the device is done with it once the completion came)."""
+    big = np.zeros(5 << 20, np.uint8)  # larger than the bounce: staging
+    if big.nbytes > dev.max_value:
+        big = np.zeros(dev.max_value, np.uint8)
+    before = len(dev._staging)
+    with pytest.raises(hostlib.KeyNotFoundError):
+        dev.kv_get(b"missing", big)
+    assert len(dev._staging) == before + (1 if big.nbytes > dev.qp.bounce.nbytes else 0)
+
+
+@pytest.mark.slow
+def test_bench_kv_reports_plain_against_registered(tmp_path):
+    """`bench kv --json`: the plain-array rows beside the registered ones, every ratio a
+    finite positive number (its figures are the bench's, not a test's)."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "kv",
+                        "--seconds", "0.6", "--json"], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert set(r["plain_vs_registered"]) == {"64k", "256k", "2m"}
+    for row in r["plain_vs_registered"].values():
+        assert set(row) == {"put_blocking", "get_blocking", "put_inflight8", "get_inflight8"}
+        for x in row.values():
+            assert x["plain_bytes_per_s"] > 0 and x["registered_bytes_per_s"] > 0
+            assert x["ratio_registered"] == pytest.approx(
+                x["plain_bytes_per_s"] / x["registered_bytes_per_s"])
+    assert r["bytes_copied_per_kv_put"] == 0 and r["bytes_copied_per_kv_get"] == 0
