@@ -8,9 +8,14 @@ Commands go into the queue pair as the synchronous API puts them there; completi
 through the queue pair's completion eventfd, watched by the event loop (`loop.add_reader`):
 the daemon is asked to signal it for every completion while commands are outstanding, no
 thread per command, no polling.  One AsyncDevice belongs to one event loop and its thread.
-A command that needs room the queue pair does not have (every entry in flight, or its bounce
-buffer full) waits for completions in place, briefly holding the loop: give a device that
-many tasks share a deep queue (`entries`) and values in `alloc` buffers."""
+A command that needs room the queue pair does not have (every entry in flight; for block
+I/O, its bounce buffer full) waits for completions in place, briefly holding the loop: give
+a device that many tasks share a deep queue (`entries`).  KV values not in `alloc` buffers
+never wait for room: they go through pooled staging buffers when the bounce is taken.
+
+Cancelling a task awaiting a command does not stop the command: a buffer it reads or
+fills stays the device's until it completes (`Device.staging_give` only then, as
+hostlib.lmcache does with a shielded task)."""
 
 from __future__ import annotations
 
@@ -106,7 +111,14 @@ class AsyncDevice:
         def done():
             if prev is not None:
                 prev()
-            self._settle(f, af)
+            try:
+                here = asyncio.get_running_loop() is self.loop
+            except RuntimeError:  # a thread of the connection's blocking calls reaped it
+                here = False
+            if here:
+                self._settle(f, af)
+            else:  # an asyncio future is the loop's own: settled there, and the loop woken
+                self.loop.call_soon_threadsafe(self._settle, f, af)
 
         f.release = done  # called by Future._complete, whoever polls the queue
         self._arm(True)
@@ -145,12 +157,9 @@ class AsyncDevice:
         except InvalidValueSizeError as e:
             if out is not None or not e.value_length:
                 raise
-            tmp = self.dev.alloc(e.value_length)
-            try:
-                n = await self._await(self.dev.kv_get_async(key, tmp, self.qp, nsid=nsid))
-                return bytes(tmp[:n])
-            finally:
-                self.dev.free(tmp)
+            tmp = np.empty(e.value_length, np.uint8)  # staged as any array (never waits)
+            n = await self._await(self.dev.kv_get_async(key, tmp, self.qp, nsid=nsid))
+            return tmp[:n].tobytes()
 
     async def kv_delete(self, key: bytes, *, nsid: int = 0, force: bool = False) -> None:
         await self._await(self.dev.kv_delete_async(key, self.qp, nsid=nsid, force=force))

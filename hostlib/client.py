@@ -90,15 +90,20 @@ class Future:
         self.release = None  # called at completion whatever the status (temporary buffers)
 
     def _complete(self, status: int, result: int, device_ns: int = 0) -> None:
-        self.status, self.value, self.finished = status, result, True
+        self.status, self.value = status, result
         self.device_ns = device_ns  # the CQE's: modelled compute time, or measured service
-        if self.status == 0 and self._after is not None:
-            # copy out of the bounce buffer now, before its share is reused
-            self._out = self._after(result)
-            self._after = None
-        if self.bounce:
-            self.qp._bounce_release()
-            self.bounce = False
+        try:
+            if self.status == 0 and self._after is not None:
+                # copy out of the bounce buffer now, before its share is reused
+                self._out = self._after(result)
+                self._after = None
+            if self.bounce:
+                self.qp._bounce_release()
+                self.bounce = False
+        finally:
+            # only now: a thread waiting in result() on another core returns at once, and
+            # must find the bytes copied out (it read a half-copied value before)
+            self.finished = True
         if self.release is not None:
             self.release()
             self.release = None
@@ -140,6 +145,9 @@ class QueuePair:
                  hangup_fd: int = -1):
         mem_fd, self.doorbell_fd, self.completion_fd = fds
         self.hangup_fd = hangup_fd  # the control socket: the daemon's death shows there
+        # a thread asleep on the ring is kicked here by the waiter that reaped for it: an
+        # event loop watching completion_fd (hostlib.aio) would take a kick sent there
+        self.kick_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.qid, self.entries = qid, entries
         self.mm = mmap.mmap(mem_fd, nbytes, mmap.MAP_SHARED)
         os.close(mem_fd)
@@ -268,7 +276,7 @@ class QueuePair:
         sleeper = self._sleeper
         if sleeper is not None and sleeper != threading.get_ident():
             # the thread asleep on the ring may be waiting for what this settled: wake it
-            os.eventfd_write(self.completion_fd, 1)
+            os.eventfd_write(self.kick_fd, 1)
 
     def wait(self, timeout: float | None, seen: int | None = None) -> int:
         """Wait for completions (or timeout seconds); returns how many this call reaped, 0
@@ -290,7 +298,8 @@ class QueuePair:
             self._sleeper = threading.get_ident()
             if self.reaped != seen:
                 return self.poll()  # reaped while this thread queued: the caller looks
-            r = lib.sde_cq_wait(self.mem, self.completion_fd, self.hangup_fd, SPIN_NS,
+            r = lib.sde_cq_wait(self.mem, self.completion_fd, self.hangup_fd, self.kick_fd,
+                                SPIN_NS,
                                 0 if timeout is None else max(1, int(timeout * 1e9)))
         finally:
             self._sleeper = None
@@ -319,7 +328,7 @@ class QueuePair:
             self.mm.close()
         except BufferError:
             pass
-        for fd in (self.doorbell_fd, self.completion_fd):
+        for fd in (self.doorbell_fd, self.completion_fd, self.kick_fd):
             os.close(fd)
 
 
@@ -438,6 +447,7 @@ class Device:
     STAGING_KEEP = 256 << 20  # bytes of staging buffers kept for reuse
 
     STAGING_MIN = 64 << 10  # the smallest staging buffer: sizes are powers of two from it
+    SMALL_GET = 64 << 10  # a kv_get without `out` reads up to this much at first
 
     def staging_take(self, nbytes: int) -> np.ndarray:
         """A registered buffer of nbytes for one command's value (a view of a pooled one,
@@ -675,16 +685,21 @@ class Device:
                      qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         """Retrieve into `out` (any uint8-viewable array; zero copy in a Device.alloc buffer):
         the result is the value's length.  Without `out`, the result is the value (bytes)
-        when it fits the queue pair's bounce buffer.  A buffer too small raises
-        InvalidValueSizeError carrying `value_length`."""
+        when it is at most SMALL_GET bytes (kv_get and AsyncDevice.kv_get read a larger one
+        again, sized by the error).  A buffer too small raises InvalidValueSizeError
+        carrying `value_length`."""
         qp = qp or self.qp
         kf = _key_fields(key)
         what = f"kv retrieve {bytes(key)!r}"
         if out is None:
-            boff, share = qp.bounce_take(qp.bounce.nbytes)
-            return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=True,
-                               after=lambda n: bytes(share[:n]), buf=qp.bounce_handle,
-                               buf_offset=boff, length=share.nbytes, nsid=nsid, **kf)
+            # a small share (the bounce's or a staging buffer's), never the whole bounce: a
+            # get of a name record must not hold every other command's staging up
+            fields, share, bounced, tmp = self._stage(min(self.SMALL_GET, qp.bounce.nbytes),
+                                                      qp, kv=True)
+            return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=bounced,
+                               after=lambda n: bytes(share[:n]),
+                               release=None if tmp is None else (lambda: self.staging_give(tmp)),
+                               nsid=nsid, **fields, **kf)
         fields, bounced, copy, release = self._staged_out(out, qp, kv=True)
         return self.submit(OPCODES["KV_RETRIEVE"], what, qp=qp, bounce=bounced, after=copy,
                            release=release, nsid=nsid, **fields, **kf)
@@ -697,12 +712,9 @@ class Device:
         except InvalidValueSizeError as e:
             if out is not None or not e.value_length:
                 raise
-            tmp = self.staging_take(e.value_length)  # larger than the bounce buffer
-            try:
-                n = self.kv_get_async(key, tmp, qp, nsid=nsid).result()
-                return bytes(tmp[:n])
-            finally:
-                self.staging_give(tmp)
+            tmp = np.empty(e.value_length, np.uint8)  # staged as any array
+            n = self.kv_get_async(key, tmp, qp, nsid=nsid).result()
+            return tmp[:n].tobytes()
 
     def kv_delete_async(self, key: bytes, qp: QueuePair | None = None, *, nsid: int = 0,
                         force: bool = False) -> Future:

@@ -160,6 +160,30 @@ class SsdemuConnector(RemoteConnector):
     def _give(dev: hostlib.aio.AsyncDevice, buf: np.ndarray) -> None:
         dev.dev.staging_give(buf)
 
+    def _give_when_done(self, dev: hostlib.aio.AsyncDevice, buf: np.ndarray,
+                        task: asyncio.Future | None) -> None:
+        """The staging buffer back to the pool once the commands using it are done: at
+        once, or (its caller cancelled while the drive still reads or fills it) when the
+        shielded task finishes, so that no other chunk is staged in it meanwhile."""
+        if task is None or task.done():
+            self._give(dev, buf)
+            return
+
+        def done(t: asyncio.Future) -> None:
+            if not t.cancelled():
+                t.exception()  # retrieved: the caller that wanted it is gone
+            self._give(dev, buf)
+
+        task.add_done_callback(done)
+
+    async def _read_name(self, dev: hostlib.aio.AsyncDevice, k: str) -> bytes | None:
+        """A chunk's name record (small: read into a share of its own, never the whole
+        bounce buffer), or None."""
+        try:
+            return await dev.kv_get(drive_key("name:" + k), nsid=self.names_ns)
+        except hostlib.KeyNotFoundError:
+            return None
+
     # -- records --
     def _name_record(self, key: CacheEngineKey, meta: bytes) -> bytes:
         return NAME_HEADER.pack(len(meta)) + meta + key.to_string().encode()
@@ -185,26 +209,37 @@ class SsdemuConnector(RemoteConnector):
         meta = RemoteMetadata(len(src), memory_obj.get_shapes(), memory_obj.get_dtypes(),
                               memory_obj.get_memory_format()).serialize()
         stage = self._take(dev, max(len(src), 1))
+        task = None
         try:
             if self.quant == "none":
-                stage[:len(src)] = np.frombuffer(src, np.uint8)
-                await dev.kv_put(drive_key(k), stage[:len(src)], nsid=self.data_ns)
+                copy_bytes(stage[:len(src)], np.frombuffer(src, np.uint8))
             else:
                 block = self._to_block(memory_obj, stage)
-                await dev.kv_put_quantized(drive_key(k), block, self.quant_dtype, self.quant,
-                                           nsid=self.data_ns, layout="2lt")
-            # the name record last: a key is listed only once its value is stored
-            await dev.kv_put(drive_key("name:" + k), self._name_record(key, meta),
-                             nsid=self.names_ns)
+
+            async def store() -> None:
+                if self.quant == "none":
+                    await dev.kv_put(drive_key(k), stage[:len(src)], nsid=self.data_ns)
+                else:
+                    await dev.kv_put_quantized(drive_key(k), block, self.quant_dtype,
+                                               self.quant, nsid=self.data_ns, layout="2lt")
+                # the name record last: a key is listed only once its value is stored
+                await dev.kv_put(drive_key("name:" + k), self._name_record(key, meta),
+                                 nsid=self.names_ns)
+
+            # shielded: a put whose caller is cancelled still stores both records (never a
+            # value without its name), and holds its staging buffer until then
+            task = asyncio.ensure_future(store())
+            await asyncio.shield(task)
         finally:
-            self._give(dev, stage)
+            self._give_when_done(dev, stage, task)
 
     async def get(self, key: CacheEngineKey):
+        """The chunk, or None.  Cancelled (LMCache's blocking timeout cancels): the memory
+        object is released at once, the staging buffer once the drive's command is done."""
         dev = await self._dev()
         k = key.to_string()
-        try:
-            record = await dev.kv_get(drive_key("name:" + k), nsid=self.names_ns)
-        except hostlib.KeyNotFoundError:
+        record = await self._read_name(dev, k)
+        if record is None:
             return None
         meta = RemoteMetadata.deserialize(self._parse_name(record)[0])
         memory_obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
@@ -212,26 +247,46 @@ class SsdemuConnector(RemoteConnector):
             logger.debug("no memory for a retrieve")
             return None
         stage = self._take(dev, max(meta.length, 1))
+        task = None
         try:
-            dst = memory_obj.byte_array
             if self.quant == "none":
-                n = await dev.kv_get(drive_key(k), stage, nsid=self.data_ns)
+                task = asyncio.ensure_future(dev.kv_get(drive_key(k), stage,
+                                                        nsid=self.data_ns))
+                n = await asyncio.shield(task)
                 if n != meta.length:
                     raise ValueError(f"{k}: {n} bytes stored, {meta.length} expected")
-                copy_bytes(np.frombuffer(dst, np.uint8, meta.length), stage[:n])
+                copy_bytes(np.frombuffer(memory_obj.byte_array, np.uint8, meta.length),
+                           stage[:n])
             else:
                 block = self._block_view(meta, stage)
-                await dev.kv_get_dequantized(drive_key(k), block, nsid=self.data_ns)
+                task = asyncio.ensure_future(dev.kv_get_dequantized(drive_key(k), block,
+                                                                    nsid=self.data_ns))
+                await asyncio.shield(task)
                 self._from_block(block, memory_obj)
             return memory_obj
         except hostlib.KeyNotFoundError:
             memory_obj.ref_count_down()
             return None
-        except Exception:
+        except BaseException:  # CancelledError too: the object is no one's then
             memory_obj.ref_count_down()
             raise
         finally:
-            self._give(dev, stage)
+            self._give_when_done(dev, stage, task)
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: List[CacheEngineKey]) -> List:
+        """Every chunk at once (the drive's queues take them concurrently): what LMCache's
+        batched_get_blocking calls, as one future it can time out and cancel whole."""
+        results = await asyncio.gather(*(self.get(k) for k in keys), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:  # the caller gets none of them: give back the ones it got
+            for r in results:
+                if r is not None and not isinstance(r, BaseException):
+                    r.ref_count_down()
+            raise failed
+        return results
 
     def support_batched_async_contains(self) -> bool:
         return True

@@ -66,3 +66,32 @@ def test_lmcache_engine_stores_finds_and_retrieves_through_the_drive(tmp_path, q
             assert [n for n in other.namespaces() if not n["shared"]] == []
     finally:
         assert d.terminate()[0] == 0
+
+
+def test_lmcache_concurrent_and_cancelled_retrieves(tmp_path):
+    """Issue 35, item 2: LMCache's normal retrieve path (all of a sequence's chunks at once on
+    its event loop) from two reader engines and four threads at once, gets cancelled on
+    LMCache's loop as its blocking timeout cancels them, and one cancelled while the drive
+    holds its command: no short or wrong retrieve, no memory object left held (the old
+    plug-in kept every cancelled get's), and the cancelled command's staging buffer out of
+    the pool until the command completes (the old plug-in gave it back at once)."""
+    _lmcache_or_skip()
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:512M", extra=["--timing", "off"])
+    try:
+        p = subprocess.run([str(PY), str(ROOT / "tests" / "lmcache" / "retrieves.py"),
+                            d.socket_path, "8", "8", "2", "100"], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path,
+                           env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "p"),
+                                             "XDG_CONFIG_HOME": str(tmp_path)})
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        assert r["n_short"] == 0 and r["n_wrong"] == 0, r
+        assert r["cancelled"] > 0  # some cancels landed while their get was in flight
+        assert r["still_held_after_clear"] == 0, r
+        h = r["held_cancel"]
+        assert h["result"] == "cancelled"
+        # the buffer came back to the pool only once the held command completed
+        assert h["pool_during"] == h["pool_after"] - 1
+        assert "garbage collected" not in p.stderr
+    finally:
+        assert d.terminate()[0] == 0

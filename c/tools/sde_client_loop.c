@@ -138,7 +138,7 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
     while (inflight) {
         int n = sde_cq_reap(mem, L.cqe, qd);
         if (n == 0) {
-            int w = sde_cq_wait(mem, completion_fd, -1, 0, 1000000000);
+            int w = sde_cq_wait(mem, completion_fd, -1, -1, 0, 1000000000);
             if (w < 0 || (w == 0 && now_ns() - t > 1000000000)) {
                 rc = w < 0 ? w : -ETIMEDOUT; /* nothing for a second */
                 break;

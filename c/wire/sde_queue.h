@@ -209,12 +209,14 @@ int sde_sq_submit(void *mem, const sde_sqe *sqes, uint32_t n, int doorbell_fd, i
 /* Client: take up to max completions. */
 int sde_cq_reap(void *mem, sde_cqe *out, uint32_t max);
 /* Client: wait until a completion is there, or until timeout_ns (0: forever): poll for
- * spin_ns, then sleep on completion_fd (holding one of cq_waiters while asleep).  hangup_fd
- * (the control socket, or -1) hung up means the daemon is gone: -ENOTCONN, as for a queue
- * marked dead.  Returns completions ready; 0 on timeout, or when the completion eventfd was
- * kicked with none ready (another waiter of the queue pair reaped them, and kicked it so
- * that this one looks again); -errno. */
-int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
+ * spin_ns, then sleep on completion_fd (holding one of cq_waiters while asleep) and on
+ * kick_fd (an eventfd of this client's own, or -1: another of its waiters that reaped
+ * what this one waits for kicks it there, where an event loop watching completion_fd
+ * cannot take the kick).  hangup_fd (the control socket, or -1) hung up means the daemon
+ * is gone: -ENOTCONN, as for a queue marked dead.  Returns completions ready; 0 on
+ * timeout, or when woken with none ready (another waiter reaped them: look again);
+ * -errno. */
+int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, int kick_fd, uint64_t spin_ns,
                 uint64_t timeout_ns);
 /* Client, event-loop style (hostlib.aio): waiting 1 takes one of cq_waiters (the daemon
  * signals completion_fd for every completion it posts while any is held), 0 gives it back;

@@ -118,8 +118,8 @@ static uint32_t cq_ready(const sde_ring_hdr *h)
     return LOAD_ACQ(&h->cq_tail) - head;
 }
 
-static int wait_asleep(sde_ring_hdr *h, int completion_fd, int hangup_fd, uint64_t start,
-                       uint64_t timeout_ns)
+static int wait_asleep(sde_ring_hdr *h, int completion_fd, int hangup_fd, int kick_fd,
+                       uint64_t start, uint64_t timeout_ns)
 {
     for (;;) {
         uint32_t ready = cq_ready(h);
@@ -134,21 +134,25 @@ static int wait_asleep(sde_ring_hdr *h, int completion_fd, int hangup_fd, uint64
                 return 0;
             wait_ms = (int)((timeout_ns - spent + 999999) / 1000000);
         }
-        struct pollfd p[2] = {{.fd = completion_fd, .events = POLLIN},
+        /* fds of -1 are ignored by poll */
+        struct pollfd p[3] = {{.fd = completion_fd, .events = POLLIN},
                               /* not POLLIN: a reply to another thread's control
                                * request makes the socket readable; only a hang-up (the
                                * daemon gone) ends the wait */
-                              {.fd = hangup_fd, .events = POLLRDHUP}};
-        int r = poll(p, hangup_fd >= 0 ? 2 : 1, wait_ms);
+                              {.fd = hangup_fd, .events = POLLRDHUP},
+                              {.fd = kick_fd, .events = POLLIN}};
+        int r = poll(p, 3, wait_ms);
         if (r < 0 && errno != EINTR)
             return -errno;
         if (r > 0 && hangup_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             ready = cq_ready(h);
             return ready ? (int)ready : -ENOTCONN; /* the daemon closed its end: gone */
         }
-        if (r > 0 && p[0].revents) {
+        if (r > 0 && (p[0].revents || p[2].revents)) {
             uint64_t v;
-            if (read(completion_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            if (p[0].revents && read(completion_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                return -errno;
+            if (p[2].revents && read(kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                 return -errno;
             /* kicked: what is ready, or 0 when another waiter took it (look again) */
             ready = cq_ready(h);
@@ -157,7 +161,7 @@ static int wait_asleep(sde_ring_hdr *h, int completion_fd, int hangup_fd, uint64
     }
 }
 
-int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
+int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, int kick_fd, uint64_t spin_ns,
                 uint64_t timeout_ns)
 {
     sde_ring_hdr *h = mem;
@@ -182,7 +186,7 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, uint64_t spin_ns,
      * event loop's arming, a thread's wait) is never taken away */
     __atomic_fetch_add(&h->cq_waiters, 1, __ATOMIC_SEQ_CST);
     FENCE(); /* pairs with the daemon's fence after posting */
-    int r = wait_asleep(h, completion_fd, hangup_fd, start, timeout_ns);
+    int r = wait_asleep(h, completion_fd, hangup_fd, kick_fd, start, timeout_ns);
     __atomic_fetch_sub(&h->cq_waiters, 1, __ATOMIC_SEQ_CST);
     return r;
 }

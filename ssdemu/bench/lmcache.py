@@ -42,7 +42,8 @@ def bench_lmcache(chunks: int = 16, where: str | None = None, quant: str = "none
                           extra=["--timing", "off"], log_path=os.path.join(base, "d.log"))
         try:
             # -I: not the script's folder on sys.path (ssdemu/bench/queue.py would shadow queue)
-            p = subprocess.run([str(py), "-I", str(ROOT / "bench" / "lmcache_run.py"),
+            p = subprocess.run([str(py), "-I", str(pathlib.Path(__file__).with_name(
+                                    "lmcache_run.py")),
                                 d.socket_path,
                                 disk, str(chunks), quant], capture_output=True, text=True,
                                timeout=1800, cwd=base,
@@ -60,19 +61,29 @@ def bench_lmcache(chunks: int = 16, where: str | None = None, quant: str = "none
         shutil.rmtree(base, ignore_errors=True)
     out["filesystem_dir"] = where or "/var/tmp"
     out["timing"] = "off"
-    for op in ("store", "retrieve"):
-        out[f"{op}_ratio"] = out["plugin"][f"{op}_MBps"] / out["local_disk"][f"{op}_MBps"]
+    plugin, disk = out["plugin"], out["local_disk"]
+    out["store_ratio"] = plugin["store_MBps"] / disk["store_MBps"]
+    # against LocalDisk warm (its page cache: memory) and cold (its disk)
+    for op in ("retrieve", "retrieve_concurrent"):
+        out[f"{op}_ratio_warm"] = plugin[f"{op}_MBps"] / disk[f"{op}_MBps"]
+        out[f"{op}_ratio_cold"] = plugin[f"{op}_MBps"] / disk[f"{op}_cold_MBps"]
     return out
 
 
 def format_table(r: dict) -> str:
     rows = [f"LMCache, {r['chunks']} chunks of {r['chunk_bytes'] >> 20} MiB (Llama-3-8B, 256 "
             f"tokens), quant {r['quant']}, on {r['filesystem_dir']}",
-            f"{'backend':<12}{'store MB/s':>12}{'retrieve MB/s':>15}{'bit-exact':>11}"]
-    for name in ("plugin", "local_disk"):
-        b = r[name]
-        rows.append(f"{name:<12}{b['store_MBps']:>12.0f}{b['retrieve_MBps']:>15.0f}"
-                    f"{str(b['bit_exact']):>11}")
-    rows.append(f"plugin / local disk: store {r['store_ratio']:.2f}x, retrieve "
-                f"{r['retrieve_ratio']:.2f}x")
+            f"{'backend':<16}{'store MB/s':>12}{'retrieve MB/s':>15}"
+            f"{'all at once MB/s':>18}{'bit-exact':>11}"]
+    p, d = r["plugin"], r["local_disk"]
+    rows.append(f"{'plugin':<16}{p['store_MBps']:>12.0f}{p['retrieve_MBps']:>15.0f}"
+                f"{p['retrieve_concurrent_MBps']:>18.0f}{str(p['bit_exact']):>11}")
+    rows.append(f"{'local disk warm':<16}{d['store_MBps']:>12.0f}{d['retrieve_MBps']:>15.0f}"
+                f"{d['retrieve_concurrent_MBps']:>18.0f}{str(d['bit_exact']):>11}")
+    rows.append(f"{'local disk cold':<16}{'':>12}{d['retrieve_cold_MBps']:>15.0f}"
+                f"{d['retrieve_concurrent_cold_MBps']:>18.0f}")
+    rows.append(f"plugin / local disk: store {r['store_ratio']:.2f}x; retrieve "
+                f"{r['retrieve_ratio_warm']:.2f}x warm, {r['retrieve_ratio_cold']:.2f}x cold; "
+                f"all at once {r['retrieve_concurrent_ratio_warm']:.2f}x warm, "
+                f"{r['retrieve_concurrent_ratio_cold']:.2f}x cold")
     return "\n".join(rows)

@@ -3,9 +3,15 @@ ssdemu/bench/lmcache.py: Llama-3-8B-shaped chunks (256 tokens x 32 layers x 8 KV
 32 MiB each) stored into and retrieved from two LMCache storage backends through the same
 StorageBackendInterface calls, in one run: the ssdemu plug-in (hostlib.lmcache, a
 RemoteBackend) and LMCache's own LocalDiskBackend on the same filesystem as the drive's
-media file.  Prints one JSON object."""
+media file.  Retrieves both ways LMCache makes them: one chunk at a time (get_blocking) and
+every chunk at once (batched_get_blocking: the plug-in's batched_get runs them concurrently
+on LMCache's loop, as a vLLM connector's retrieve of a whole prefix does).  LocalDisk twice:
+with its files in the page cache (warm: memory speed, not the disk's) and with them dropped
+from it (cold, POSIX_FADV_DONTNEED per file: what a disk gives; the drive's media is opened
+O_DIRECT, always cold).  Prints one JSON object."""
 
 import json
+import os
 import sys
 import time
 
@@ -54,22 +60,50 @@ def wait_stored(backend, keys, timeout=600.0) -> None:
     raise TimeoutError("the backend did not finish storing")
 
 
-def measure(name, backend, cpu, keys, objs) -> dict:
+def drop_page_cache(folder: str) -> None:
+    """LocalDisk's files out of the page cache (written back first)."""
+    for root, _dirs, files in os.walk(folder):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def retrieve(backend, keys, objs, batched: bool) -> tuple[float, bool]:
     t0 = time.perf_counter()
-    backend.batched_submit_put_task(keys, objs)
-    wait_stored(backend, keys)
-    store_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    got = [backend.get_blocking(k) for k in keys]
-    retrieve_s = time.perf_counter() - t0
+    got = backend.batched_get_blocking(keys) if batched else \
+        [backend.get_blocking(k) for k in keys]
+    seconds = time.perf_counter() - t0
     exact = all(g is not None and torch.equal(g.tensor, o.tensor)
                 for g, o in zip(got, objs, strict=True))
     for g in got:
         if g is not None:
             g.ref_count_down()
+    return seconds, exact
+
+
+def measure(name, backend, cpu, keys, objs, cold_dir: str | None = None) -> dict:
+    t0 = time.perf_counter()
+    backend.batched_submit_put_task(keys, objs)
+    wait_stored(backend, keys)
+    store_s = time.perf_counter() - t0
     mb = len(keys) * CHUNK_BYTES / 1e6
-    return {"store_MBps": mb / store_s, "retrieve_MBps": mb / retrieve_s,
-            "store_s": store_s, "retrieve_s": retrieve_s, "bit_exact": exact}
+    out = {"store_MBps": mb / store_s, "store_s": store_s}
+    exact = True
+    for batched, tag in ((False, "retrieve"), (True, "retrieve_concurrent")):
+        s, ok = retrieve(backend, keys, objs, batched)
+        out[f"{tag}_MBps"], out[f"{tag}_s"] = mb / s, s
+        exact = exact and ok
+        if cold_dir is not None:
+            drop_page_cache(cold_dir)
+            s, ok = retrieve(backend, keys, objs, batched)
+            out[f"{tag}_cold_MBps"], out[f"{tag}_cold_s"] = mb / s, s
+            exact = exact and ok
+    out["bit_exact"] = exact
+    return out
 
 
 def main() -> None:
@@ -88,7 +122,8 @@ def main() -> None:
             m = cpu.allocate(SHAPE, torch.float16, MemoryFormat.KV_2LTD)
             m.tensor.copy_(torch.randn(SHAPE, dtype=torch.float16))
             objs.append(m)
-        out[name] = measure(name, backend, cpu, keys, objs)
+        out[name] = measure(name, backend, cpu, keys, objs,
+                            cold_dir=DISK_DIR if name == "local_disk" else None)
         for m in objs:
             m.ref_count_down()
     if QUANT != "none":
