@@ -1,0 +1,175 @@
+"""hostlib.mlperf_kv, the MLPerf Storage KV-cache benchmark's NVMe tier on a drive, driven the
+way the benchmark drives its tier (kv_cache/backends.py and kv_cache/cache.py in
+mlcommons/storage, as their source documents them): entries made as its generator makes them
+(float16 arrays of layers x 2 x tokens x kv_heads x head_dim), written and read from many
+user threads at once, demoted from its CPU tier as bytes, deleted by eviction, cleared.  No
+code of the benchmark is fetched or copied: a stand-in `kv_cache` package checks how
+`install` and the launcher hook in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import hostlib
+from hostlib.mlperf_kv import SsdemuBackend
+from ssdemu.tools.daemon_process import DaemonProcess
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:768M")
+    yield d
+    assert d.terminate()[0] == 0
+
+
+def _entry(rng, tokens: int, layers: int = 4, kv_heads: int = 2, dim: int = 64) -> np.ndarray:
+    return rng.uniform(-1, 1, (layers, 2, tokens, kv_heads, dim)).astype(np.float16)
+
+
+def test_entries_from_many_threads_read_back_bit_exact(daemon):
+    """8 user threads, each writing and reading its entries (sizes from one token to 3 MiB)
+    while the others do; every read's CRC is the written bytes' CRC; timings add up."""
+    tier = SsdemuBackend(daemon.socket_path, queue_pairs=3)
+    errors = []
+
+    def user(u: int) -> None:
+        rng = np.random.default_rng(u)
+        try:
+            for i in range(12):
+                key = f"conv_user{u}_turn_{i}"
+                data = _entry(rng, int(rng.integers(1, 1536)))
+                t = tier.write(key, data)
+                assert t.total >= t.device >= 0 and t.total >= t.host >= 0
+                got, t = tier.read(key)
+                assert len(got) == data.nbytes
+                assert zlib.crc32(got) == zlib.crc32(data.tobytes()), key
+                assert t.total >= t.device >= 0 and t.total >= t.host >= 0
+        except Exception as e:  # reported below, with its thread
+            errors.append((u, repr(e)))
+
+    threads = [threading.Thread(target=user, args=(u,)) for u in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(tier.metadata) == 96
+    tier.close()
+
+
+def test_demotion_eviction_and_clear(daemon):
+    """As the tiered cache moves an entry: the CPU tier's bytes written here (a demotion), a
+    rewrite with other bytes, an eviction (delete), a key never written (KeyError), clear
+    (every entry gone from the drive too)."""
+    tier = SsdemuBackend(daemon.socket_path)
+    rng = np.random.default_rng(1)
+    data = _entry(rng, 100)
+    tier.write("user7_ctx", bytes(data))  # the CPU tier keeps bytes
+    assert bytes(tier.read("user7_ctx")[0]) == data.tobytes()
+    other = _entry(rng, 30)
+    tier.write("user7_ctx", other)
+    assert bytes(tier.read("user7_ctx")[0]) == other.tobytes()
+    tier.delete("user7_ctx")
+    with pytest.raises(KeyError):
+        tier.read("user7_ctx")
+    with pytest.raises(KeyError):
+        tier.read("never_written")
+    tier.delete("never_written")  # as the file tier: nothing to do
+    for i in range(5):
+        tier.write(f"k{i}", _entry(rng, 10))
+    tier.clear()
+    assert tier.metadata == {}
+    assert tier.dev.kv_list(nsid=tier.nsid) == []
+    with pytest.raises(ValueError):
+        tier.write("empty", b"")
+    tier.close()
+
+
+def test_an_entry_larger_than_the_drives_largest_value(daemon):
+    """An entry of 2.5 parts (the drive's max_value_bytes each) reads back whole; rewritten
+    shorter, its old parts go from the drive; close deletes the tier's namespace."""
+    tier = SsdemuBackend(daemon.socket_path)
+    n = tier.max_value * 5 // 2
+    data = np.random.default_rng(2).integers(0, 256, n, dtype=np.uint8)
+    tier.write("rag_doc", data)
+    assert len(tier.dev.kv_list(nsid=tier.nsid)) == 3
+    got, _ = tier.read("rag_doc")
+    assert np.array_equal(np.frombuffer(got, np.uint8), data)
+    tier.write("rag_doc", data[:1000])
+    assert len(tier.dev.kv_list(nsid=tier.nsid)) == 1
+    assert bytes(tier.read("rag_doc")[0]) == data[:1000].tobytes()
+    nsid = tier.nsid
+    tier.close()
+    with hostlib.connect(daemon.socket_path) as dev:
+        assert nsid not in [x["nsid"] for x in dev.namespaces()]
+
+
+_STAND_IN = {
+    "kv_cache/__init__.py": "",
+    "kv_cache/backends.py": """
+        from dataclasses import dataclass
+
+        class StorageBackend:
+            @dataclass
+            class IOTiming:
+                total: float
+                device: float
+                host: float
+
+        class NVMeBackend(StorageBackend):
+            def __init__(self, base_path=None):
+                raise AssertionError("the file tier was built, not the drive's")
+        """,
+    "kv_cache/cache.py": """
+        from kv_cache.backends import NVMeBackend
+
+        class MultiTierCache:
+            def __init__(self, cache_dir=None):
+                self.backends = {"nvme": NVMeBackend(base_path=cache_dir)}
+        """,
+    "kv_cache/cli.py": """
+        import sys
+        import numpy as np
+        from kv_cache.backends import StorageBackend
+        from kv_cache.cache import MultiTierCache
+
+        def main():
+            tier = MultiTierCache(cache_dir="/nonexistent").backends["nvme"]
+            data = np.arange(50000, dtype=np.float16)
+            t = tier.write("k", data)
+            got, t2 = tier.read("k")
+            assert bytes(got) == data.tobytes()
+            assert isinstance(t, StorageBackend.IOTiming), type(t)
+            print("ran with", type(tier).__name__, sys.argv[1:])
+        """,
+}
+
+
+def test_install_and_the_launcher_put_the_tier_in_the_benchmarks_cache(daemon, tmp_path):
+    """`python -m hostlib.mlperf_kv --socket S -- ARGS` against a stand-in kv_cache package
+    that builds its NVMe tier as the benchmark's MultiTierCache does: the drive's tier is
+    built, returns the benchmark's own IOTiming, and the benchmark gets ARGS; without the
+    package, one line and exit 2."""
+    for path, text in _STAND_IN.items():
+        f = tmp_path / "pkg" / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(textwrap.dedent(text))
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'pkg'}:{os.getcwd()}")
+    p = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
+                        daemon.socket_path, "--", "--model", "tiny-1b"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "ran with SsdemuBackend ['--model', 'tiny-1b']" in p.stdout
+    bare = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
+                           daemon.socket_path], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert bare.returncode == 2
+    assert bare.stderr.strip().count("\n") == 0 and "kv_cache" in bare.stderr
