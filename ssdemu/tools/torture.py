@@ -270,7 +270,7 @@ def fuzz(t: Tally, rng: random.Random, sock: str, seconds: float) -> None:
                 if n < 0:
                     raise hostlib.DeviceGoneError("the fuzzed queue died")
                 t.fuzzed_sqes += n
-                lib.sde_cq_wait(qp.mem, qp.completion_fd, qp.hangup_fd, 0, 2_000_000)
+                lib.sde_cq_wait(qp.mem, qp.completion_fd, qp.hangup_fd, qp.kick_fd, 0, 2_000_000)
                 lib.sde_cq_reap(qp.mem, cqes, entries)
         finally:
             stop.set()

@@ -19,33 +19,14 @@ import threading
 import time
 
 import torch
+from cpu_connector import CPUConnector  # beside this script
 from lmcache.v1.cache_engine import LMCacheEngineBuilder
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.gpu_connector import GPUConnectorInterface
 from lmcache.v1.metadata import LMCacheMetadata
 
 SOCK = sys.argv[1]
 SEQS, CHUNKS, THREADS, CANCELS = (int(x) for x in sys.argv[2:6])
 LAYERS, HEADS, DIM, CHUNK = 4, 4, 64, 64
-
-
-class CPUConnector(GPUConnectorInterface):
-    def from_gpu(self, memory_obj, start, end, **kw):
-        memory_obj.tensor.copy_(kw["kvcaches"][:, :, start:end, :])
-
-    def to_gpu(self, memory_obj, start, end, **kw):
-        kw["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor)
-
-    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(m, s, e, **kw)
-
-    def batched_to_gpu(self, memory_objs, starts, ends, **kw):
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(m, s, e, **kw)
-
-    def get_shape(self, num_tokens):
-        return torch.Size([2, LAYERS, num_tokens, HEADS * DIM])
 
 
 def engine(name: str, cpu_gib: float):
@@ -61,7 +42,8 @@ def engine(name: str, cpu_gib: float):
     md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
                          local_worker_id=0, kv_dtype=torch.float16,
                          kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
-    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(), None, None)
+    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(LAYERS, HEADS * DIM),
+                                           None, None)
     e.post_init()
     return e
 

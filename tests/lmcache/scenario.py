@@ -7,35 +7,13 @@ import sys
 import time
 
 import torch
+from cpu_connector import CPUConnector  # beside this script
 from lmcache.v1.cache_engine import LMCacheEngineBuilder
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.gpu_connector import GPUConnectorInterface
 from lmcache.v1.metadata import LMCacheMetadata
 
 SOCK, QUANT = sys.argv[1], sys.argv[2]
 LAYERS, HEADS, DIM, CHUNK = 4, 2, 64, 16
-
-
-class CPUConnector(GPUConnectorInterface):
-    """The serving engine's side, on the CPU: its KV is [2, layers, tokens, heads * dim]
-    (LMCache's KV_2LTD), copied into and out of LMCache's memory objects."""
-
-    def from_gpu(self, memory_obj, start, end, **kw):
-        memory_obj.tensor.copy_(kw["kvcaches"][:, :, start:end, :])
-
-    def to_gpu(self, memory_obj, start, end, **kw):
-        kw["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor)
-
-    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(m, s, e, **kw)
-
-    def batched_to_gpu(self, memory_objs, starts, ends, **kw):
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(m, s, e, **kw)
-
-    def get_shape(self, num_tokens):
-        return torch.Size([2, LAYERS, num_tokens, HEADS * DIM])
 
 
 def engine(name: str):
@@ -52,7 +30,8 @@ def engine(name: str):
     md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
                          local_worker_id=0, kv_dtype=torch.float16,
                          kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
-    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(), None, None)
+    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(LAYERS, HEADS * DIM),
+                                           None, None)
     e.post_init()
     return e
 
