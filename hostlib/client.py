@@ -591,7 +591,14 @@ class Device:
             off, view = got
             return ({"buf": qp.bounce_handle, "buf_offset": off, "length": nbytes}, view,
                     True, None)
-        tmp = self.staging_take(nbytes)
+        try:
+            tmp = self.staging_take(nbytes)
+        except ConnectError:  # the uid's buffer quota: wait for the bounce if it can hold it
+            if nbytes > qp.bounce.nbytes:
+                raise
+            off, view = qp.bounce_take(nbytes)
+            return ({"buf": qp.bounce_handle, "buf_offset": off, "length": nbytes}, view,
+                    True, None)
         handle, off = self._locate(tmp)
         return {"buf": handle, "buf_offset": off, "length": nbytes}, tmp, False, tmp
 

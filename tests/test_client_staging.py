@@ -127,3 +127,23 @@ def test_bench_kv_reports_plain_against_registered(tmp_path):
             assert x["ratio_registered"] == pytest.approx(
                 x["plain_bytes_per_s"] / x["registered_bytes_per_s"])
     assert r["bytes_copied_per_kv_put"] == 0 and r["bytes_copied_per_kv_get"] == 0
+
+
+def test_past_the_buffer_quota_values_wait_for_the_bounce(tmp_path):
+    """A uid allowed 3 buffers (its bounce and two staging buffers): 16 x 1 MiB puts and gets
+    in flight still all complete, the ones with no staging buffer to be had waiting for the
+    bounce's shares instead of failing."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:256M",
+                      extra=["--max-buffers-per-uid", "3"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            vals = [np.full(1 << 20, i, np.uint8) for i in range(16)]
+            for f in [dev.kv_put_async(b"q%d" % i, v) for i, v in enumerate(vals)]:
+                f.result()
+            outs = [np.zeros(1 << 20, np.uint8) for _ in range(16)]
+            for f in [dev.kv_get_async(b"q%d" % i, o) for i, o in enumerate(outs)]:
+                assert f.result() == 1 << 20
+            assert all((o == i).all() for i, o in enumerate(outs))
+            assert len(dev._buffers) <= 3
+    finally:
+        assert d.terminate()[0] == 0
