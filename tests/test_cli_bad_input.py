@@ -74,7 +74,8 @@ def test_bad_serve_owner_and_quota_values(tmp_path):
             (["--admin-key", str(loose)], 1, "open to others (mode 0644): chmod 600"),
             (["--max-namespace-bytes-per-uid", "0"], 2, "a size above 0"),
             (["--max-buffer-bytes-per-uid", "-1M"], 2, "--max-buffer-bytes-per-uid"),
-            (["--max-queue-pairs-per-uid", "0"], 2, "--max-queue-pairs-per-uid")):
+            (["--max-queue-pairs-per-uid", "0"], 2, "--max-queue-pairs-per-uid"),
+            (["--max-pins-per-uid", "-3"], 2, "--max-pins-per-uid")):
         p = _run("serve", "--media", f"file:{img}:32M", "--socket", str(tmp_path / "s"),
                  *args)
         assert p.returncode == code and says in p.stderr, (args, p.stderr)
