@@ -1,11 +1,17 @@
-"""The serving engine's side of the LMCache scripts, on the CPU: its KV is [2, layers, tokens,
-heads * dim] (LMCache's KV_2LTD), copied into and out of LMCache's memory objects."""
+"""What the LMCache scripts share: the serving engine's side on the CPU, and an LMCache engine
+configured only through LMCache's own config with hostlib.lmcache as its storage plug-in."""
 
 import torch
+from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.gpu_connector import GPUConnectorInterface
+from lmcache.v1.metadata import LMCacheMetadata
 
 
 class CPUConnector(GPUConnectorInterface):
+    """The engine's KV is [2, layers, tokens, heads * dim] (LMCache's KV_2LTD), copied into
+    and out of LMCache's memory objects."""
+
     def __init__(self, layers: int, hidden: int):
         self.layers, self.hidden = layers, hidden
 
@@ -25,3 +31,32 @@ class CPUConnector(GPUConnectorInterface):
 
     def get_shape(self, num_tokens):
         return torch.Size([2, self.layers, num_tokens, self.hidden])
+
+
+def engine(name: str, sock: str, *, layers: int, heads: int, dim: int, chunk: int,
+           cpu_gib: float, quant: str = "none", **more):
+    """An engine of a tiny fp16 model whose chunks the drive keeps (`more`: other LMCache
+    settings, e.g. blocking_timeout_secs)."""
+    cfg = LMCacheEngineConfig.from_dict({
+        "chunk_size": chunk, "local_cpu": True, "max_local_cpu_size": cpu_gib,
+        "remote_storage_plugins": ["ssdemu"], **more,
+        "extra_config": {
+            "remote_storage_plugin.ssdemu.module_path": "hostlib.lmcache",
+            "remote_storage_plugin.ssdemu.class_name": "SsdemuConnectorAdapter",
+            "remote_storage_plugin.ssdemu.socket": sock,
+            "remote_storage_plugin.ssdemu.quant": quant,
+            "remote_storage_plugin.ssdemu.queue_pairs": 2,
+        }})
+    md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
+                         local_worker_id=0, kv_dtype=torch.float16,
+                         kv_shape=(layers, 2, chunk, heads, dim))
+    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(layers, heads * dim),
+                                           None, None)
+    e.post_init()
+    return e
+
+
+def remote(e):
+    """The engine's RemoteBackend (the plug-in)."""
+    return next(b for n, b in e.storage_manager.get_active_storage_backends()
+                if n.startswith("RemoteBackend"))

@@ -19,10 +19,9 @@ import threading
 import time
 
 import torch
-from cpu_connector import CPUConnector  # beside this script
+from engines import engine as _engine  # beside this script
+from engines import remote
 from lmcache.v1.cache_engine import LMCacheEngineBuilder
-from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.metadata import LMCacheMetadata
 
 SOCK = sys.argv[1]
 SEQS, CHUNKS, THREADS, CANCELS = (int(x) for x in sys.argv[2:6])
@@ -30,27 +29,9 @@ LAYERS, HEADS, DIM, CHUNK = 4, 4, 64, 64
 
 
 def engine(name: str, cpu_gib: float):
-    cfg = LMCacheEngineConfig.from_dict({
-        "chunk_size": CHUNK, "local_cpu": True, "max_local_cpu_size": cpu_gib,
-        "remote_storage_plugins": ["ssdemu"], "blocking_timeout_secs": 10,
-        "extra_config": {
-            "remote_storage_plugin.ssdemu.module_path": "hostlib.lmcache",
-            "remote_storage_plugin.ssdemu.class_name": "SsdemuConnectorAdapter",
-            "remote_storage_plugin.ssdemu.socket": SOCK,
-            "remote_storage_plugin.ssdemu.queue_pairs": 2,
-        }})
-    md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
-                         local_worker_id=0, kv_dtype=torch.float16,
-                         kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
-    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(LAYERS, HEADS * DIM),
-                                           None, None)
-    e.post_init()
-    return e
+    return _engine(name, SOCK, layers=LAYERS, heads=HEADS, dim=DIM, chunk=CHUNK,
+                   cpu_gib=cpu_gib, blocking_timeout_secs=10)
 
-
-def remote(e):
-    return next(b for n, b in e.storage_manager.get_active_storage_backends()
-                if n.startswith("RemoteBackend"))
 
 
 def cpu_objects(reader) -> list:
@@ -156,11 +137,10 @@ for i in range(CANCELS):
         cancelled += 1
     elif r is not None:
         r.ref_count_down()
-time.sleep(0.5)  # let cancelled commands complete and give their buffers back
 rounds_mbps.append(concurrent_round("after-cancels"))
 
-# a get whose command the drive holds 300 ms (a latency rule on the plug-in's data
-# namespace), cancelled after 20 ms: its staging buffer stays out of the pool until the
+# a get whose command the drive holds 2 s (a latency rule on the plug-in's data namespace),
+# cancelled once it has taken its staging buffer: the buffer stays out of the pool until the
 # command completes (the drive may still be writing into it), then goes back
 import hostlib  # noqa: E402
 
@@ -169,20 +149,27 @@ conn = b.connection.getWrappedConnector()
 s = 0
 key = list(readers[0].token_database.process_tokens(tokens[s]))[0][2]
 with hostlib.connect(SOCK) as admin:
-    rule = admin.inject_fault("latency", nsid=conn.data_ns, latency_us=300_000,
+    rule = admin.inject_fault("latency", nsid=conn.data_ns, latency_us=2_000_000,
                               directions="read")
-    pools = [d.dev._staging for d in conn._aio]
-    before = sum(len(p) for p in pools)
+
+    def pooled() -> int:
+        return sum(len(d.dev._staging) for d in conn._aio)
+
+    def until(cond, what: str) -> None:
+        end = time.monotonic() + 30
+        while not cond():
+            if time.monotonic() > end:
+                raise TimeoutError(what)
+            time.sleep(0.001)
+
+    before = pooled()  # the earlier rounds left buffers in both connections' pools
     task = asyncio.run_coroutine_threadsafe(start(b, key), b.loop).result(10)
-    time.sleep(0.02)
+    until(lambda: pooled() < before, "the get never took a staging buffer")
     b.loop.call_soon_threadsafe(task.cancel)
     held_result = asyncio.run_coroutine_threadsafe(settle(task), b.loop).result(10)
-    time.sleep(0.05)
-    pools = [d.dev._staging for d in conn._aio]
-    during = sum(len(p) for p in pools)
-    time.sleep(0.6)
-    pools = [d.dev._staging for d in conn._aio]
-    after = sum(len(p) for p in pools)
+    during = pooled()  # cancelled, the command still held by the drive
+    until(lambda: pooled() > during, "the buffer never came back")
+    after = pooled()
     admin.clear_faults(rule)
 out["held_cancel"] = {"result": held_result if isinstance(held_result, str) else "object",
                       "pool_before": before, "pool_during": during, "pool_after": after}

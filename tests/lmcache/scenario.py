@@ -7,38 +7,18 @@ import sys
 import time
 
 import torch
-from cpu_connector import CPUConnector  # beside this script
+from engines import engine as _engine  # beside this script
+from engines import remote
 from lmcache.v1.cache_engine import LMCacheEngineBuilder
-from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.metadata import LMCacheMetadata
 
 SOCK, QUANT = sys.argv[1], sys.argv[2]
 LAYERS, HEADS, DIM, CHUNK = 4, 2, 64, 16
 
 
 def engine(name: str):
-    cfg = LMCacheEngineConfig.from_dict({
-        "chunk_size": CHUNK, "local_cpu": True, "max_local_cpu_size": 0.1,
-        "remote_storage_plugins": ["ssdemu"],
-        "extra_config": {
-            "remote_storage_plugin.ssdemu.module_path": "hostlib.lmcache",
-            "remote_storage_plugin.ssdemu.class_name": "SsdemuConnectorAdapter",
-            "remote_storage_plugin.ssdemu.socket": SOCK,
-            "remote_storage_plugin.ssdemu.quant": QUANT,
-            "remote_storage_plugin.ssdemu.queue_pairs": 2,
-        }})
-    md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
-                         local_worker_id=0, kv_dtype=torch.float16,
-                         kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
-    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, CPUConnector(LAYERS, HEADS * DIM),
-                                           None, None)
-    e.post_init()
-    return e
+    return _engine(name, SOCK, layers=LAYERS, heads=HEADS, dim=DIM, chunk=CHUNK,
+                   cpu_gib=0.1, quant=QUANT)
 
-
-def remote(e):
-    return next(b for n, b in e.storage_manager.get_active_storage_backends()
-                if n.startswith("RemoteBackend"))
 
 
 torch.manual_seed(0)
