@@ -17,6 +17,11 @@ head of the group needs is needed).  Sums run in float64 over channels in order 
 two float32 are exact in float64), so the scores, and the pages chosen, are the same bits as
 the numpy reference that sums in the same order (tests/retrieval_ref.py).
 
+The re-rank's candidates come half from Quest's bound and half from a channel-selective
+score (Quest's sum over the channels where the query weighs most against the keys' usual
+page range; `selective_scores`): a bound alone lets outlier channels hide a page that holds
+one key turned towards the query.
+
 Selection is by score, ties to the lower page id; `sink_pages` first and `recent_pages` last
 pages are never candidates (the caller always keeps them: attention sinks and the window of
 recent tokens, as Quest keeps the current page).
@@ -123,6 +128,87 @@ def quest_scores(queries, mins, maxs, scores):
             scores[h, p] = np.float32(best)
 
 
+# the channel-selective score keeps a quarter of the channels (SELECT_DIVISOR: 32 of 128)
+SELECT_DIVISOR = 4
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def select_channels(head_dim):
+    return max(1, head_dim // SELECT_DIVISOR)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def channel_spread(mins, maxs, spread):
+    """spread (H, D) float32: per KV head and channel the mean over pages of max - min (in
+    float64, pages in order): how wide a page's range in that channel usually is."""
+    H, P, D = mins.shape
+    for h in range(H):
+        for d in range(D):
+            s = 0.0
+            for p in range(P):
+                s += np.float64(maxs[h, p, d]) - np.float64(mins[h, p, d])
+            spread[h, d] = np.float32(s / P) if P > 0 else np.float32(0.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _channel_order(q, spread_row, r, chosen):
+    """The r channels with the largest |q_c| / spread_c (a zero spread: infinite if q_c is
+    not 0), ties to the lower channel, into chosen in ascending channel order."""
+    D = q.shape[0]
+    w = np.empty(D, np.float32)
+    ids = np.arange(D)
+    for d in range(D):
+        a = abs(np.float64(q[d]))
+        s = np.float64(spread_row[d])
+        w[d] = np.float32(a / s) if s > 0 else (np.float32(np.inf) if a > 0 else 0.0)
+    top = np.empty(r, np.int64)
+    ws = np.empty(r, np.float32)
+    select_top(w, ids, D, r, top, ws)
+    chosen[:] = np.sort(top)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def selective_scores(queries, mins, maxs, spread, r, scores, bound):
+    """scores (H, P): per KV head the largest over its query group of Quest's sum restricted
+    to the r channels where the query weighs most against the keys' usual page range
+    (|q_c| / spread_c); bound (H, P): Quest's score (quest_scores's, the same bits), from the
+    same pass over the summaries.  The selective score is not an upper bound: it ranks the
+    re-rank's candidates.  A channel whose keys range widely in every page (an outlier
+    channel: 10x the others' magnitude in KIVI's and KVQuant's keys) adds about as much to
+    every page's bound and buries a page that holds one key turned towards the query; the
+    channels kept are where such a key stands out of its page's range (SparQ Attention,
+    Ribar et al. 2024, scores on the query's largest components; here weighed by the keys'
+    spread, which the summaries give)."""
+    H, P, D = mins.shape
+    group = queries.shape[0] // H
+    chosen = np.empty(r, np.int64)
+    keep = np.zeros(D, np.bool_)
+    for h in range(H):
+        for p in range(P):
+            scores[h, p] = -np.inf
+            bound[h, p] = -np.inf
+        for g in range(group):
+            q = queries[h * group + g]
+            _channel_order(q, spread[h], r, chosen)
+            keep[:] = False
+            for j in range(r):
+                keep[chosen[j]] = True
+            for p in range(P):
+                s = 0.0
+                sel = 0.0
+                for d in range(D):  # both sums in channel order
+                    a = np.float64(q[d]) * np.float64(mins[h, p, d])
+                    b = np.float64(q[d]) * np.float64(maxs[h, p, d])
+                    t = a if a > b else b
+                    s += t
+                    if keep[d]:
+                        sel += t
+                if np.float32(sel) > scores[h, p]:
+                    scores[h, p] = np.float32(sel)
+                if np.float32(s) > bound[h, p]:
+                    bound[h, p] = np.float32(s)
+
+
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _better(sa, ia, sb, ib):
     """Is (score a, page a) ranked before (score b, page b)?"""
@@ -204,6 +290,44 @@ def topk_pages(scores, k, sink_pages, recent_pages, out_ids, out_scores):
         got = select_top(scores[h, lo:hi_], ids, n, k, tmp_ids, out_scores[h])
         _emit(tmp_ids, got, out_ids[h], out_scores[h])
     return got
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rerank_candidates(bound_scores, select_scores, c, sink_pages, recent_pages, out_ids):
+    """The re-rank's c candidates per KV head (out_ids (H, c), -1 past them): the c - c // 2
+    best pages by Quest's bound, then the best by the channel-selective score that are not
+    among them, until c.  Both rankings as topk_pages's (ties to the lower page id)."""
+    H, P = bound_scores.shape
+    a_ids = np.empty((H, c), np.int32)
+    a_sc = np.empty((H, c), np.float32)
+    b_ids = np.empty((H, c), np.int32)
+    b_sc = np.empty((H, c), np.float32)
+    nb = c - c // 2
+    topk_pages(bound_scores, c, sink_pages, recent_pages, a_ids, a_sc)
+    topk_pages(select_scores, c, sink_pages, recent_pages, b_ids, b_sc)
+    seen = np.zeros(P, np.bool_)
+    for h in range(H):
+        seen[:] = False
+        n = 0
+        for j in range(nb):
+            p = a_ids[h, j]
+            if p < 0:
+                break
+            seen[p] = True
+            out_ids[h, n] = p
+            n += 1
+        for j in range(c):
+            if n == c:
+                break
+            p = b_ids[h, j]
+            if p < 0:
+                break
+            if not seen[p]:
+                seen[p] = True
+                out_ids[h, n] = p
+                n += 1
+        for j in range(n, c):
+            out_ids[h, j] = -1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

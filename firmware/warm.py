@@ -201,6 +201,11 @@ def _warm_retrieval(rng) -> None:
     R.quest_scores(q, lo, hi, scores)
     ids, sc = np.empty((H, k), np.int32), np.empty((H, k), np.float32)
     R.topk_pages(scores, k, 0, 0, ids, sc)
+    spread = np.empty((H, D), np.float32)
+    R.channel_spread(lo, hi, spread)
+    sel = np.empty((H, P), np.float32)
+    R.selective_scores(q, lo, hi, spread, R.select_channels(D), sel, scores)
+    R.rerank_candidates(scores, sel, k, 0, 0, ids)
     R.rerank_pages(q, keys, page, ids, 1, ids[:, :1].copy(), sc[:, :1].copy())
     R.attend_pages(q, keys, keys, page, ids, np.empty((2 * H, D), np.float32),
                    np.empty(2 * H, np.float32))

@@ -109,3 +109,61 @@ def merge(o1, l1, o2, l2):
     """Flash-attention's merge of two partial attentions over disjoint key sets."""
     lse = np.logaddexp(l1, l2)
     return (np.exp(l1 - lse)[:, None] * o1 + np.exp(l2 - lse)[:, None] * o2), lse
+
+
+def channel_spread(mins, maxs):
+    """(H, D): per KV head and channel the mean over pages of max - min (float64 sum over
+    pages in order, then float32)."""
+    H, P, D = mins.shape
+    s = np.zeros((H, D))
+    for p in range(P):
+        s = s + (maxs[:, p].astype(np.float64) - mins[:, p].astype(np.float64))
+    return (s / P).astype(np.float32)
+
+
+def selected_channels(q, spread_row, r):
+    """The r channels of largest |q_c| / spread_c (zero spread: inf, or 0 for q_c = 0;
+    ties to the lower channel), ascending."""
+    a = np.abs(q.astype(np.float64))
+    s = spread_row.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(s > 0, a / np.where(s > 0, s, 1), np.where(a > 0, np.inf, 0.0))
+    with np.errstate(over="ignore"):  # as the kernel: past float32, inf
+        w = w.astype(np.float32).astype(np.float64)
+    order = np.lexsort((np.arange(len(q)), -w))[:r]
+    return np.sort(order)
+
+
+def selective_scores(queries, mins, maxs, spread, r):
+    H, P, D = mins.shape
+    group = queries.shape[0] // H
+    out = np.full((H, P), -np.inf, np.float32)
+    for h in range(H):
+        for g in range(group):
+            q = queries[h * group + g]
+            c = selected_channels(q, spread[h], r)
+            qq = q[c].astype(np.float64)
+            terms = np.maximum(qq * mins[h][:, c].astype(np.float64),
+                               qq * maxs[h][:, c].astype(np.float64))
+            s = np.zeros(P)
+            for j in range(len(c)):  # in channel order, as the kernel sums
+                s = s + terms[:, j]
+            out[h] = np.maximum(out[h], s.astype(np.float32))
+    return out
+
+
+def rerank_candidates(bound_scores, select_scores, c, sink_pages=0, recent_pages=0):
+    """c - c // 2 best by bound, then the best by the selective score not yet taken."""
+    a = topk_pages(bound_scores, c, sink_pages, recent_pages)
+    b = topk_pages(select_scores, c, sink_pages, recent_pages)
+    H = a.shape[0]
+    out = np.full((H, c), -1, np.int32)
+    for h in range(H):
+        row = [int(p) for p in a[h, :c - c // 2] if p >= 0]
+        for p in b[h]:
+            if len(row) == c or p < 0:
+                break
+            if int(p) not in row:
+                row.append(int(p))
+        out[h, :len(row)] = row
+    return out

@@ -116,14 +116,22 @@ def test_attend_equals_dense_attention_over_the_pages_and_merges_with_the_hosts(
     np.testing.assert_allclose(mlse, wlse, atol=1e-5)
 
 
-def test_rerank_keeps_the_candidates_holding_most_mass(dev):
+@pytest.mark.parametrize("int8", [False, True])
+def test_rerank_keeps_the_candidates_holding_most_mass(dev, int8):
+    """The candidates as the reference picks them (half by bound, half by the channel-
+    selective score), re-ranked by exact mass."""
     rng = np.random.default_rng(9)
     blocks = _blocks(rng, 2, 128, 1, 1, 32)
-    keys = _store(dev, "rr", blocks)
+    keys = _store(dev, f"rr{int(int8)}", blocks)
     K = _layer(blocks, 0, 0)
     q = rng.standard_normal((2, 32)).astype(np.float32)
-    cand, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=12)
-    ids, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=3, rerank=4)
+    ids, _ = dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=3, rerank=4, int8=int8)
+    mins, maxs = ref.page_bounds(K, PAGE)
+    if int8:
+        mins, maxs = ref.int8_to_bounds(*ref.bounds_to_int8(mins, maxs))
+    spread = ref.channel_spread(mins, maxs)
+    sel = ref.selective_scores(q, mins, maxs, spread, 32 // 4)
+    cand = ref.rerank_candidates(ref.quest_scores(q, mins, maxs), sel, 12, 1, 1)
     mass = ref.page_log_mass(q, K, PAGE)[0]
     want = sorted(cand[0], key=lambda p: (-mass[p], p))[:3]
     np.testing.assert_allclose(np.sort(mass[ids[0]]), np.sort(mass[want]), rtol=1e-5)

@@ -238,6 +238,7 @@ def test_retrieval_costs_use_the_mac_array_and_follow_the_shape(pages, heads, gr
         attend_cost,
         rerank_cost,
         score_cost,
+        selective_score_cost,
         summarize_cost,
         summary_bytes,
     )
@@ -245,6 +246,9 @@ def test_retrieval_costs_use_the_mac_array_and_follow_the_shape(pages, heads, gr
     assert sb == pages * heads * (2 * dim + 4 if int8 else 4 * dim)
     s = score_cost(pages, heads, group, dim, sb)
     assert s.mac_ops == 2 * pages * heads * group * dim and s.bytes >= sb
+    sel = selective_score_cost(pages, heads, group, dim, dim // 4)  # in the bound's pass:
+    assert sel.mac_ops == s.mac_ops // 4  # no summary byte read again: queries and scores
+    assert sel.bytes == heads * group * dim * 4 + pages * heads * 4
     a = attend_cost(16 * pages, heads, group, dim, 16 * pages * heads * dim * 4)
     assert a.mac_ops == 2 * 16 * pages * heads * group * dim
     assert rerank_cost(16 * pages, heads, group, dim, 1).mac_ops == a.mac_ops // 2

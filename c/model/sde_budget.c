@@ -68,8 +68,11 @@ sde_kernel_cost sde_cost_summarize(uint64_t tokens, uint32_t heads, uint32_t hea
 {
     uint64_t n = tokens * heads * head_dim;
     /* convert (16-bit elements), min, max per key element; int8: 6 per summary element
-     * (abs, max, divide, round, check, narrow) */
-    uint64_t ops = (element_bytes == 2 ? 3 : 2) * n + (int8 ? 3 * summary_bytes : 0);
+     * (abs, max, divide, round, check, narrow); each page's max - min per channel added to
+     * its head's running sum (the spread the channel-selective score weighs by): 2 per
+     * channel, summary_bytes / element_bytes for the min-max pairs */
+    uint64_t ops = (element_bytes == 2 ? 3 : 2) * n + (int8 ? 3 * summary_bytes : 0) +
+                   summary_bytes / (element_bytes ? element_bytes : 1);
     return (sde_kernel_cost){.vector_ops = ops, .bytes = n * element_bytes + summary_bytes};
 }
 
@@ -82,6 +85,23 @@ sde_kernel_cost sde_cost_score(uint64_t pages, uint32_t heads, uint32_t group,
     return (sde_kernel_cost){.mac_ops = 2 * pages * qh * head_dim,
                              .vector_ops = pages * qh + 2 * qh * head_dim,
                              .bytes = summary_bytes + qh * head_dim * 2 + pages * heads * 4};
+}
+
+sde_kernel_cost sde_cost_score_selective(uint64_t pages, uint32_t heads, uint32_t group,
+                                         uint32_t head_dim, uint32_t channels)
+{
+    /* what it adds to the bound's pass (firmware/retrieval.py computes both in one pass over
+     * the summaries, so no summary byte is read twice): per query head a ratio per channel
+     * against the spread the summaries keep (lanes) and a heap of `channels` on the cores;
+     * Quest's two dot products again over the chosen channels only (the operands already in
+     * the array); the scores written */
+    uint64_t qh = (uint64_t)heads * group;
+    double levels = channels > 1 ? ceil(log2((double)channels)) : 1;
+    return (sde_kernel_cost){
+        .ops = qh * (3 * (uint64_t)head_dim + (uint64_t)ceil(8 * channels * levels)),
+        .mac_ops = 2 * pages * qh * channels,
+        .vector_ops = qh * head_dim + pages * qh,
+        .bytes = qh * head_dim * 4 + pages * heads * 4};
 }
 
 sde_kernel_cost sde_cost_topk(uint64_t candidates, uint64_t k)

@@ -80,6 +80,10 @@ sde_kernel_cost sde_cost_summarize(uint64_t tokens, uint32_t heads, uint32_t hea
                                    uint32_t element_bytes, uint64_t summary_bytes, int int8);
 sde_kernel_cost sde_cost_score(uint64_t pages, uint32_t heads, uint32_t group,
                                uint32_t head_dim, uint64_t summary_bytes);
+/* The re-rank's channel-selective score: `channels` channels chosen per query head by the
+ * keys' spread (kept with the summaries), Quest's sum over them, in the bound's pass. */
+sde_kernel_cost sde_cost_score_selective(uint64_t pages, uint32_t heads, uint32_t group,
+                                         uint32_t head_dim, uint32_t channels);
 sde_kernel_cost sde_cost_topk(uint64_t candidates, uint64_t k);
 sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint32_t heads, uint32_t group,
                                 uint32_t head_dim, uint64_t key_bytes);

@@ -53,6 +53,7 @@ from ssdemu.sim.cost import (
     attend_cost,
     rerank_cost,
     score_cost,
+    selective_score_cost,
     summarize_cost,
     summary_bytes,
     topk_cost,
@@ -437,14 +438,30 @@ class Retrieval:
             R.bounds_to_int8(mins, maxs, cmin, cmax, sc)
             R.int8_to_bounds(cmin, cmax, sc, mins, maxs)
         scores = np.empty((H, P), np.float32)
-        R.quest_scores(req.queries, mins, maxs, scores)
-        timing.score(req, P)
         c = req.k * req.rerank
         ids = np.empty((H, c), np.int32)
         sco = np.empty((H, c), np.float32)
-        R.topk_pages(scores, c, req.sinks, req.recent, ids, sco)
-        timing.topk(req, max(0, P - req.sinks - req.recent), c)
-        if req.rerank > 1:
+        n = max(0, P - req.sinks - req.recent)
+        if req.rerank == 1:
+            R.quest_scores(req.queries, mins, maxs, scores)
+            timing.score(req, P)
+            R.topk_pages(scores, c, req.sinks, req.recent, ids, sco)
+            timing.topk(req, n, c)
+        else:
+            # the re-rank's candidates: half by Quest's bound, half by the channel-selective
+            # score, both from one pass over the summaries (firmware/retrieval.py: the bound
+            # alone misses keys that outlier channels hide); the spread is the mean range the
+            # summaries keep (host: from the bounds here; modelled: kept as they are made)
+            spread = np.empty((H, D), np.float32)
+            R.channel_spread(mins, maxs, spread)
+            r = R.select_channels(D)
+            sel = np.empty((H, P), np.float32)
+            R.selective_scores(req.queries, mins, maxs, spread, r, sel, scores)
+            timing.score(req, P)
+            timing.selective(req, P, r)
+            R.rerank_candidates(scores, sel, c, req.sinks, req.recent, ids)
+            timing.topk(req, n, c)
+            timing.topk(req, n, c)
             keys, _, newid = self._pages(req, nsid, blocks, ids.reshape(-1), timing, False)
             back = np.array(sorted(newid, key=newid.get), np.int64)
             local = np.vectorize(lambda p: newid.get(int(p), -1), otypes=[np.int32])(ids) \
@@ -515,6 +532,13 @@ class _Timing:
         end = self.t
         for _ in range(req.kv_heads):
             c = score_cost(pages, 1, req.group, req.head_dim, sb)
+            end = max(end, self.budget.charge("score", c, self.t)[1])
+        self.t = end
+
+    def selective(self, req: Request, pages: int, channels: int) -> None:
+        end = self.t
+        for _ in range(req.kv_heads):
+            c = selective_score_cost(pages, 1, req.group, req.head_dim, channels)
             end = max(end, self.budget.charge("score", c, self.t)[1])
         self.t = end
 

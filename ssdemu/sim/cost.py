@@ -140,6 +140,11 @@ def score_cost(pages: int, heads: int, group: int, head_dim: int,
     return _cost(lib.sde_cost_score(pages, heads, group, head_dim, summary_nbytes))
 
 
+def selective_score_cost(pages: int, heads: int, group: int, head_dim: int,
+                         channels: int) -> KernelCost:
+    return _cost(lib.sde_cost_score_selective(pages, heads, group, head_dim, channels))
+
+
 def topk_cost(candidates: int, k: int) -> KernelCost:
     return _cost(lib.sde_cost_topk(candidates, k))
 

@@ -27,10 +27,12 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+from firmware.retrieval import SELECT_DIVISOR
 from ssdemu.sim.cost import (
     attend_cost,
     rerank_cost,
     score_cost,
+    selective_score_cost,
     summary_bytes,
     topk_cost,
 )
@@ -210,8 +212,13 @@ def decode_step(profile: Profile, shape: AttentionShape, context_tokens: int, mo
 
             def summaries_ready(time, layer, h):
                 scored = charge("score", score_cost(pages, 1, G * batch, D, sb_head), time)
+                if rerank > 1:  # half the candidates by the channel-selective score
+                    scored = charge("score", selective_score_cost(
+                        pages, 1, G * batch, D, max(1, D // SELECT_DIVISOR)), scored)
                 for b in range(batch):  # each sequence its own selection
                     done = charge("topk", topk_cost(pages, k * rerank), scored)
+                    if rerank > 1:
+                        done = charge("topk", topk_cost(pages, k * rerank), done)
                     at(done, rerank_stage if rerank > 1 else selected, layer, h, b)
 
             def rerank_stage(time, layer, h, b):
