@@ -1,6 +1,6 @@
 """Data mode: real KV bytes through a real daemon, held to model mode on the same requests.
 
-The tolerance (docs/architecture.md, "Replay"): identical hit accounting (ratios, per tier,
+The tolerance (docs/replay.md): identical hit accounting (ratios, per tier,
 evictions, tokens saved, bytes over the link and on NAND); modelled TTFT and drive load
 percentiles within 2% (the drive's store places blocks at other media offsets than model
 mode's slots, so their NAND stages land on other planes)."""

@@ -27,7 +27,7 @@ overlap the queueing and the prefill: the first token comes at max(start + prefi
 loads), and the GPU is busy until then.  Without the drive the same trace runs with the
 drive's capacity at 0.
 
-Options that change this, each off by default (docs/architecture.md, "Replay"): several
+Options that change this, each off by default (docs/replay.md): several
 serving instances with private or pooled drives (_Pool, ssdemu/replay/pool.py); blocks dequantized
 on the GPU (dequant host); blocks entering the tiers when computed rather than at arrival;
 a bounded queue of background stores.
