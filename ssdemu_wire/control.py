@@ -9,6 +9,8 @@ import socket
 
 MAX_MESSAGE = 64 * 1024
 MAX_FDS = 4
+# a socket path's bytes: sun_path holds 108 with its terminating zero
+MAX_SOCKET_PATH = 107
 
 
 class ControlError(Exception):

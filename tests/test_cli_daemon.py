@@ -125,3 +125,51 @@ def test_bench_device_json(profile):
 def test_bench_device_unknown_profile():
     p = ssdemu("bench", "device", "--profile", "nope")
     assert p.returncode == 1 and "no profile 'nope'" in p.stderr
+
+
+def test_a_socket_dir_fits_a_unix_socket_under_a_long_tmpdir(tmp_path, monkeypatch):
+    """A TMPDIR too long for sun_path (a pytest-xdist worker's tmp_path, or a user's) gives a
+    directory under /tmp instead of a daemon that dies with 'AF_UNIX path too long'."""
+    import tempfile
+
+    from ssdemu.tools.daemon_process import MAX_SOCKET_PATH, socket_dir
+
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    d = socket_dir("ssdemu-test-")
+    try:
+        assert len(os.path.join(d, "s.sock").encode()) <= MAX_SOCKET_PATH
+        assert d.startswith("/tmp/") and not os.listdir(deep)  # none left behind
+    finally:
+        os.rmdir(d)
+    short = tmp_path / "s"
+    short.mkdir()
+    monkeypatch.setenv("TMPDIR", str(short))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    d = socket_dir("ssdemu-test-")
+    assert d.startswith(str(short))  # TMPDIR when it fits
+
+
+def test_a_socket_path_that_fits_sun_path_is_served_whatever_its_temporary_name(tmp_path):
+    """The daemon binds under a temporary name first (path.PID.tmp), which can pass sun_path's
+    107 bytes when the path itself does not; it then binds through the directory's
+    descriptor and the path works (it failed with 'AF_UNIX path too long')."""
+    import hostlib
+    from ssdemu.tools.daemon_process import DaemonProcess
+    from ssdemu_wire.control import MAX_SOCKET_PATH
+
+    d = tmp_path / "d"
+    d.mkdir()
+    name = "s" * (MAX_SOCKET_PATH - 1 - len(str(d)) - 1 - 2) + ".s"  # 106 bytes in all
+    path = str(d / name)
+    assert len(path) == MAX_SOCKET_PATH - 1 and len(f"{path}.4194304.tmp") > MAX_SOCKET_PATH
+    daemon = DaemonProcess(path, media="mem:16M")
+    try:
+        with hostlib.connect(path) as dev:
+            dev.nop()
+        assert sorted(os.listdir(d)) == [name]  # no temporary name left
+    finally:
+        code, err = daemon.terminate()
+    assert code == 0, err

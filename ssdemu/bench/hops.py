@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 
 import numpy as np
 
 import hostlib
-from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 
 
 def _median_s(fn, rounds: int) -> float:
@@ -104,7 +103,7 @@ def run_bench(socket_path: str, value_bytes: int, rounds: int) -> dict:
 def bench_hops(socket_path: str | None, value_bytes: int, rounds: int) -> dict:
     if socket_path:
         return run_bench(socket_path, value_bytes, rounds)
-    tmp = tempfile.mkdtemp(prefix="ssdemu-hops-")
+    tmp = socket_dir("ssdemu-hops-")
     d = DaemonProcess(os.path.join(tmp, "s.sock"), f"mem:{max(256, 4 * value_bytes >> 20)}M",
                       extra=["--timing", "off"])
     try:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 
 import numpy as np
 
 import hostlib
 from ssdemu.bench import _client_loop
-from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 from ssdemu_wire.layout import OPCODES, QUANT_REQUEST, pack_quant_request
 
 ffi, lib = _client_loop.ffi, _client_loop.lib
@@ -230,7 +229,7 @@ def bench_kv(socket_path: str | None, media: str | None, seconds: float) -> dict
     """On a running daemon, or on one started here (timing off) on `media`."""
     if socket_path:
         return run_bench(socket_path, seconds)
-    tmp = tempfile.mkdtemp(prefix="ssdemu-bench-kv-")
+    tmp = socket_dir("ssdemu-bench-kv-")
     try:
         d = DaemonProcess(os.path.join(tmp, "s.sock"), media or "mem:1536M",
                           ["--timing", "off"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -18,7 +17,7 @@ import hostlib
 from ssdemu.bench import _client_loop
 from ssdemu.bench.fio import fio_available, run_fio
 from ssdemu.device.latency import new_histogram, percentiles_us
-from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 from ssdemu_wire.layout import OPCODES
 
 ffi, lib = _client_loop.ffi, _client_loop.lib
@@ -114,7 +113,7 @@ def bench_queue(socket_path: str | None, media: str, seconds: float, ns_bytes: i
     """Against a running daemon, or one started here on `media` and stopped afterwards."""
     if socket_path:
         return run_bench(socket_path, seconds, ns_bytes)
-    d = tempfile.mkdtemp(prefix="ssdemu-bench-")
+    d = socket_dir("ssdemu-bench-", "sde.sock")
     # the transport is measured, not the modelled drive: no timing model
     daemon = DaemonProcess(os.path.join(d, "sde.sock"), media=media, extra=["--timing", "off"])
     try:

@@ -200,6 +200,14 @@ class Daemon:
         # sees the socket can connect at once (between bind and listen it would be refused,
         # which a loaded machine showed)
         binding = f"{self.socket_path}.{os.getpid()}.tmp"
+        dir_fd = None
+        if len(binding.encode()) > control.MAX_SOCKET_PATH and \
+                len(self.socket_path.encode()) <= control.MAX_SOCKET_PATH:
+            # a path that fits sun_path whose temporary name would not: bound through the
+            # directory's descriptor instead (clients connect by the path itself)
+            dir_fd = os.open(os.path.dirname(os.path.abspath(self.socket_path)),
+                             os.O_PATH | os.O_DIRECTORY)
+            binding = f"/proc/self/fd/{dir_fd}/.{os.getpid()}.tmp"
         # 0600; 0660 in the group, whose members may connect; 0666 when --allow-uid names
         # users beyond this one and root, who could not reach a 0600 socket (SO_PEERCRED
         # still refuses everyone not allowed, at no cost)
@@ -224,6 +232,8 @@ class Daemon:
             self._socket_id = (bound.st_dev, bound.st_ino)  # shutdown removes only this one
         finally:
             os.unlink(binding)
+            if dir_fd is not None:
+                os.close(dir_fd)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
@@ -313,7 +323,7 @@ class Daemon:
             self._refuse(sock, pid, uid)
             return
         # admins: the holders of --admin-key when the daemon has one; else its own uid and
-        # root (whoever can read the key file can be one: docs/architecture.md)
+        # root (whoever can read the key file can be one: docs/threat-model.md)
         client = Client(self._next_client, sock, uid, pid,
                         admin=self.admin_token is None and uid in (os.getuid(), 0))
         self._next_client += 1
@@ -421,8 +431,7 @@ class Daemon:
     # -- fault injection (ssdemu/device/faults.py holds the rule format) --
     def _fault(self, client: Client, msg: dict) -> dict:
         """An admin may do anything here; any other owner may add rules on namespaces of its
-        own, and see and clear only the rules it added (docs/architecture.md, Threat
-        model)."""
+        own, and see and clear only the rules it added (docs/threat-model.md)."""
         action = msg.get("action")
         if action in ("remove", "reinsert", "power-cut") and not client.admin:
             return {"ok": False, "error": f"fault {action} is an admin's (the holder of the "
@@ -739,7 +748,7 @@ class Daemon:
     def log_page(self, page: int, client: Client | None = None) -> dict | None:
         """The counters page: the whole drive's for an admin (and the metrics endpoint);
         for any other client, its owner's own commands only (what others do on a shared
-        drive is theirs: docs/architecture.md, Threat model)."""
+        drive is theirs: docs/threat-model.md)."""
         if page != LOG_PAGE_COUNTERS:
             return None
         if client is not None and not client.admin:

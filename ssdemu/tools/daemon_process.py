@@ -7,7 +7,20 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+
+from ssdemu_wire.control import MAX_SOCKET_PATH
+
+
+def socket_dir(prefix: str, name: str = "s.sock") -> str:
+    """A new private directory for a daemon's socket `name`: under TMPDIR, or under /tmp when
+    TMPDIR's path is too long for a Unix socket's (a pytest-xdist worker's tmp_path is)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    if len(os.path.join(d, name).encode()) <= MAX_SOCKET_PATH:
+        return d
+    os.rmdir(d)
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
 class DaemonProcess:
