@@ -28,15 +28,20 @@ demo: venv
 	$(PY) -m ssdemu replay traces/mooncake_synthetic_trace.jsonl --model llama-3-8b \
 	  --plot $(DEMO)/plots-llama-3-8b
 
+# Test files run in parallel, a file's tests on one worker (module fixtures share a daemon):
+# one worker per core, at most four (each starts daemons of up to 1.5 GiB of memory media).
+TEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
+
 test: venv lmcache-venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=10
+	$(PYTEST)
 
 # The inner loop: everything but the tests marked slow or external (pyproject.toml); `make
 # test` (and CI) runs them all.
 test-fast: venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not slow and not external" --durations=10
+	$(PYTEST) -m "not slow and not external"
 
 lint: venv
 	$(PY) -m ruff check .
