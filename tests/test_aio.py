@@ -53,8 +53,11 @@ def test_many_tasks_on_one_loop(daemon):
 
     kicks, commands = asyncio.run(main())
     # the doorbell rings only to wake a sleeping data plane: at least once (it slept
-    # after the handshake), never more than once per command
-    assert 1 <= kicks <= commands
+    # after the handshake), never more than once per command (the log command's own
+    # submission may kick too; the counters it returns were read before it completed: a
+    # loaded machine, where the data plane slept before every command, showed 1,208
+    # kicks for 1,207 counted commands)
+    assert 1 <= kicks <= commands + 1
 
 
 def test_a_daemon_that_goes_fails_the_awaiters(tmp_path):
