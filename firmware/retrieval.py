@@ -343,14 +343,20 @@ def _page_logits(q, keys, h, t0, t1, scale, out):
 @njit(cache=True, nogil=True, error_model="numpy")
 def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
     """The second stage: for each KV head, re-rank its candidate pages (cand_ids (H, c), -1
-    for none) by the exact attention mass they hold, and keep the k best (ties to the lower
-    page id).  A page's score is the largest over the query group of the log of its mass,
-    logsumexp over its tokens of q.k / sqrt(head_dim).  Returns the number kept per head."""
+    for none) by the exact attention they hold, and keep the k best (ties to the lower page
+    id).  A page's score is the largest over the query group of the log of its share of
+    that query head's attention over all the candidates: logsumexp over the page's tokens of
+    q.k / sqrt(head_dim), less the same over every candidate's tokens.  A share, not a raw
+    mass: each query head's softmax has its own normalizer, so a head with larger logits
+    would otherwise outrank a page that holds most of another head's attention.  Returns the
+    number kept per head."""
     H, T, D = keys.shape
     group = queries.shape[0] // H
     c = cand_ids.shape[1]
     scale = 1.0 / np.sqrt(np.float64(D))
     logits = np.empty(page, np.float64)
+    lse = np.empty((c, group), np.float64)
+    total = np.empty(group, np.float64)
     cs = np.empty(c, np.float32)
     ci = np.empty(c, np.int64)
     tmp = np.empty(k, np.int64)
@@ -363,7 +369,6 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
                 continue
             t0 = pid * page
             t1 = min(T, t0 + page)
-            best = -np.inf
             for g in range(group):
                 _page_logits(queries[h * group + g], keys, h, t0, t1, scale, logits)
                 m = logits[0]
@@ -372,10 +377,22 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
                 acc = 0.0
                 for t in range(t1 - t0):
                     acc += np.exp(logits[t] - m)
-                best = max(best, m + np.log(acc))
-            cs[n] = np.float32(best)
+                lse[n, g] = m + np.log(acc)
             ci[n] = pid
             n += 1
+        for g in range(group):  # each query head's log-sum-exp over every candidate
+            m = -np.inf
+            for j in range(n):
+                m = max(m, lse[j, g])
+            acc = 0.0
+            for j in range(n):
+                acc += np.exp(lse[j, g] - m)
+            total[g] = m + np.log(acc) if n else 0.0
+        for j in range(n):
+            best = -np.inf
+            for g in range(group):
+                best = max(best, lse[j, g] - total[g])
+            cs[j] = np.float32(best)
         got = select_top(cs, ci, n, k, tmp, out_scores[h])
         _emit(tmp, got, out_ids[h], out_scores[h])
     return got

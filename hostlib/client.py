@@ -913,7 +913,7 @@ class Device:
         against one layer's queries (q_heads x head_dim, float32) and keeps the k best pages
         per KV head, never the sink or recent pages (the caller always has those): rerank > 1
         re-ranks rerank x k candidates (half by the bound, half by a channel-selective score)
-        by exact attention mass.  The Future's result: (page
+        by their exact share of each query head's attention.  The Future's result: (page
         ids (kv_heads, k) int32, -1 past the candidates; their scores), and the pages."""
         from ssdemu_wire.codes import dtype_code
         from ssdemu_wire.layout import pack_retrieval_request

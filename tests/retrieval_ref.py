@@ -65,20 +65,28 @@ def topk_pages(scores, k, sink_pages=0, recent_pages=0):
     return ids
 
 
-def page_log_mass(queries, keys, page):
-    """(H, P): per KV head the largest over its query group of logsumexp over the page's
-    tokens of q.k / sqrt(D)."""
+def page_log_share(queries, keys, page, cand):
+    """(H, P): per KV head, for each of its candidate pages (cand (H, c), -1: none), the
+    largest over its query group of the log of the page's share of that query head's
+    attention over all its candidates' tokens; -inf for pages that are not candidates."""
     H, T, D = keys.shape
     group = queries.shape[0] // H
     P = -(-T // page)
     out = np.full((H, P), -np.inf)
     for h in range(H):
+        pages = sorted({int(p) for p in cand[h] if p >= 0})
+        if not pages:
+            continue
         logits = (queries[h * group:(h + 1) * group].astype(np.float64)
                   @ keys[h].astype(np.float64).T) / np.sqrt(D)
-        for p in range(P):
+        lse = np.empty((len(pages), group))
+        for j, p in enumerate(pages):
             x = logits[:, p * page:(p + 1) * page]
             m = x.max(axis=1, keepdims=True)
-            out[h, p] = (m[:, 0] + np.log(np.exp(x - m).sum(axis=1))).max()
+            lse[j] = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+        m = lse.max(axis=0)
+        total = m + np.log(np.exp(lse - m).sum(axis=0))
+        out[h, pages] = (lse - total).max(axis=1)
     return out
 
 

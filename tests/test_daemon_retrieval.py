@@ -132,9 +132,9 @@ def test_rerank_keeps_the_candidates_holding_most_mass(dev, int8):
     spread = ref.channel_spread(mins, maxs)
     sel = ref.selective_scores(q, mins, maxs, spread, 32 // 4)
     cand = ref.rerank_candidates(ref.quest_scores(q, mins, maxs), sel, 12, 1, 1)
-    mass = ref.page_log_mass(q, K, PAGE)[0]
-    want = sorted(cand[0], key=lambda p: (-mass[p], p))[:3]
-    np.testing.assert_allclose(np.sort(mass[ids[0]]), np.sort(mass[want]), rtol=1e-5)
+    share = ref.page_log_share(q, K, PAGE, cand)[0]
+    want = sorted(cand[0], key=lambda p: (-share[p], p))[:3]
+    np.testing.assert_allclose(np.sort(share[ids[0]]), np.sort(share[want]), rtol=1e-5)
     assert set(ids[0]) <= set(cand[0])
 
 

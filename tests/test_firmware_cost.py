@@ -251,7 +251,8 @@ def test_retrieval_costs_use_the_mac_array_and_follow_the_shape(pages, heads, gr
     assert sel.bytes == heads * group * dim * 4 + pages * heads * 4
     a = attend_cost(16 * pages, heads, group, dim, 16 * pages * heads * dim * 4)
     assert a.mac_ops == 2 * 16 * pages * heads * group * dim
-    assert rerank_cost(16 * pages, heads, group, dim, 1).mac_ops == a.mac_ops // 2
+    r = rerank_cost(16 * pages, pages, heads, group, dim, 1)
+    assert r.mac_ops == a.mac_ops // 2 and r.vector_ops == 12 * 17 * pages * heads * group
     z = summarize_cost(16 * pages, heads, dim, 2, sb, int8)
     assert z.mac_ops == 0 and z.vector_ops >= 3 * 16 * pages * heads * dim
 

@@ -260,15 +260,30 @@ def test_rerank_keeps_the_candidates_with_most_mass(case, k, data):
     ids = np.empty((H, k), np.int32)
     sc = np.empty((H, k), np.float32)
     R.rerank_pages(q, keys, page, cand, k, ids, sc)
-    mass = ref.page_log_mass(q, keys, page).astype(np.float32)
+    share = ref.page_log_share(q, keys, page, cand).astype(np.float32)
     for h in range(H):
-        want = sorted(cand[h], key=lambda p: (-mass[h, p], p))[:k]
+        want = sorted(cand[h], key=lambda p: (-share[h, p], p))[:k]
         # float32 scores: equal to the reference's up to rounding of exp/log, so compare
-        # the chosen masses, not the ids, where two pages' masses are within rounding
+        # the chosen shares, not the ids, where two pages' shares are within rounding
         got = [int(p) for p in ids[h] if p >= 0]
         assert len(got) == min(k, c)
-        np.testing.assert_allclose(np.sort(mass[h, got]), np.sort(mass[h, want]),
+        np.testing.assert_allclose(np.sort(share[h, got]), np.sort(share[h, want]),
                                    rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sc[h, :len(got)], share[h, got], rtol=1e-5, atol=1e-5)
+
+
+def test_rerank_weighs_each_query_head_by_its_own_attention():
+    """GQA: query head 0 puts 87% of its attention on page 0; head 1 spreads its own over
+    pages 1-3 with larger logits.  By raw log-mass (largest over the group) pages 1-3 rank
+    first; by each head's share, page 0 does (the old kernel kept page 1)."""
+    s2 = np.sqrt(2.0)
+    keys = np.array([[[3 * s2, 0], [0, 10 * s2], [0, 9.9 * s2], [0, 9.8 * s2]]], np.float32)
+    q = np.array([[1, 0], [0, 1]], np.float32)
+    ids = np.empty((1, 1), np.int32)
+    sc = np.empty((1, 1), np.float32)
+    R.rerank_pages(q, keys, 1, np.array([[0, 1, 2, 3]], np.int32), 1, ids, sc)
+    assert ids[0, 0] == 0
+    assert np.exp(sc[0, 0]) == pytest.approx(np.exp(3) / (np.exp(3) + 3), rel=1e-5)
 
 
 @pytest.mark.parametrize("int8", [False, True])

@@ -123,12 +123,14 @@ sde_kernel_cost sde_cost_topk(uint64_t candidates, uint64_t k)
 /* per logit: scale, max, subtract, exp (8: a polynomial on the lanes), accumulate */
 #define SOFTMAX_OPS 12
 
-sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint32_t heads, uint32_t group,
-                                uint32_t head_dim, uint64_t key_bytes)
+sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint64_t pages, uint32_t heads,
+                                uint32_t group, uint32_t head_dim, uint64_t key_bytes)
 {
+    /* q.k per key element on the MAC array, a softmax per logit for each page's
+     * log-sum-exp, then per query head one over the pages' (each page's share) */
     uint64_t qh = (uint64_t)heads * group;
     return (sde_kernel_cost){.mac_ops = tokens * qh * head_dim,
-                             .vector_ops = SOFTMAX_OPS * tokens * qh,
+                             .vector_ops = SOFTMAX_OPS * (tokens + pages) * qh,
                              .bytes = key_bytes + qh * head_dim * 2};
 }
 

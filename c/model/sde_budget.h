@@ -85,8 +85,8 @@ sde_kernel_cost sde_cost_score(uint64_t pages, uint32_t heads, uint32_t group,
 sde_kernel_cost sde_cost_score_selective(uint64_t pages, uint32_t heads, uint32_t group,
                                          uint32_t head_dim, uint32_t channels);
 sde_kernel_cost sde_cost_topk(uint64_t candidates, uint64_t k);
-sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint32_t heads, uint32_t group,
-                                uint32_t head_dim, uint64_t key_bytes);
+sde_kernel_cost sde_cost_rerank(uint64_t tokens, uint64_t pages, uint32_t heads,
+                                uint32_t group, uint32_t head_dim, uint64_t key_bytes);
 sde_kernel_cost sde_cost_attend(uint64_t tokens, uint32_t heads, uint32_t group,
                                 uint32_t head_dim, uint64_t kv_bytes);
 /* Bytes of the summaries of `pages` pages of `heads` KV heads: min and max per channel in

@@ -559,8 +559,9 @@ class _Timing:
         kb = pages * req.page * req.head_dim * 2
         end = start
         for _ in range(req.kv_heads):
-            c = rerank_cost(max(1, pages * req.page // req.kv_heads), 1, req.group,
-                            req.head_dim, max(1, kb // req.kv_heads))
+            c = rerank_cost(max(1, pages * req.page // req.kv_heads),
+                            max(1, pages // req.kv_heads), 1, req.group, req.head_dim,
+                            max(1, kb // req.kv_heads))
             end = max(end, self.budget.charge("rerank", c, start)[1])
         for _ in range(req.kv_heads):
             end = max(end, self.budget.charge("topk", topk_cost(max(1, pages // req.kv_heads),

@@ -149,9 +149,9 @@ def topk_cost(candidates: int, k: int) -> KernelCost:
     return _cost(lib.sde_cost_topk(candidates, k))
 
 
-def rerank_cost(tokens: int, heads: int, group: int, head_dim: int,
+def rerank_cost(tokens: int, pages: int, heads: int, group: int, head_dim: int,
                 key_bytes: int) -> KernelCost:
-    return _cost(lib.sde_cost_rerank(tokens, heads, group, head_dim, key_bytes))
+    return _cost(lib.sde_cost_rerank(tokens, pages, heads, group, head_dim, key_bytes))
 
 
 def attend_cost(tokens: int, heads: int, group: int, head_dim: int,
@@ -170,7 +170,7 @@ KERNELS = {
     "summarize": lambda: summarize_cost(256, 8, 128, 2, summary_bytes(16, 8, 128)),
     "score": lambda: score_cost(64, 8, 4, 128, summary_bytes(64, 8, 128)),
     "topk": lambda: topk_cost(64, 8),
-    "rerank": lambda: rerank_cost(256, 1, 4, 128, 256 * 128 * 2),
+    "rerank": lambda: rerank_cost(256, 16, 1, 4, 128, 256 * 128 * 2),
     "attend": lambda: attend_cost(256, 1, 4, 128, 2 * 256 * 128 * 2),
 }
 KERNEL_IDS = {"quantize": lib.SDE_KERNEL_QUANTIZE, "dequantize": lib.SDE_KERNEL_DEQUANTIZE,

@@ -229,7 +229,7 @@ def decode_step(profile: Profile, shape: AttentionShape, context_tokens: int, mo
                     done = max(done, model.sense(time, lay.page(layer, h, p), pb // 2))
                 nand += len(cand) * lay.slot
                 channel += len(cand) * pb // 2
-                done = charge("rerank", rerank_cost(len(cand) * page, 1, G, D,
+                done = charge("rerank", rerank_cost(len(cand) * page, len(cand), 1, G, D,
                                                    len(cand) * pb // 2), done)
                 at(charge("topk", topk_cost(len(cand), k), done), selected, layer, h, b)
 
