@@ -38,11 +38,14 @@ def test_selection_beats_the_random_control_and_the_rerank_beats_quest(report):
     assert report["accuracy"]["16384"]["0.1"]["quest_rerank"]["needle_hit_rate"] >= 0.9
 
 
-def test_the_rerank_finds_every_needle_at_3_percent(report):
-    """The issue's bar at 3% of the pages, on the suite (tests/test_firmware_retrieval.py
-    shows where the selective half of the candidates is what finds them)."""
+def test_the_rerank_finds_every_needle_and_the_selective_half_is_why(report):
+    """The issue's bar at 3% of the pages, on the suite; at 1% candidates by bound alone
+    miss a needle (measured: 0.969) that half of them by the selective score find."""
     assert report["needle_hit_rate_at_3pct"]["quest_rerank"]["16384"] == 1.0
     assert report["needle_hit_rate_at_3pct"]["quest"]["16384"] < 1.0
+    row = report["accuracy"]["16384"]["0.01"]
+    assert row["quest_rerank"]["needle_hit_rate"] == 1.0
+    assert row["quest_rerank_bound"]["needle_hit_rate"] < 1.0
 
 
 def test_in_drive_link_bytes_do_not_grow_with_the_context():
