@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--group", type=_group_id,
                        help="a group (name or gid) whose members may connect: the socket "
                        "is then 0660 in that group (default: 0600, the daemon's user)")
+    serve.add_argument("--poll", action="store_true",
+                       help="the data plane polls its queues and never sleeps: one core "
+                       "busy all the time, no doorbell or wake-up in a command's path (as "
+                       "SPDK's reactors; for a machine with a core to spare, pinned)")
     serve.add_argument("--admin-key", metavar="FILE",
                        help="an owner key file (ssdemu owner-key): its holder alone is an "
                        "admin (faults anywhere, power cut, removal, every owner's "
@@ -520,7 +524,8 @@ def _cmd_serve(args) -> int:
                         namespace_bytes=args.max_namespace_bytes, pins=args.max_pins)
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
-                     quotas, args.power_cut, args.metrics, admin_key=admin_key)
+                     quotas, args.power_cut, args.metrics, admin_key=admin_key,
+                     poll=args.poll)
 
 
 def _cmd_owner_key(args) -> int:

@@ -320,6 +320,33 @@ def test_idle_daemon_sleeps(dev, daemon):
     assert _cpu_seconds(daemon.pid) - before < 0.1
 
 
+def test_a_polling_daemon_never_sleeps_and_needs_no_doorbell(tmp_path):
+    """serve --poll: the data plane keeps a core busy (about a second of CPU a second) and
+    never asks for a wake-up, so commands spaced past the spin window ring no doorbell;
+    without it the same commands do."""
+    kicks = {}
+    for poll in (False, True):
+        d = DaemonProcess(str(tmp_path / f"p{int(poll)}.sock"), media="mem:16M",
+                          extra=["--poll"] if poll else [])
+        try:
+            with hostlib.connect(d.socket_path) as dev:
+                assert dev.identify()["poll"] is poll
+                dev.nop()
+                start = dev.qp.kicks
+                for _ in range(20):
+                    time.sleep(0.005)  # 100x the profile's 50 us spin window
+                    dev.nop()
+                kicks[poll] = dev.qp.kicks - start
+                before = _cpu_seconds(d.pid)
+                time.sleep(0.5)
+                busy = _cpu_seconds(d.pid) - before
+                assert busy > 0.3 if poll else busy < 0.1
+        finally:
+            code, err = d.terminate()
+        assert code == 0, err
+    assert kicks[True] == 0 and kicks[False] >= 15
+
+
 STEADY_CLIENT = textwrap.dedent("""
     import sys, numpy as np, hostlib
     dev = hostlib.connect(sys.argv[1])

@@ -235,7 +235,7 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         if (next_due) {
             /* completions wait for their modelled time: poll up to it when it is near,
              * else sleep no longer than that */
-            if (next_due <= t + 20000) {
+            if (next_due <= t + 20000 || spin_ns == SDE_DEV_POLL) {
                 __builtin_ia32_pause();
                 continue;
             }

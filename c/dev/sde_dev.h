@@ -135,7 +135,9 @@ int sde_dev_zero(sde_dev *dev, uint64_t offset, uint64_t bytes);
 int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns);
 
 /* The data plane: serve until *stop becomes nonzero.  Polls for spin_ns after the last work,
- * then sleeps on the doorbell.  Returns 0 or -errno. */
+ * then sleeps on the doorbell; SDE_DEV_POLL: never sleeps (a core of its own, as SPDK's
+ * reactors: no doorbell to ring, no wake-up to wait for).  Returns 0 or -errno. */
+#define SDE_DEV_POLL 0xffffffffffffffffULL
 int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
 
 /* Admin commands for Python, and their completions. */

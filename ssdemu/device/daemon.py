@@ -101,8 +101,9 @@ class Daemon:
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
                  group: int | None = None, quotas: Quotas | None = None,
                  power_cut: bool = False, metrics: str | None = None,
-                 admin_key: str | None = None):
+                 admin_key: str | None = None, poll: bool = False):
         self.profile = profile
+        self.poll = poll  # the data plane never sleeps (serve --poll)
         # the owner key (hex) whose holder is an admin besides the daemon's uid and root
         self.admin_token = owner_key.token(admin_key) if admin_key else None
         self.fault_owner: dict[int, tuple[int, int]] = {}  # rule id -> who added it
@@ -237,7 +238,7 @@ class Daemon:
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
-        spin_ns = self.profile.queue.spin_us * 1000
+        spin_ns = lib.SDE_DEV_POLL if self.poll else self.profile.queue.spin_us * 1000
         self.data_plane = threading.Thread(
             target=lib.sde_dev_run, args=(self.dev, self._stop_flag, spin_ns),
             name="ssdemu-data-plane", daemon=True)
@@ -738,7 +739,7 @@ class Daemon:
             "max_key_bytes": lib.SDE_KEY_MAX, "max_value_bytes": self.store.max_value,
             "index_keys": self.store.index_keys,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
-            "timing": self.timing, "clock": self.clock,
+            "timing": self.timing, "clock": self.clock, "poll": self.poll,
             "power_cut_emulation": self.power_cut,
             "compute_units": self.profile.compute.units, "tops": self.profile.compute.tops,
             "protocol_version": PROTOCOL_VERSION,
@@ -991,12 +992,12 @@ def serve(profile: Profile, media: Media, socket_path: str,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
           group: int | None = None, quotas: Quotas | None = None,
           power_cut: bool = False, metrics: str | None = None,
-          admin_key: str | None = None) -> int:
+          admin_key: str | None = None, poll: bool = False) -> int:
     check_socket_path(socket_path)  # before the media is touched
     if power_cut:
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks, group, quotas, power_cut, metrics, admin_key)
+                    journal_blocks, group, quotas, power_cut, metrics, admin_key, poll)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)
