@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the data plane polls its queues and never sleeps: one core "
                        "busy all the time, no doorbell or wake-up in a command's path (as "
                        "SPDK's reactors; for a machine with a core to spare, pinned)")
+    serve.add_argument("--realtime", action="store_true",
+                       help="the data plane thread runs SCHED_RR (priority 1): woken by a "
+                       "completion or a doorbell, it runs ahead of CPU-bound neighbours, as "
+                       "a drive's interrupt would (needs CAP_SYS_NICE or RLIMIT_RTPRIO)")
     serve.add_argument("--admin-key", metavar="FILE",
                        help="an owner key file (ssdemu owner-key): its holder alone is an "
                        "admin (faults anywhere, power cut, removal, every owner's "
@@ -525,7 +529,7 @@ def _cmd_serve(args) -> int:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      quotas, args.power_cut, args.metrics, admin_key=admin_key,
-                     poll=args.poll)
+                     poll=args.poll, realtime=args.realtime)
 
 
 def _cmd_owner_key(args) -> int:

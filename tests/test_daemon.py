@@ -347,6 +347,33 @@ def test_a_polling_daemon_never_sleeps_and_needs_no_doorbell(tmp_path):
     assert kicks[True] == 0 and kicks[False] >= 15
 
 
+def test_realtime_puts_the_data_plane_alone_on_sched_rr(tmp_path):
+    """serve --realtime: the data plane thread, and no other, runs SCHED_RR; a process that
+    may not (no CAP_SYS_NICE, RLIMIT_RTPRIO 0) gets one line and no socket."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run SCHED_RR threads and to drop the capability")
+    d = DaemonProcess(str(tmp_path / "rt.sock"), media="mem:16M", extra=["--realtime"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            assert dev.identify()["realtime"] is True
+            dev.nop()
+        tids = [int(t) for t in os.listdir(f"/proc/{d.pid}/task")]
+        policies = [os.sched_getscheduler(t) for t in tids]
+        assert policies.count(os.SCHED_RR) == 1, policies
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    sock = tmp_path / "no.sock"
+    p = subprocess.run(["setpriv", "--bounding-set=-sys_nice", "prlimit", "--rtprio=0",
+                        sys.executable, "-m", "ssdemu", "serve", "--media", "mem:16M",
+                        "--socket", str(sock), "--realtime"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and not sock.exists()
+    assert p.stderr.strip().splitlines() == [
+        "ssdemu: error: --realtime: threads of this process cannot run SCHED_RR (Operation "
+        "not permitted: it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of 1 or more)"]
+
+
 STEADY_CLIENT = textwrap.dedent("""
     import sys, numpy as np, hostlib
     dev = hostlib.connect(sys.argv[1])

@@ -33,6 +33,7 @@ from ssdemu.device.media import Media
 from ssdemu.device.quotas import QuotaExceeded, Quotas, Usage, refusal
 from ssdemu.device.retrieval import Retrieval
 from ssdemu.device.store import DEFAULT_MAX_VALUE, KeyNotFound, Store, StoreError, probe
+from ssdemu.errors import SsdemuError
 from ssdemu.sim.cost import kernel_stats
 from ssdemu.sim.profile import Profile
 from ssdemu.sim.timing import budget_of, model_param_fields
@@ -46,6 +47,7 @@ SQE_FIELDS = SQE_DTYPE.names
 log = logging.getLogger("ssdemu.serve")
 
 LOG_PAGE_COUNTERS = 1
+REALTIME_PRIORITY = 1  # serve --realtime: the lowest SCHED_RR priority, above every normal task
 DRAIN_S = 30.0  # a namespace delete waits this long at most for the commands before it
 # the command classes of the data plane's counters, by their SDE_CLASS_* number
 # (c/dev/sde_dev.h, the one definition)
@@ -101,9 +103,11 @@ class Daemon:
                  timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
                  group: int | None = None, quotas: Quotas | None = None,
                  power_cut: bool = False, metrics: str | None = None,
-                 admin_key: str | None = None, poll: bool = False):
+                 admin_key: str | None = None, poll: bool = False,
+                 realtime: bool = False):
         self.profile = profile
         self.poll = poll  # the data plane never sleeps (serve --poll)
+        self.realtime = realtime  # the data plane runs SCHED_RR (serve --realtime)
         # the owner key (hex) whose holder is an admin besides the daemon's uid and root
         self.admin_token = owner_key.token(admin_key) if admin_key else None
         self.fault_owner: dict[int, tuple[int, int]] = {}  # rule id -> who added it
@@ -239,9 +243,17 @@ class Daemon:
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lib.sde_dev_admin_fd(self.dev), selectors.EVENT_READ, ("admin", None))
         spin_ns = lib.SDE_DEV_POLL if self.poll else self.profile.queue.spin_us * 1000
-        self.data_plane = threading.Thread(
-            target=lib.sde_dev_run, args=(self.dev, self._stop_flag, spin_ns),
-            name="ssdemu-data-plane", daemon=True)
+
+        def data_plane():
+            if self.realtime:
+                # SCHED_RR for this thread alone: a completion or a doorbell wakes it ahead
+                # of CPU-bound neighbours, as an interrupt would (firmware threads stay);
+                # serve() checked that this process may
+                set_realtime(threading.get_native_id())
+            lib.sde_dev_run(self.dev, self._stop_flag, spin_ns)
+
+        self.data_plane = threading.Thread(target=data_plane, name="ssdemu-data-plane",
+                                           daemon=True)
         self.data_plane.start()
         log.info("serving %s on %s: %s, %d bytes, %d-byte blocks", self.profile.name,
                  self.socket_path, self.media.spec, self.media.size, self.media.lba_size)
@@ -740,6 +752,7 @@ class Daemon:
             "index_keys": self.store.index_keys,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
             "timing": self.timing, "clock": self.clock, "poll": self.poll,
+            "realtime": self.realtime,
             "power_cut_emulation": self.power_cut,
             "compute_units": self.profile.compute.units, "tops": self.profile.compute.tops,
             "protocol_version": PROTOCOL_VERSION,
@@ -987,17 +1000,37 @@ def _close_mapping(mm: mmap.mmap) -> None:
         pass  # cffi still holds a view: the mapping goes when that view does
 
 
+def set_realtime(tid: int) -> None:
+    os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(REALTIME_PRIORITY))
+
+
+def check_realtime() -> None:
+    """serve --realtime, before anything is opened: may this process run a thread SCHED_RR?
+    (tried on this thread, then undone)"""
+    tid = threading.get_native_id()
+    try:
+        set_realtime(tid)
+    except OSError as e:
+        raise SsdemuError(f"--realtime: threads of this process cannot run SCHED_RR "
+                          f"({e.strerror}: it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of 1 "
+                          "or more)") from None
+    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
 def serve(profile: Profile, media: Media, socket_path: str,
           allowed_uids: set[int] | None = None, format_media: bool = False,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
           group: int | None = None, quotas: Quotas | None = None,
           power_cut: bool = False, metrics: str | None = None,
-          admin_key: str | None = None, poll: bool = False) -> int:
+          admin_key: str | None = None, poll: bool = False, realtime: bool = False) -> int:
     check_socket_path(socket_path)  # before the media is touched
+    if realtime:
+        check_realtime()
     if power_cut:
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
-                    journal_blocks, group, quotas, power_cut, metrics, admin_key, poll)
+                    journal_blocks, group, quotas, power_cut, metrics, admin_key, poll,
+                    realtime)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)
