@@ -321,7 +321,7 @@ def test_idle_daemon_sleeps(dev, daemon):
 
 
 def test_a_polling_daemon_never_sleeps_and_needs_no_doorbell(tmp_path):
-    """serve --poll: the data plane keeps a core busy (about a second of CPU a second) and
+    """serve --poll: the data plane keeps a core busy (up to a second of CPU a second) and
     never asks for a wake-up, so commands spaced past the spin window ring no doorbell;
     without it the same commands do."""
     kicks = {}
@@ -340,7 +340,9 @@ def test_a_polling_daemon_never_sleeps_and_needs_no_doorbell(tmp_path):
                 before = _cpu_seconds(d.pid)
                 time.sleep(0.5)
                 busy = _cpu_seconds(d.pid) - before
-                assert busy > 0.3 if poll else busy < 0.1
+                # polling: up to a core (a loaded CI host with two test workers gives it
+                # less); asleep: next to nothing
+                assert busy > 0.15 if poll else busy < 0.05
         finally:
             code, err = d.terminate()
         assert code == 0, err
