@@ -62,8 +62,10 @@
  *   bytes, each key_len long, zero-padded) and one layer's queries (float32, q_heads x
  *   head_dim); the drive scores every page of every KV head by its summary (Quest: the
  *   per-channel min and max of its keys), keeps the k best per KV head (optionally re-ranked
- *   by exact attention mass among rerank x k candidates) and writes page ids (int32,
- *   kv_heads x k, -1 past the candidates) then their scores (float32) to the output range:
+ *   among rerank x k candidates, half by that bound and half by a channel-selective score,
+ *   by each page's exact share of a query head's attention over them: the scores are then
+ *   those log shares) and writes page ids (int32, kv_heads x k, -1 past the candidates)
+ *   then their scores (float32) to the output range:
  *   param0 = output buffer handle << 40 | offset, param1 = its length.  Result: the pages.
  * ATTEND: the same request, then page ids (int32, kv_heads x k; -1: none); the drive attends
  *   each query head over those pages (plus the sink and recent pages) and writes the outputs
