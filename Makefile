@@ -33,7 +33,10 @@ demo: venv
 TEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
-test: venv lmcache-venv
+# The two virtualenvs are made side by side: LMCache's is mostly pip fetching and unpacking
+# torch, ours compiling C and the firmware's kernels.
+test:
+	$(MAKE) --no-print-directory -j2 venv lmcache-venv
 	$(PY) -m ruff check .
 	$(PYTEST)
 
@@ -60,7 +63,7 @@ system:
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.py)
+$(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.py) | system
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@# the firmware's Numba kernels, compiled into their on-disk cache now rather than at a
@@ -76,7 +79,7 @@ LMVENV  := .venv-lmcache
 LMSTAMP := $(LMVENV)/.ssdemu-installed
 lmcache-venv: $(LMSTAMP)
 
-$(LMSTAMP): clients/python/pyproject.toml
+$(LMSTAMP): clients/python/pyproject.toml | system
 	@rm -rf $(LMVENV)
 	python3 -m venv $(LMVENV)
 	@if $(LMVENV)/bin/pip install -q torch==2.13.0 lmcache==0.5.6 >$(LMVENV)/install.log 2>&1 \
