@@ -8,7 +8,6 @@ import dataclasses
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 
 from ssdemu.errors import SsdemuError
@@ -178,7 +177,7 @@ def _run_data(job: ReplayJob, requests, profile, model, caps, update, setup) -> 
 
     import hostlib
     from ssdemu.replay.data_mode import replay_data
-    from ssdemu.tools.daemon_process import DaemonProcess
+    from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 
     if bool(job.socket) == bool(job.media):
         raise SsdemuError("data mode needs --socket (a daemon started with --clock virtual; "
@@ -193,7 +192,7 @@ def _run_data(job: ReplayJob, requests, profile, model, caps, update, setup) -> 
             devs = [stack.enter_context(hostlib.connect(s)) for s in sockets]
             return replay_data(devs, requests, profile, model, job.quant, caps,
                                progress=update, **setup)
-    d = tempfile.mkdtemp(prefix="ssdemu-replay-")
+    d = socket_dir("ssdemu-replay-", f"sde{job.instances - 1}.sock")
     daemons = []
     try:
         for k in range(job.instances):
