@@ -7,16 +7,17 @@ Header (little-endian):
 | 0 | 4 | magic `SDKV` |
 | 4 | 2 | format version (1) |
 | 6 | 2 | header bytes (64) |
-| 8 | 1 | scheme: 1 group-wise int, 2 KIVI, 3 fp8 e4m3 |
-| 9 | 1 | bits (8 or 4; 8 for fp8) |
+| 8 | 1 | scheme: 1 group-wise int, 2 KIVI, 3 fp8 e4m3, 4 plain |
+| 9 | 1 | bits (8 or 4; 8 for fp8; the element's for plain) |
 | 10 | 1 | flags: bit 0 symmetric (int), bit 1 one scale per KV head (fp8) |
 | 11 | 1 | element dtype of the original block (0 fp16, 1 bf16, 2 fp32) |
-| 12 | 4 | group size (32, 64, 128; 0 for fp8) |
+| 12 | 4 | group size (32, 64, 128; 0 for fp8 and plain) |
 | 16 | 16 | tokens, layers, kv_heads, head_dim (u32 each) |
 | 32 | 8 | body bytes |
 | 40 | 8 | checksum of header and body, this field counted as zero (firmware/checksum.py) |
 | 48 | 4 | KIVI: tokens kept in full precision at the end of the block (0 otherwise) |
-| 52 | 12 | reserved (0) |
+| 52 | 2 | tokens per page of the page summaries after the body (0: none) |
+| 54 | 10 | reserved (0) |
 
 Bodies (firmware/quant.py lays them out, each section padded to 8 bytes):
 - int: scales float32[groups], zeros float32[groups] (asymmetric only), codes (one byte per
@@ -25,6 +26,11 @@ Bodies (firmware/quant.py lays them out, each section padded to 8 bytes):
   run along tokens per channel; an int section for V of those tokens, groups along channels;
   then the full-precision tokens, raw, in the original element type.
 - fp8: scales float32[1 or 2 * layers * kv_heads], then one e4m3 code per element.
+- plain: the block's elements as they were given (either layout).
+
+Page summaries (firmware/summaries.py), when the header gives a page: after the body, the
+per-channel min and max of each page's keys, (layers, 2, kv_heads, pages, head_dim) in the
+block's element type, padded to 8 bytes; the checksum covers them.
 """
 
 from __future__ import annotations
@@ -35,22 +41,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware import blockops as B
+from firmware.abi import SCHEME_FP8, SCHEME_INT, SCHEME_KIVI, SCHEME_PLAIN
 from firmware.checksum import sum64
 from firmware.layout import KVShape
 
 MAGIC = b"SDKV"
 VERSION = 1
 HEADER_BYTES = 64
-SCHEME_INT = 1
-SCHEME_KIVI = 2
-SCHEME_FP8 = 3
-SCHEME_NAMES = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8"}
+SCHEME_NAMES = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8", SCHEME_PLAIN: "plain"}
 FLAG_SYMMETRIC = B.FLAG_SYMMETRIC
 FLAG_PER_HEAD = B.FLAG_PER_HEAD
 FLAG_LAYOUT_2LT = B.FLAG_LAYOUT_2LT
 INT_GROUPS = (32, 64, 128)
 
-_HEADER = struct.Struct("<4sHHBBBBI4IQQI12x")
+_HEADER = struct.Struct("<4sHHBBBBI4IQQIH10x")
 assert _HEADER.size == HEADER_BYTES
 _CHECKSUM_WORD = 5  # the checksum's 8 bytes at offset 40
 
@@ -69,6 +73,7 @@ class BlockHeader:
     shape: KVShape
     body_bytes: int
     residual: int = 0
+    summary_page: int = 0  # tokens per page of the page summaries (0: none)
 
     @property
     def symmetric(self) -> bool:
@@ -82,7 +87,7 @@ class BlockHeader:
         s = self.shape
         return _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, self.scheme, self.bits, self.flags,
                             self.dtype, self.group, s.tokens, s.layers, s.kv_heads, s.head_dim,
-                            self.body_bytes, checksum, self.residual)
+                            self.body_bytes, checksum, self.residual, self.summary_page)
 
 
 def new_block(body_bytes: int) -> np.ndarray:
@@ -99,7 +104,7 @@ def seal(header: BlockHeader, block: np.ndarray) -> np.ndarray:
 
 
 _FIELD_NAMES = {B.P_BITS: "bits", B.P_GROUP: "group", B.P_KIND: "scheme", B.P_DTYPE: "dtype",
-                B.P_RESIDUAL: "residual"}
+                B.P_RESIDUAL: "residual", B.P_SUMMARY_PAGE: "summary page"}
 
 
 def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
@@ -117,8 +122,38 @@ def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
              | (FLAG_LAYOUT_2LT if p[B.P_LAYOUT] else 0))
     shape = KVShape(*(int(p[i]) for i in (B.P_TOKENS, B.P_LAYERS, B.P_HEADS, B.P_HDIM)))
     header = BlockHeader(int(p[B.P_KIND]), int(p[B.P_BITS]), flags, int(p[B.P_DTYPE]),
-                         int(p[B.P_GROUP]), shape, int(p[B.P_BODY]), int(p[B.P_RESIDUAL]))
-    return header, buf[HEADER_BYTES:]
+                         int(p[B.P_GROUP]), shape, int(p[B.P_BODY]), int(p[B.P_RESIDUAL]),
+                         int(p[B.P_SUMMARY_PAGE]))
+    return header, buf[HEADER_BYTES:HEADER_BYTES + header.body_bytes]
+
+
+_CARRIERS = {0: np.uint16, 1: np.uint16, 2: np.float32}
+
+
+def summaries_at(header: BlockHeader, layer: int) -> tuple[int, int]:
+    """(offset in the block, bytes) of one layer's page summaries: the run a drive reads to
+    score that layer (the header says there are summaries)."""
+    s = header.shape
+    per_layer = (2 * s.kv_heads * -(-s.tokens // header.summary_page) * s.head_dim
+                 * np.dtype(_CARRIERS[header.dtype]).itemsize)
+    return HEADER_BYTES + header.body_bytes + layer * per_layer, per_layer
+
+
+def layer_summaries(blob, layer: int) -> tuple[BlockHeader, np.ndarray | None]:
+    """A verified compressed block's header, and one layer's page summaries as its element
+    carrier (uint16 fp16/bf16 bits, or float32), shaped (2, kv_heads, pages, head_dim): min
+    then max.  None when the block carries none."""
+    header, _ = open_block(blob)
+    if not header.summary_page:
+        return header, None
+    if not 0 <= layer < header.shape.layers:
+        raise ValueError(f"layer {layer} of a block of {header.shape.layers}")
+    off, n = summaries_at(header, layer)
+    s = header.shape
+    raw = np.frombuffer(blob, np.uint8)[off:off + n] if not isinstance(blob, np.ndarray) \
+        else blob.reshape(-1).view(np.uint8)[off:off + n]
+    pages = -(-s.tokens // header.summary_page)
+    return header, raw.view(_CARRIERS[header.dtype]).reshape(2, s.kv_heads, pages, s.head_dim)
 
 
 def _problem(e: int, buf: np.ndarray, p: np.ndarray) -> str:
@@ -129,8 +164,10 @@ def _problem(e: int, buf: np.ndarray, p: np.ndarray) -> str:
     if e == B.E_VERSION:
         return "unsupported compressed block version"
     if e == B.E_LENGTH:
+        sums = int(B.summary_bytes(p)) if 0 < p[B.P_SUMMARY_PAGE] <= B.MAX_PAGE \
+            and B.check_shape(p) == 0 else 0
         return (f"compressed block is {buf.nbytes} bytes, header says "
-                f"{HEADER_BYTES + int(p[B.P_BODY])}")
+                f"{HEADER_BYTES + int(p[B.P_BODY]) + sums}")
     if e == B.E_CHECKSUM:
         return "compressed block checksum mismatch"
     fields = ", ".join(f"{name} {int(p[i])}" for i, name in _FIELD_NAMES.items())

@@ -25,11 +25,13 @@ from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for
     SCHEME_FP8,
     SCHEME_INT,
     SCHEME_KIVI,
+    SCHEME_PLAIN,
 )
 from firmware.checksum import sum64, sum64_around, word_sums
 from firmware.convert import bf16_to_f32, fp16_to_f32
 from firmware.quant_fp8 import E4M3_VALUES, dequantize_fp8, quantize_fp8
 from firmware.quant_int import dequantize_int, quantize_int
+from firmware.summaries import MAX_PAGE, section_bytes, write_summaries
 
 HEADER_BYTES = 64
 MAGIC = 0x564B4453  # b"SDKV" little-endian
@@ -53,7 +55,8 @@ MAX_ELEMENTS = 1 << 40
 P_DTYPE, P_KIND, P_BITS, P_GROUP, P_SYM, P_RESIDUAL, P_PER_HEAD = 0, 1, 2, 3, 4, 5, 6
 P_TOKENS, P_LAYERS, P_HEADS, P_HDIM, P_BODY, P_CHECKSUM = 7, 8, 9, 10, 11, 12
 P_LAYOUT = 13
-NPARAM = 14
+P_SUMMARY_PAGE = 14  # tokens per page of the block's page summaries (0: none)
+NPARAM = 15
 
 # failures (negative returns); 1..9 describe a corrupt compressed block
 E_SHORT, E_MAGIC, E_VERSION, E_LENGTH, E_CHECKSUM = -1, -2, -3, -4, -5
@@ -117,13 +120,14 @@ _R = np.frombuffer(b"_r", np.uint8)
 _SYM = np.frombuffer(b"_sym", np.uint8)
 _FP8_TENSOR = np.frombuffer(b"fp8_tensor", np.uint8)
 _FP8_HEAD = np.frombuffer(b"fp8_head", np.uint8)
+_PLAIN = np.frombuffer(b"plain", np.uint8)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def parse_scheme_name(name, p):
     """A scheme name (ASCII bytes, NUL-padded or not) into p's scheme fields: `int8_g64`,
-    `int4_g128_sym`, `kivi4_g32_r128`, `fp8_tensor`, `fp8_head` (groups 32, 64 or 128).
-    Returns 0 or E_SCHEME."""
+    `int4_g128_sym`, `kivi4_g32_r128`, `fp8_tensor`, `fp8_head` (groups 32, 64 or 128), or
+    `plain` (the block as it is, in the drive's block format).  Returns 0 or E_SCHEME."""
     n = 0
     while n < name.shape[0] and name[n] != 0:
         n += 1
@@ -142,6 +146,10 @@ def parse_scheme_name(name, p):
     if n == _FP8_HEAD.shape[0] and _is(name, n, 0, _FP8_HEAD):
         p[P_KIND] = SCHEME_FP8
         p[P_PER_HEAD] = 1
+        return 0
+    if n == _PLAIN.shape[0] and _is(name, n, 0, _PLAIN):
+        p[P_KIND] = SCHEME_PLAIN
+        p[P_BITS] = 0  # the element's: set with the dtype (_plain_bits)
         return 0
     if _is(name, n, 0, _KIVI):
         kind, pos = SCHEME_KIVI, 4
@@ -205,6 +213,13 @@ def _element_bytes(dtype):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _keeps_order(p):
+    """Integer and plain bodies keep the block's own order (LMCache's 2LT too); fp8's and
+    KIVI's are in token order."""
+    return p[P_KIND] == SCHEME_INT or p[P_KIND] == SCHEME_PLAIN
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _per_token(p):
     return p[P_LAYERS] * p[P_HEADS] * p[P_HDIM]
 
@@ -231,6 +246,8 @@ def _kivi_body(p, quantized):
 def body_bytes(p, quantized):
     """The body of a block with these fields (`quantized`: KIVI's quantized tokens)."""
     n = elements(p)
+    if p[P_KIND] == SCHEME_PLAIN:
+        return _pad8(n * _element_bytes(p[P_DTYPE]))
     if p[P_KIND] == SCHEME_INT:
         return int_section_bytes(n, p[P_GROUP], p[P_BITS], p[P_SYM] != 0)
     if p[P_KIND] == SCHEME_FP8:
@@ -239,12 +256,19 @@ def body_bytes(p, quantized):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def summary_bytes(p):
+    """The page summaries' section after the body (firmware/summaries.py; 0: none)."""
+    return section_bytes(p[P_TOKENS], p[P_LAYERS], p[P_HEADS], p[P_HDIM], p[P_SUMMARY_PAGE],
+                         _element_bytes(p[P_DTYPE]))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def compressed_bytes(p):
     """The compressed block a quantize of p's scheme and shape makes."""
     q = 0
     if p[P_KIND] == SCHEME_KIVI:
         q = kivi_quantized_tokens(p[P_TOKENS], p[P_GROUP], p[P_RESIDUAL])
-    return HEADER_BYTES + body_bytes(p, q)
+    return HEADER_BYTES + body_bytes(p, q) + summary_bytes(p)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -355,6 +379,10 @@ def _quantize_typed(p, x, src, body):
     none = np.uint64(0)
     if p[P_KIND] == SCHEME_INT:
         return _quantize_int_summed(p, x, body)
+    if p[P_KIND] == SCHEME_PLAIN:
+        body[:src.shape[0]] = src
+        body[src.shape[0]:] = 0
+        return _nonfinite(x, dtype), 0, 0, 0, none, none
     if p[P_KIND] == SCHEME_FP8:
         nscales = _fp8_scales(p)
         start = _pad8(4 * nscales)
@@ -401,7 +429,7 @@ def _write_header(p, out, total, residual, lo, hi, s1, s2):
     _put(out, 4, 2, VERSION)
     _put(out, 6, 2, HEADER_BYTES)
     out[8] = p[P_KIND]
-    out[9] = p[P_BITS]
+    out[9] = 8 * _element_bytes(p[P_DTYPE]) if p[P_KIND] == SCHEME_PLAIN else p[P_BITS]
     flags = 0
     if p[P_KIND] == SCHEME_FP8:
         flags = FLAG_PER_HEAD if p[P_PER_HEAD] else 0
@@ -411,13 +439,14 @@ def _write_header(p, out, total, residual, lo, hi, s1, s2):
         flags |= FLAG_LAYOUT_2LT
     out[10] = flags
     out[11] = p[P_DTYPE]
-    _put(out, 12, 4, p[P_GROUP] if p[P_KIND] != SCHEME_FP8 else 0)
+    _put(out, 12, 4, p[P_GROUP] if p[P_KIND] != SCHEME_FP8 else 0)  # plain: 0
     _put(out, 16, 4, p[P_TOKENS])
     _put(out, 20, 4, p[P_LAYERS])
     _put(out, 24, 4, p[P_HEADS])
     _put(out, 28, 4, p[P_HDIM])
-    _put(out, 32, 8, total - HEADER_BYTES)
+    _put(out, 32, 8, total - HEADER_BYTES - summary_bytes(p))  # the summaries follow it
     _put(out, 48, 4, residual)
+    _put(out, 52, 2, p[P_SUMMARY_PAGE])
     _put(out, 40, 8, sum64_around(out[:total], CHECKSUM_WORD, lo, hi, s1, s2))
 
 
@@ -452,8 +481,8 @@ def quantize_block(p, src, out):
     total = compressed_bytes(p)
     if out.shape[0] < total:
         return E_OUT_SMALL
-    body = out[HEADER_BYTES:total]
-    if p[P_LAYOUT] == LAYOUT_2LT and p[P_KIND] != SCHEME_INT:
+    body = out[HEADER_BYTES:total - summary_bytes(p)]
+    if p[P_LAYOUT] == LAYOUT_2LT and not _keeps_order(p):
         ordered = np.empty(src.shape[0], np.uint8)  # token order, for fp8 and KIVI
         _reorder_rows(p, src, ordered, True)
         src = ordered
@@ -463,8 +492,35 @@ def quantize_block(p, src, out):
         bad, residual, lo, hi, s1, s2 = _quantize_typed(p, src.view(np.uint16), src, body)
     if bad:
         return E_NONFINITE
+    if p[P_SUMMARY_PAGE]:
+        _summarize(p, residual, body, out[total - summary_bytes(p):total])
     _write_header(p, out, total, residual, lo, hi, s1, s2)
     return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _summarize(p, residual, body, section):
+    """The page summaries of a block whose body is written, from its keys as a dequantize
+    gives them back (the bound must hold for the keys attention reads); a plain block's
+    keys are its body's own."""
+    dtype = p[P_DTYPE]
+    p[P_RESIDUAL] = residual
+    nbytes = elements(p) * _element_bytes(dtype)
+    plain = p[P_KIND] == SCHEME_PLAIN
+    x = body[:nbytes] if plain else np.empty(nbytes, np.uint8)
+    two_lt = p[P_LAYOUT] == LAYOUT_2LT and _keeps_order(p)
+    if dtype == 2:
+        xs = x.view(np.float32)
+        if not plain:
+            _dequantize_typed(p, body, xs, x)
+        write_summaries(xs, dtype, two_lt, p[P_TOKENS], p[P_LAYERS], p[P_HEADS], p[P_HDIM],
+                        p[P_SUMMARY_PAGE], section)
+    else:
+        xs = x.view(np.uint16)
+        if not plain:
+            _dequantize_typed(p, body, xs, x)
+        write_summaries(xs, dtype, two_lt, p[P_TOKENS], p[P_LAYERS], p[P_HEADS], p[P_HDIM],
+                        p[P_SUMMARY_PAGE], section)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -484,6 +540,9 @@ def parse_request(req, p):
     p[P_LAYERS] = _get(req, 44, 4)
     p[P_HEADS] = _get(req, 48, 4)
     p[P_HDIM] = _get(req, 52, 4)
+    p[P_SUMMARY_PAGE] = _get(req, 56, 2)
+    if p[P_SUMMARY_PAGE] > MAX_PAGE or _get(req, 58, 2) or _get(req, 60, 4):
+        return E_REQUEST  # a page past MAX_PAGE, or reserved bytes set
     return check_shape(p)
 
 
@@ -511,10 +570,13 @@ def _read_header(blob, p):
     p[P_BODY] = _get(blob, 32, 8)
     p[P_CHECKSUM] = _get(blob, 40, 8)
     p[P_RESIDUAL] = _get(blob, 48, 4)
+    p[P_SUMMARY_PAGE] = _get(blob, 52, 2)
     p[P_SYM] = 1 if flags & FLAG_SYMMETRIC else 0
     p[P_PER_HEAD] = 1 if flags & FLAG_PER_HEAD else 0
     p[P_LAYOUT] = LAYOUT_2LT if flags & FLAG_LAYOUT_2LT else LAYOUT_T2L
-    if p[P_BODY] < 0 or blob.shape[0] != HEADER_BYTES + p[P_BODY]:
+    # a wrong shape or page is _check_fields' to name; the length is checked without them
+    sb = summary_bytes(p) if p[P_SUMMARY_PAGE] <= MAX_PAGE and check_shape(p) == 0 else 0
+    if p[P_BODY] < 0 or blob.shape[0] != HEADER_BYTES + p[P_BODY] + sb:
         return E_LENGTH
     return 0
 
@@ -525,9 +587,12 @@ def _check_fields(blob, p):
     E_KIVI_GROUPS)."""
     kind, bits, flags, dtype = blob[8], blob[9], blob[10], blob[11]
     group, residual = p[P_GROUP], p[P_RESIDUAL]
-    if not (1 <= kind <= 3) or dtype > 2 or flags & ~7:
+    if not (1 <= kind <= 4) or dtype > 2 or flags & ~7 or p[P_SUMMARY_PAGE] > MAX_PAGE:
         return E_FIELDS
-    if kind == SCHEME_FP8:
+    if kind == SCHEME_PLAIN:
+        if bits != 8 * _element_bytes(dtype) or group != 0 or residual or flags & 3:
+            return E_FIELDS
+    elif kind == SCHEME_FP8:
         if bits != 8 or group != 0 or residual or flags & FLAG_SYMMETRIC:
             return E_FIELDS
     elif (bits != 4 and bits != 8) or not (group == 32 or group == 64 or group == 128) \
@@ -575,6 +640,9 @@ def _dequantize_typed(p, body, x, out_bytes):
     dtype = p[P_DTYPE]
     group, bits = p[P_GROUP], p[P_BITS]
     n = x.shape[0]
+    if p[P_KIND] == SCHEME_PLAIN:
+        out_bytes[:] = body[:out_bytes.shape[0]]
+        return
     if p[P_KIND] == SCHEME_INT:
         sym = p[P_SYM] != 0
         s, z, c = _int_views(body, n, group, bits, sym)
@@ -664,7 +732,7 @@ def dequantize_block(blob, out, p):
         if np.int64(sum64_around(blob, CHECKSUM_WORD, lo, hi, s1, s2)) != p[P_CHECKSUM]:
             return E_CHECKSUM
         return need
-    reorder = p[P_LAYOUT] == LAYOUT_2LT and p[P_KIND] != SCHEME_INT
+    reorder = p[P_LAYOUT] == LAYOUT_2LT and not _keeps_order(p)
     into = np.empty(need, np.uint8) if reorder else dst
     if dtype == 2:
         _dequantize_typed(p, body, into.view(np.float32), into)

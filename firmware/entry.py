@@ -24,6 +24,7 @@ from firmware.abi import (
     INFO_GROUP,
     INFO_KIND,
     INFO_RAW,
+    INFO_SUMMARY_BYTES,
 )
 from firmware.blockops import (
     E_OUT_SMALL,
@@ -41,6 +42,7 @@ from firmware.blockops import (
     parse_request,
     peek_header,
     quantize_block,
+    summary_bytes,
 )
 from firmware.prefix_hash import hash_chain
 
@@ -59,6 +61,7 @@ def _info(p, info, compressed):
     info[INFO_BITS] = p[P_BITS]
     info[INFO_COMPRESSED] = compressed
     info[INFO_RAW] = info[INFO_ELEMENTS] * info[INFO_ELEMENT_BYTES]
+    info[INFO_SUMMARY_BYTES] = summary_bytes(p)
 
 
 @cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
@@ -67,7 +70,7 @@ def fw_quantize(req, src, src_len, out, out_cap, info):
     out (out_cap bytes, 8-byte aligned).  out_cap 0: check the request only and give the
     sizes in info.  Returns the compressed size."""
     p = np.zeros(NPARAM, np.int64)
-    inf = carray(info, 7)
+    inf = carray(info, 8)
     e = parse_request(carray(req, 64), p)
     if e:
         return e
@@ -83,7 +86,7 @@ def fw_dequantize(blob, blob_len, out, out_cap, info):
     """Dequantize the compressed block at blob into out.  out_cap 0: verify the block only
     and give its sizes in info.  Returns the bytes written."""
     p = np.zeros(NPARAM, np.int64)
-    inf = carray(info, 7)
+    inf = carray(info, 8)
     b = carray(blob, blob_len)
     # the checksum is verified by dequantize_block in its own pass; open_header's separate
     # pass runs only when there is nothing to dequantize into, or to name what is wrong

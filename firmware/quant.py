@@ -8,6 +8,8 @@ Scheme names:
   at least R of them, plus however many do not fill a whole group of G tokens.
 - `fp8_tensor`, `fp8_head`: e4m3fn with one scale per block or per KV head
   (firmware/quant_fp8.py).
+- `plain`: the block as it is (its own element type), in the block format: how a block is
+  stored with its layout, so that the drive can keep its page summaries.
 `parse_scheme` raises a clear ValueError for anything else.
 
 This is the Python API over firmware/blockops.py, the compiled whole-block code the drive
@@ -26,19 +28,21 @@ from firmware.blockfmt import (
     SCHEME_FP8,
     SCHEME_INT,
     SCHEME_KIVI,
+    SCHEME_PLAIN,
     CorruptBlockError,
     open_block,
 )
 from firmware.layout import DTYPE_NAMES, KVShape, dtype_code, storage_dtype
+from firmware.summaries import MAX_PAGE
 
 GROUP_SIZES = INT_GROUPS
-_KINDS = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8"}
+_KINDS = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8", SCHEME_PLAIN: "plain"}
 _KIND_CODES = {v: k for k, v in _KINDS.items()}
 
 
 @dataclass(frozen=True)
 class Scheme:
-    kind: str  # "int", "kivi" or "fp8"
+    kind: str  # "int", "kivi", "fp8" or "plain"
     bits: int = 8
     group: int = 0
     symmetric: bool = False
@@ -51,6 +55,8 @@ class Scheme:
             return f"int{self.bits}_g{self.group}" + ("_sym" if self.symmetric else "")
         if self.kind == "kivi":
             return f"kivi{self.bits}_g{self.group}_r{self.residual}"
+        if self.kind == "plain":
+            return "plain"
         return "fp8_head" if self.per_head else "fp8_tensor"
 
 
@@ -61,7 +67,8 @@ def parse_scheme(name: str) -> Scheme:
     if not raw or len(raw) > 32 or B.parse_scheme_name(np.frombuffer(raw, np.uint8), p):
         raise ValueError(
             f"unknown quantization scheme {name!r}: expected int8_gN / int4_gN [_sym], "
-            f"kivi8_gN_rR / kivi4_gN_rR (N in {GROUP_SIZES}), fp8_tensor or fp8_head"
+            f"kivi8_gN_rR / kivi4_gN_rR (N in {GROUP_SIZES}), fp8_tensor, fp8_head or "
+            f"plain"
         )
     return _scheme_of(p)
 
@@ -71,8 +78,11 @@ def _scheme_of(p: np.ndarray) -> Scheme:
                   bool(p[B.P_SYM]), int(p[B.P_RESIDUAL]), bool(p[B.P_PER_HEAD]))
 
 
-def params(shape: KVShape, scheme: Scheme | str, dtype: str) -> np.ndarray:
-    """The compiled code's int64 description of a scheme, a block shape and an element type."""
+def params(shape: KVShape, scheme: Scheme | str, dtype: str, summary_page: int = 0) -> np.ndarray:
+    """The compiled code's int64 description of a scheme, a block shape and an element type
+    (summary_page: tokens per page of the page summaries the block carries; 0: none)."""
+    if not 0 <= summary_page <= MAX_PAGE:
+        raise ValueError(f"summary_page is 0 (none) to {MAX_PAGE} tokens, got {summary_page}")
     if isinstance(scheme, str):
         scheme = parse_scheme(scheme)
     p = np.zeros(B.NPARAM, np.int64)
@@ -83,6 +93,7 @@ def params(shape: KVShape, scheme: Scheme | str, dtype: str) -> np.ndarray:
     p[B.P_PER_HEAD] = scheme.per_head
     p[B.P_TOKENS], p[B.P_LAYERS] = shape.tokens, shape.layers
     p[B.P_HEADS], p[B.P_HDIM] = shape.kv_heads, shape.head_dim
+    p[B.P_SUMMARY_PAGE] = summary_page
     return p
 
 
@@ -91,9 +102,11 @@ def kivi_quantized_tokens(tokens: int, group: int, residual: int) -> int:
     return int(B.kivi_quantized_tokens(tokens, group, residual))
 
 
-def compressed_nbytes(shape: KVShape, scheme: Scheme | str, dtype: str = "fp16") -> int:
-    """Size of the compressed block for a KV block of this shape, scheme and element type."""
-    return int(B.compressed_bytes(params(shape, scheme, dtype)))
+def compressed_nbytes(shape: KVShape, scheme: Scheme | str, dtype: str = "fp16",
+                      summary_page: int = 0) -> int:
+    """Size of the compressed block for a KV block of this shape, scheme and element type
+    (with page summaries of summary_page tokens per page, when not 0)."""
+    return int(B.compressed_bytes(params(shape, scheme, dtype, summary_page)))
 
 
 # ---- public API -----------------------------------------------------------------------------
@@ -116,15 +129,17 @@ def _check_out(out: np.ndarray, dtype: np.dtype, size: int, what: str) -> np.nda
 
 
 def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str,
-             out: np.ndarray | None = None) -> np.ndarray:
+             out: np.ndarray | None = None, summary_page: int = 0) -> np.ndarray:
     """block: (tokens, 2, layers, kv_heads, head_dim) as uint16 (fp16/bf16 bits) or float32.
     Returns the compressed block (uint8), written into `out` when given (see
-    compressed_nbytes).  inf or NaN in the input raises ValueError."""
+    compressed_nbytes), with its page summaries when summary_page is not 0
+    (firmware/summaries.py; block_summaries reads them).  inf or NaN in the input raises
+    ValueError."""
     code = dtype_code(dtype)
     want = storage_dtype(code)
     if block.dtype != want:
         raise ValueError(f"a {dtype} block is carried as {want}, got {block.dtype}")
-    p = params(_block_shape(block), scheme, dtype)
+    p = params(_block_shape(block), scheme, dtype, summary_page)
     size = int(B.compressed_bytes(p))
     if out is None:
         blob = np.empty(size, np.uint8)

@@ -62,8 +62,8 @@ def new_sqes(n: int) -> np.ndarray:
 
 # KV_STORE_QUANTIZED's request header, at the start of the command's buffer (the raw KV
 # block follows it) or apart: magic, element dtype code (ssdemu_wire.codes), the block's
-# layout, scheme name, block shape.
-QUANT_REQUEST = struct.Struct("<4sBB2x32s4I8x")
+# layout, scheme name, block shape, tokens per page of its page summaries (0: none).
+QUANT_REQUEST = struct.Struct("<4sBB2x32s4IH6x")
 QUANT_REQUEST_MAGIC = b"SQRQ"
 assert QUANT_REQUEST.size == 64
 # the block's layout: the drive's (tokens, 2, layers, heads, head_dim), or LMCache's
@@ -72,9 +72,10 @@ LAYOUTS = {"t2l": 0, "2lt": 1}
 
 
 def pack_quant_request(dtype_code: int, scheme: str, tokens: int, layers: int, heads: int,
-                       head_dim: int, layout: str = "t2l") -> bytes:
+                       head_dim: int, layout: str = "t2l", summary_page: int = 0) -> bytes:
     return QUANT_REQUEST.pack(QUANT_REQUEST_MAGIC, dtype_code, LAYOUTS[layout],
-                              scheme.encode("ascii"), tokens, layers, heads, head_dim)
+                              scheme.encode("ascii"), tokens, layers, heads, head_dim,
+                              summary_page)
 
 
 def pack_retrieval_request(*, dtype_code: int, layer: int, layers: int, kv_heads: int,

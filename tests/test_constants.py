@@ -4,7 +4,7 @@ derived from them, and these tests fail when one disagrees."""
 import importlib.util
 import pathlib
 
-from firmware import abi, blockops, entry
+from firmware import abi, blockfmt, blockops, entry
 from ssdemu.device import _device
 from ssdemu.device.daemon import CLASS_NAMES
 from ssdemu.sim import _model
@@ -24,7 +24,7 @@ def test_the_firmware_abi_module_is_what_the_headers_generate():
     without regenerating it fails here."""
     gen = _gen_abi()
     assert (ROOT / "firmware" / "abi.py").read_text() == gen.render()
-    assert len(gen.constants()) == 15  # 7 INFO_, 5 E_, 3 SCHEME_: none dropped by the parser
+    assert len(gen.constants()) == 17  # 8 INFO_, 5 E_, 4 SCHEME_: none dropped by the parser
 
 
 def test_the_firmware_uses_the_compiled_headers_values():
@@ -36,6 +36,7 @@ def test_the_firmware_uses_the_compiled_headers_values():
         prefix = next(p for p in c_name if n.startswith(p))
         assert getattr(_device.lib, c_name[prefix] + n[len(prefix):]) == getattr(abi, n), n
     assert blockops.SCHEME_KIVI == _model.lib.SDE_SCHEME_KIVI
+    assert blockfmt.SCHEME_PLAIN == _model.lib.SDE_SCHEME_PLAIN
     assert entry.INFO_RAW == _device.lib.SDE_FW_INFO_RAW
     assert blockops.E_SCHEME == _device.lib.SDE_FW_E_SCHEME
 

@@ -190,7 +190,9 @@ def test_raw_compute_commands_are_validated(dev):
         STATUS["KV_INVALID_VALUE_SIZE"]
     bad = buf.copy()
     for field, value in ((slice(0, 4), b"XXXX"), (slice(8, 16), b"int9_g64"),
-                         (slice(40, 44), b"\0\0\0\0")):  # magic, scheme, zero tokens
+                         (slice(40, 44), b"\0\0\0\0"),  # magic, scheme, zero tokens
+                         (slice(56, 58), (4097).to_bytes(2, "little")),  # summary page
+                         (slice(60, 61), b"\1")):  # a reserved byte
         buf[field] = np.frombuffer(value, np.uint8)
         assert _raw(dev, store, b"f", buf=h, buf_offset=off, length=buf.size)[0] == \
             STATUS["INVALID_FIELD"], value

@@ -400,3 +400,106 @@ def test_another_clients_io_goes_on_while_a_long_retrieval_runs(daemon, dev):
         other.ns_delete(ns)
     assert reads >= 5, (reads, wall)  # the neighbour kept going all along
     assert worst < wall / 4, (worst, wall)  # and none of its reads waited for the TOPK
+
+
+def _put_with_summaries(dev, prefix, blocks, scheme, page=PAGE):
+    keys = [f"{prefix}/{i}".encode()[:16] for i in range(len(blocks))]
+    for k, b in zip(keys, blocks, strict=True):
+        dev.kv_put_quantized(k, b.view(np.uint16), "fp16", scheme, summary_page=page)
+    return keys
+
+
+@pytest.mark.parametrize("scheme", ["plain", "int8_g64", "kivi4_g32_r32"])
+def test_summaries_made_at_store_time_are_what_topk_scores_and_no_block_is_read(dev, scheme):
+    """A block stored with its layout carries its page summaries (made by the firmware as
+    it stores, from the keys as a retrieve gives them back): TOPK_PAGES reads them, not the
+    block, and selects what the reference selects over the stored keys."""
+    rng = np.random.default_rng(31)
+    blocks = _blocks(rng, 3, 64, 2, 2, 64)
+    keys = _put_with_summaries(dev, f"st{scheme[:4]}", blocks, scheme)
+    stored = [dequantize(dev.kv_get(key))[0] for key in keys]
+    if scheme == "plain":
+        assert all(np.array_equal(s.view(np.uint16), b.view(np.uint16))
+                   for s, b in zip(stored, blocks, strict=True))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    before = dev.log()["retrieval"]
+    ids, scores = dev.topk_pages(keys, q, layer=1, layers=2, kv_heads=2, k=3)
+    after = dev.log()["retrieval"]
+    s = ref.quest_scores(q, *ref.page_bounds(_layer(stored, 1, 0), PAGE))
+    assert np.array_equal(ids, ref.topk_pages(s, 3, 1, 1))
+    assert np.array_equal(scores, np.take_along_axis(s, ids, 1))
+    assert after["summary_reads"] - before["summary_reads"] == 3
+    assert after["block_reads"] == before["block_reads"]
+    summarized = before["kernels"].get("summarize", {}).get("calls", 0)
+    assert after["kernels"].get("summarize", {}).get("calls", 0) == summarized
+
+
+def test_stored_summaries_cost_a_read_of_their_bytes_not_of_the_block(dev):
+    """Cold (nothing in the DRAM), a sequence stored with summaries is scored sooner than
+    the same sequence stored plain: its summaries' bytes are read from NAND, not its blocks
+    and the summarize kernel.  A request with another page size reads the blocks."""
+    rng = np.random.default_rng(37)
+    blocks = _blocks(rng, 4, 256, 2, 2, 64)
+    with_s = _put_with_summaries(dev, "cs", blocks, "plain")
+    without = _store(dev, "cn", blocks)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    kw = dict(layer=0, layers=2, kv_heads=2, k=4)
+    a = dev.topk_pages_async(with_s, q, **kw)
+    b = dev.topk_pages_async(without, q, **kw)
+    assert np.array_equal(a.result()[0], b.result()[0])
+    assert 0 < a.device_ns < b.device_ns
+    before = dev.log()["retrieval"]["block_reads"]
+    ids, _ = dev.topk_pages(with_s, q, page_tokens=32, **kw)  # summaries are of 16 tokens
+    assert dev.log()["retrieval"]["block_reads"] == before + 4
+    s = ref.quest_scores(q, *ref.page_bounds(_layer(blocks, 0, 0), 32))
+    assert np.array_equal(ids, ref.topk_pages(s, 4, 1, 1))
+
+
+def test_stored_summaries_are_counted_in_the_store_and_kept_across_a_kill(tmp_path):
+    """The summaries are part of the stored value (the store's bytes count them, its
+    journal keeps them): after kill -9 and a restart they are read, not rebuilt."""
+    from firmware.layout import KVShape
+    from firmware.quant import compressed_nbytes
+
+    path = tmp_path / "drive.img"
+    rng = np.random.default_rng(41)
+    blocks = _blocks(rng, 2, 64, 2, 1, 32)
+    q = rng.standard_normal((2, 32)).astype(np.float32)
+    shape = KVShape(64, 2, 1, 32)
+    d = DaemonProcess(str(tmp_path / "a.sock"), media=f"file:{path}:64M")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            base = dev.log()["store"]["logical_bytes"]
+            keys = _put_with_summaries(dev, "kd", blocks, "int8_g32")
+            size = compressed_nbytes(shape, "int8_g32", "fp16", PAGE)
+            assert size > compressed_nbytes(shape, "int8_g32", "fp16")
+            assert [len(dev.kv_get(k)) for k in keys] == [size, size]
+            assert dev.log()["store"]["logical_bytes"] - base == 2 * size
+    finally:
+        d.kill()
+    again = DaemonProcess(str(tmp_path / "b.sock"), media=f"file:{path}")
+    try:
+        with hostlib.connect(again.socket_path) as dev:
+            ids, _ = dev.topk_pages(keys, q, layer=1, layers=2, kv_heads=1, k=2)
+            st = dev.log()["retrieval"]
+            stored = [dequantize(dev.kv_get(key))[0] for key in keys]
+    finally:
+        code, err = again.terminate()
+    assert code == 0, err
+    assert st["summary_reads"] == 2 and st["block_reads"] == 0
+    s = ref.quest_scores(q, *ref.page_bounds(_layer(stored, 1, 0), PAGE))
+    assert np.array_equal(ids, ref.topk_pages(s, 2, 1, 1))
+
+
+def test_a_store_that_makes_summaries_takes_longer_in_the_model(dev):
+    """The summaries are the firmware's work at store time: charged on the compute units
+    (the keys dequantized again, their min and max) and their bytes written."""
+    rng = np.random.default_rng(43)
+    b = _blocks(rng, 1, 256, 4, 2, 128)[0].view(np.uint16)
+    times = {}
+    for page in (0, 16):
+        f = dev.kv_put_quantized_async(f"mt{page}".encode(), b, "fp16", "int8_g64",
+                                       summary_page=page)
+        f.result()
+        times[page] = f.device_ns
+    assert 0 < times[0] < times[16]

@@ -17,6 +17,7 @@ from ssdemu.sim.cost import (
     prefix_hash_cost,
     prefix_match_cost,
     quantize_cost,
+    store_summaries_cost,
 )
 
 SCHEMES = ["int8_g64", "int4_g32", "int4_g128_sym", "kivi4_g32_r128", "fp8_tensor", "fp8_head"]
@@ -47,6 +48,25 @@ def test_quantization_costs_follow_the_shape(tokens, layers, heads, dim, scheme)
     assert q.vector_ops >= 7 * shape.elements and d.vector_ops >= 3 * shape.elements
     assert q.mac_ops == d.mac_ops == 0
     assert quantize_cost(2 * shape.elements, 2, scheme, comp).vector_ops > q.vector_ops
+
+
+@given(tokens=st.integers(1, 600), layers=st.integers(1, 4), heads=st.integers(1, 4),
+       page=st.sampled_from([1, 16, 64]), scheme=st.sampled_from(SCHEMES + ["plain"]))
+def test_summaries_made_at_store_time_are_charged(tokens, layers, heads, page, scheme):
+    """A store with page summaries pays for the keys' min and max, and a quantized block's
+    keys dequantized again first; a plain block's are its body."""
+    shape = KVShape(tokens, layers, heads, 64)
+    comp = compressed_nbytes(shape, scheme, "fp16", page)
+    sums = comp - compressed_nbytes(shape, scheme, "fp16")
+    assert sums >= 2 * layers * heads * -(-tokens // page) * 64 * 2
+    c = store_summaries_cost(shape.elements, 2, scheme, comp, sums)
+    keys = shape.elements // 2
+    assert c.vector_ops >= 3 * keys and c.bytes >= keys * 2 + sums and c.mac_ops == 0
+    if scheme == "plain":
+        assert c.vector_ops < 4 * keys + sums
+    else:
+        assert c.vector_ops > dequantize_cost(keys, 2, scheme, comp // 2).vector_ops
+    assert store_summaries_cost(shape.elements, 2, scheme, comp, 0) is None
 
 
 def _compressions_the_firmware_runs(blocks: int, block: int) -> int:

@@ -376,7 +376,7 @@ _KIVI_RE = r"\Akivi(8|4)_g0*(32|64|128)_r[0-9]{1,9}\Z"
     st.from_regex(r"\A(int|kivi|fp8_)[0-9a-z_]{0,14}\Z"),
     st.sampled_from(["int8_g64", "int4_g128_sym", "kivi4_g32_r128", "kivi8_g64_r0",
                      "fp8_tensor", "fp8_head", "int8_g64_sym_", "int8_g064", "kivi4_g32",
-                     "int8_g64\0x", "fp8_heads"]),
+                     "int8_g64\0x", "fp8_heads", "plain", "plains", "plain_g64"]),
     st.text(max_size=20)))
 def test_compiled_scheme_parser_matches_the_grammar(name):
     """The drive's parser (bytes, no regex) accepts exactly the documented names."""
@@ -385,7 +385,7 @@ def test_compiled_scheme_parser_matches_the_grammar(name):
     from firmware import blockops as B
 
     want = bool(re.match(_INT_RE, name) or re.match(_KIVI_RE, name)
-                or name in ("fp8_tensor", "fp8_head"))
+                or name in ("fp8_tensor", "fp8_head", "plain"))
     raw = name.encode("utf-8")
     p = np.zeros(B.NPARAM, np.int64)
     got = len(raw) <= 32 and B.parse_scheme_name(np.frombuffer(raw.ljust(32, b"\0"), np.uint8),

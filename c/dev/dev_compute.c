@@ -292,10 +292,14 @@ void dev_prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, ui
 static sde_kernel_cost quantize_cost(const sde_fw_job *j)
 {
     const int64_t *info = j->info;
-    return sde_cost_quantize((uint64_t)info[SDE_FW_INFO_ELEMENTS],
-                             (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
-                             (int)info[SDE_FW_INFO_KIND], (uint32_t)info[SDE_FW_INFO_GROUP],
-                             (uint64_t)j->ret);
+    uint64_t n = (uint64_t)info[SDE_FW_INFO_ELEMENTS];
+    uint32_t eb = (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES];
+    int kind = (int)info[SDE_FW_INFO_KIND];
+    uint32_t group = (uint32_t)info[SDE_FW_INFO_GROUP];
+    uint64_t sums = (uint64_t)info[SDE_FW_INFO_SUMMARY_BYTES];
+    sde_kernel_cost q = sde_cost_quantize(n, eb, kind, group, (uint64_t)j->ret - sums);
+    sde_kernel_cost s = sde_cost_store_summaries(n, eb, kind, group, (uint64_t)j->ret, sums);
+    return sde_cost_add(q, s);
 }
 
 /* KV_STORE_QUANTIZED's kernel is back: charge it, then store its output as a put does. */

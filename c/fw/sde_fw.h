@@ -19,6 +19,7 @@
 #define SDE_FW_INFO_BITS 4
 #define SDE_FW_INFO_COMPRESSED 5
 #define SDE_FW_INFO_RAW 6
+#define SDE_FW_INFO_SUMMARY_BYTES 7 /* quantize: the page summaries' bytes in the block */
 /* the entry points' failures (firmware/blockops.py E_*); -1..-9: a corrupt block */
 #define SDE_FW_E_OUT_SMALL -10
 #define SDE_FW_E_NONFINITE -11

@@ -13,7 +13,9 @@ sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int
                                   uint32_t group, uint64_t compressed_bytes)
 {
     uint64_t ops;
-    if (kind == SDE_SCHEME_FP8) {
+    if (kind == SDE_SCHEME_PLAIN) {
+        ops = 2 * elements; /* the finiteness check and the copy */
+    } else if (kind == SDE_SCHEME_FP8) {
         ops = 7 * elements + 2;
     } else {
         ops = 8 * elements + 6 * groups(elements, group);
@@ -27,10 +29,28 @@ sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int
 sde_kernel_cost sde_cost_dequantize(uint64_t elements, uint32_t element_bytes, int kind,
                                     uint32_t group, uint64_t compressed_bytes)
 {
-    uint64_t ops = kind == SDE_SCHEME_FP8 ? 3 * elements
-                                          : 4 * elements + groups(elements, group);
+    uint64_t ops = kind == SDE_SCHEME_PLAIN ? elements /* the copy */
+                   : kind == SDE_SCHEME_FP8 ? 3 * elements
+                                            : 4 * elements + groups(elements, group);
     return (sde_kernel_cost){.vector_ops = ops,
                              .bytes = elements * element_bytes + compressed_bytes};
+}
+
+sde_kernel_cost sde_cost_store_summaries(uint64_t elements, uint32_t element_bytes, int kind,
+                                         uint32_t group, uint64_t compressed_bytes,
+                                         uint64_t summary_bytes)
+{
+    if (!summary_bytes)
+        return (sde_kernel_cost){0};
+    uint64_t keys = elements / 2;
+    /* a plain block's keys are its body: nothing to dequantize */
+    sde_kernel_cost d = kind == SDE_SCHEME_PLAIN
+                            ? (sde_kernel_cost){0}
+                            : sde_cost_dequantize(keys, element_bytes, kind, group,
+                                                  (compressed_bytes - summary_bytes) / 2);
+    /* one "token" of every layer and head: the summarize cost counts key elements */
+    sde_kernel_cost s = sde_cost_summarize(keys, 1, 1, element_bytes, summary_bytes, 0);
+    return sde_cost_add(d, s);
 }
 
 sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens)

@@ -35,6 +35,7 @@
 #define SDE_SCHEME_INT 1
 #define SDE_SCHEME_KIVI 2
 #define SDE_SCHEME_FP8 3
+#define SDE_SCHEME_PLAIN 4 /* the block as it is: stored with its layout, for its summaries */
 
 typedef struct sde_kernel_cost {
     uint64_t ops;        /* scalar ops on an embedded core */
@@ -72,6 +73,11 @@ sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int
                                   uint32_t group, uint64_t compressed_bytes);
 sde_kernel_cost sde_cost_dequantize(uint64_t elements, uint32_t element_bytes, int kind,
                                     uint32_t group, uint64_t compressed_bytes);
+/* A quantized store's page summaries (firmware/summaries.py): the block's keys dequantized
+ * again (the bound is of the keys a retrieve gives back) and their per-page min and max. */
+sde_kernel_cost sde_cost_store_summaries(uint64_t elements, uint32_t element_bytes, int kind,
+                                         uint32_t group, uint64_t compressed_bytes,
+                                         uint64_t summary_bytes);
 sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens);
 sde_kernel_cost sde_cost_prefix_match(uint64_t keys_probed);
 sde_kernel_cost sde_cost_index_insert(uint64_t keys);
@@ -111,4 +117,12 @@ double sde_budget_charge(sde_budget *b, int kernel, sde_kernel_cost c, double su
 /* Busy unit-time over available unit-time since the clock's origin. */
 double sde_budget_utilization(const sde_budget *b, double elapsed_ns);
 /* CDEF-END */
+
+/* two kernels' costs as one */
+static inline sde_kernel_cost sde_cost_add(sde_kernel_cost a, sde_kernel_cost b)
+{
+    return (sde_kernel_cost){.ops = a.ops + b.ops, .bytes = a.bytes + b.bytes,
+                             .vector_ops = a.vector_ops + b.vector_ops,
+                             .mac_ops = a.mac_ops + b.mac_ops, .probes = a.probes + b.probes};
+}
 #endif

@@ -51,8 +51,9 @@
 #define SDE_CMD_KV_LIST 36
 /* Compute commands, run by the in-drive firmware under the TOPS budget:
  * KV_STORE_QUANTIZED: the buffer holds a 64-byte request (magic SQRQ, element dtype, scheme
- *   name, block shape) and the raw KV block; the drive quantizes it and stores the compressed
- *   block under the key (KV_RETRIEVE returns that compressed block).
+ *   name, block shape, and the tokens per page of the page summaries to keep with it, 0 for
+ *   none) and the raw KV block; the drive quantizes it and stores the compressed block, with
+ *   its page summaries after the body, under the key (KV_RETRIEVE returns that block).
  * KV_RETRIEVE_DEQUANTIZED: the drive dequantizes the stored block into the buffer.
  * PREFIX_MATCH: the buffer holds N 16-byte keys; result = the leading run present.
  * PREFIX_MATCH_TOKENS: the buffer holds a 16-byte root key and token ids (uint32), param0 the

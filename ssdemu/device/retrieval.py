@@ -9,14 +9,18 @@ retrieval.py, compiled, nogil), write the result into the client's registered bu
 complete the command at its modelled time.
 
 Summaries: per block, layer and page size, the per-channel min and max of each KV head's
-keys, made when a block is first scored and kept in the controller's DRAM (an LRU of the
-profile's retrieval.summary_dram_bytes), keyed by the value's place on the media, so a
-rewritten or deleted value's summaries are never used (they are derived data: after a crash
-or a restart they are rebuilt from the values, which the store's journal keeps).  A block
-whose summaries are not in DRAM costs a NAND read of the block and the summarize kernel.
+keys.  A block stored with its layout (KV_STORE_QUANTIZED with a summary page, any scheme,
+`plain` included) carries them after its body: the firmware made them as it stored the
+block (firmware/summaries.py), so they are part of the stored value, under the store's
+journal and crash rules and counted in its bytes, and a layer's run of them is read from
+NAND (its own bytes, not the block's).  Any other block (a plain KV_STORE, or summaries of
+another page size) is read and summarized when first scored.  Either way they are then kept
+in the controller's DRAM (an LRU of the profile's retrieval.summary_dram_bytes), keyed by the
+value's place on the media, so a rewritten or deleted value's summaries are never used.
 
 Timing (ssdemu.sim.cost and the timing model, as the drive would run it, the drive otherwise
-idle): the request over the link; each block's summaries from DRAM or the block from NAND;
+idle): the request over the link; each block's summaries from DRAM, or their stored run from
+NAND, or the block from NAND and the summarize kernel;
 score and top-k per KV head on the TOPS budget; the re-rank's and attention's pages read from
 NAND; the result back over the link.  The store keeps a block token by token (as it was
 written), so one page of one head costs a read of the page's whole token rows: every layer
@@ -36,8 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware import retrieval as R
+from firmware.blockfmt import (
+    HEADER_BYTES,
+    CorruptBlockError,
+    layer_summaries,
+    open_block,
+    summaries_at,
+)
 from firmware.blockfmt import MAGIC as BLOCK_MAGIC
-from firmware.blockfmt import CorruptBlockError
 from firmware.convert import bf16_to_f32, fp16_to_f32
 from firmware.layout import (
     DTYPE_BF16,
@@ -257,7 +267,8 @@ class Retrieval:
         self._t.start()
         self._lock = threading.Lock()
         self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
-                       "summary_hits": 0, "summary_misses": 0, "block_reads": 0,
+                       "summary_hits": 0, "summary_misses": 0, "summary_reads": 0,
+                       "block_reads": 0,
                        "kernels": {}}
         self._memo_left = MEMO_BYTES
 
@@ -375,6 +386,41 @@ class Retrieval:
             b.kv = (k, v)
         return k, v
 
+    def _stored(self, req: Request, nsid: int, b: Block, timing) -> tuple | None:
+        """The summaries a block was stored with (a compressed block whose section has the
+        request's page and layout), as the cache keeps them, its layer's run of them read
+        from NAND; None when it has none that serve."""
+        if not b.length or b.length < 64:
+            return None
+        try:
+            value = self.d.store.get(b.key, nsid)
+        except CorruptValue:
+            raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
+        except KeyError:
+            raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
+        if value[:4] != BLOCK_MAGIC:
+            return None
+        try:
+            header, _ = open_block(value)
+        except CorruptBlockError as e:
+            raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
+        s = header.shape
+        if (header.summary_page != req.page or req.layer >= s.layers
+                or (s.layers, s.kv_heads, s.head_dim) != (req.layers, req.kv_heads,
+                                                         req.head_dim)):
+            return None
+        _, run = layer_summaries(value, req.layer)
+        off, nbytes = summaries_at(header, req.layer)
+        timing.stored_summaries(b, off, nbytes)
+        with self._lock:
+            self._stats["summary_reads"] += 1
+        b.code = header.dtype
+        lo, hi = run[0].copy(), run[1].copy()
+        if header.dtype == DTYPE_FP16:
+            lo, hi = lo.view(np.float16), hi.view(np.float16)
+        body = HEADER_BYTES + header.body_bytes  # the token rows' bytes, without summaries
+        return lo, hi, s.tokens, max(1, body // s.tokens)
+
     def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:
         mins, maxs, first = [], [], 0
         for i, b in enumerate(blocks):
@@ -382,6 +428,11 @@ class Retrieval:
             hit = self.cache.get(ck)
             with self._lock:
                 self._stats["summary_hits" if hit is not None else "summary_misses"] += 1
+            if hit is None:
+                hit = self._stored(req, nsid, b, timing)
+                if hit is not None:
+                    self.cache.put(ck, hit, hit[0].nbytes + hit[1].nbytes)
+                    hit = (hit, 0)
             if hit is None:
                 keys, _ = self._read(req, nsid, b)
                 P = R.pages_of(keys.shape[1], req.page)
@@ -519,6 +570,10 @@ class _Timing:
 
     def _sense(self, offset: int, nbytes: int) -> float:
         return self.model.sense(self.ready, offset, max(1, nbytes))
+
+    def stored_summaries(self, b: Block, offset: int, nbytes: int) -> None:
+        """A layer's summaries read from NAND, where the block's store put them."""
+        self.t = max(self.t, self._sense(b.offset + offset, nbytes))
 
     def summarize(self, b: Block, tokens: int, req: Request) -> None:
         done = self._sense(b.offset, b.length)

@@ -96,7 +96,8 @@ def _cost(c) -> KernelCost:
 
 def _scheme(scheme: Scheme | str) -> tuple[int, int]:
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    kind = {"int": lib.SDE_SCHEME_INT, "kivi": lib.SDE_SCHEME_KIVI, "fp8": lib.SDE_SCHEME_FP8}
+    kind = {"int": lib.SDE_SCHEME_INT, "kivi": lib.SDE_SCHEME_KIVI, "fp8": lib.SDE_SCHEME_FP8,
+            "plain": lib.SDE_SCHEME_PLAIN}
     return kind[s.kind], s.group
 
 
@@ -127,6 +128,15 @@ def index_insert_cost(keys: int) -> KernelCost:
 def summary_bytes(pages: int, heads: int, head_dim: int, element_bytes: int = 2,
                   int8: bool = False) -> int:
     return int(lib.sde_summary_bytes(pages, heads, head_dim, element_bytes, int(int8)))
+
+
+def store_summaries_cost(elements: int, element_bytes: int, scheme: Scheme | str,
+                         compressed_bytes: int, summary_nbytes: int) -> KernelCost | None:
+    """What a store with page summaries adds to its quantize (None: no summaries)."""
+    if not summary_nbytes:
+        return None
+    return _cost(lib.sde_cost_store_summaries(elements, element_bytes, *_scheme(scheme),
+                                              compressed_bytes, summary_nbytes))
 
 
 def summarize_cost(tokens: int, heads: int, head_dim: int, element_bytes: int,
