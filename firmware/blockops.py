@@ -492,10 +492,26 @@ def quantize_block(p, src, out):
         bad, residual, lo, hi, s1, s2 = _quantize_typed(p, src.view(np.uint16), src, body)
     if bad:
         return E_NONFINITE
-    if p[P_SUMMARY_PAGE]:
-        _summarize(p, residual, body, out[total - summary_bytes(p):total])
+    out[total - summary_bytes(p):total] = 0  # add_summaries fills the section in
     _write_header(p, out, total, residual, lo, hi, s1, s2)
     return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def add_summaries(block, p):
+    """Fill in the page summaries of a block quantize_block just made (block: exactly its
+    bytes; p: scratch, gets its header) and seal it again.  Returns its size, or a corrupt
+    block's code.  A separate step from quantize_block, not called from it: it reads the
+    keys back through the dequantize kernels, and firmware/warm.py compiles the quantize
+    and the dequantize paths in parallel processes that must share no function."""
+    e = _read_header(block, p)
+    if e:
+        return e
+    if p[P_SUMMARY_PAGE]:
+        body = block[HEADER_BYTES:HEADER_BYTES + p[P_BODY]]
+        _summarize(p, p[P_RESIDUAL], body, block[HEADER_BYTES + p[P_BODY]:])
+        _put(block, 40, 8, sum64(block, CHECKSUM_WORD))
+    return block.shape[0]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

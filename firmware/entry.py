@@ -34,6 +34,7 @@ from firmware.blockops import (
     P_DTYPE,
     P_GROUP,
     P_KIND,
+    add_summaries,
     compressed_bytes,
     dequantize_block,
     dequantized_bytes,
@@ -77,7 +78,10 @@ def fw_quantize(req, src, src_len, out, out_cap, info):
     _info(p, inf, compressed_bytes(p))
     if out_cap < inf[INFO_COMPRESSED]:
         return E_OUT_SMALL
-    return quantize_block(p, carray(src, src_len), carray(out, out_cap))
+    n = quantize_block(p, carray(src, src_len), carray(out, out_cap))
+    if n > 0 and inf[INFO_SUMMARY_BYTES]:
+        n = add_summaries(carray(out, n), np.zeros(NPARAM, np.int64))
+    return n
 
 
 

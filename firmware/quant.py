@@ -151,6 +151,8 @@ def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str,
     n = B.quantize_block(p, src, blob)
     if n == B.E_NONFINITE:
         raise ValueError("KV block holds inf/NaN values: refusing to quantize it")
+    if n > 0 and summary_page:
+        n = B.add_summaries(blob, np.zeros(B.NPARAM, np.int64))
     assert n == size, n  # every other failure was checked above
     return blob
 

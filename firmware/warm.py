@@ -146,6 +146,7 @@ def _half_dequantize_and_retrieval() -> None:
     from firmware import blockops as B
     u8, i64 = (types.Array(t, 1, "C") for t in (types.uint8, types.int64))
     B.dequantize_block.compile((u8, u8, i64))
+    B.add_summaries.compile((u8, i64))  # the dequantize path's: the stored block's keys
     B.parse_request.compile((u8, i64))
     name = np.frombuffer(b"int8_g64", np.uint8)  # read-only, as firmware.quant passes names
     B.parse_scheme_name(name, np.zeros(B.NPARAM, np.int64))

@@ -68,6 +68,7 @@ def test_lmcache_order_blocks_are_summarized_by_token(scheme, dtype):
     p[B.P_LAYOUT] = B.LAYOUT_2LT
     out = np.empty(int(B.compressed_bytes(p)), np.uint8)
     assert B.quantize_block(p.copy(), two_lt.reshape(-1).view(np.uint8).copy(), out) == out.size
+    assert B.add_summaries(out, np.zeros(B.NPARAM, np.int64)) == out.size
     back = np.empty(two_lt.nbytes, np.uint8)
     assert B.dequantize_block(out, back, np.zeros(B.NPARAM, np.int64)) == back.size
     y = back.view(x.dtype).reshape(2, L, T, H, D)

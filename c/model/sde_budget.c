@@ -50,7 +50,9 @@ sde_kernel_cost sde_cost_store_summaries(uint64_t elements, uint32_t element_byt
                                                   (compressed_bytes - summary_bytes) / 2);
     /* one "token" of every layer and head: the summarize cost counts key elements */
     sde_kernel_cost s = sde_cost_summarize(keys, 1, 1, element_bytes, summary_bytes, 0);
-    return sde_cost_add(d, s);
+    /* then the block's checksum again, over its words */
+    sde_kernel_cost sum = {.vector_ops = compressed_bytes / 8, .bytes = compressed_bytes};
+    return sde_cost_add(sde_cost_add(d, s), sum);
 }
 
 sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens)
