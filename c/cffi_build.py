@@ -71,8 +71,11 @@ def have_liburing() -> bool:
 model = builder("ssdemu.sim._model", MODEL)
 client_loop = builder("ssdemu.bench._client_loop", CLIENT_LOOP)
 # struct iovec comes from <sys/uio.h>; cffi learns its layout from the compiler ("...").
+# sde_fw_load_python: ssdemu/device/daemon.py's loader of the firmware's entry points, which
+# the C side calls on the first compute command (c/fw/sde_fw.h, sde_fw_set_loader)
 device = builder("ssdemu.device._device", DEVICE,
-                 prelude="struct iovec { void *iov_base; size_t iov_len; ...; };\n",
+                 prelude="struct iovec { void *iov_base; size_t iov_len; ...; };\n"
+                         'extern "Python" int sde_fw_load_python(uint64_t *);\n',
                  libraries=["uring"])
 
 if not have_liburing():

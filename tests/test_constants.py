@@ -24,7 +24,7 @@ def test_the_firmware_abi_module_is_what_the_headers_generate():
     without regenerating it fails here."""
     gen = _gen_abi()
     assert (ROOT / "firmware" / "abi.py").read_text() == gen.render()
-    assert len(gen.constants()) == 17  # 8 INFO_, 5 E_, 4 SCHEME_: none dropped by the parser
+    assert len(gen.constants()) == 18  # 8 INFO_, 6 E_, 4 SCHEME_: none dropped by the parser
 
 
 def test_the_firmware_uses_the_compiled_headers_values():
@@ -37,6 +37,8 @@ def test_the_firmware_uses_the_compiled_headers_values():
         assert getattr(_device.lib, c_name[prefix] + n[len(prefix):]) == getattr(abi, n), n
     assert blockops.SCHEME_KIVI == _model.lib.SDE_SCHEME_KIVI
     assert blockfmt.SCHEME_PLAIN == _model.lib.SDE_SCHEME_PLAIN
+    from ssdemu.device import retrieval
+    assert retrieval.BLOCK_MAGIC == blockfmt.MAGIC
     assert entry.INFO_RAW == _device.lib.SDE_FW_INFO_RAW
     assert blockops.E_SCHEME == _device.lib.SDE_FW_E_SCHEME
 

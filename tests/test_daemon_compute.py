@@ -264,3 +264,28 @@ def test_an_unknown_layout_is_refused(dev):
     lt = block((16, 2, 2, 4, 64))
     with pytest.raises(ValueError, match="layout"):
         dev.kv_put_quantized(b"lay/bad", lt, "fp16", "int8_g64", layout="ltd")
+
+
+def _maps_llvm(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "llvmlite" in f.read()
+
+
+def test_the_firmware_is_loaded_by_the_first_compute_command(tmp_path):
+    """A daemon loads the firmware's compiled code (Numba, LLVM) when a command first needs
+    it, not at start: one that serves only block and KV commands never maps it."""
+    d = DaemonProcess(str(tmp_path / "f.sock"), media="mem:64M")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            dev.kv_put(b"k", b"v" * 4096)
+            assert dev.kv_get(b"k") == b"v" * 4096
+            assert not _maps_llvm(d.pid)
+            x = block((16, 2, 1, 1, 64), seed=9)
+            size = dev.kv_put_quantized(b"q", x, "fp16", "int8_g64")
+            assert _maps_llvm(d.pid) and len(dev.kv_get(b"q")) == size
+            out = np.empty_like(x)
+            dev.kv_get_dequantized(b"q", out)
+            assert np.array_equal(out, dequantize(dev.kv_get(b"q"))[0])
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err

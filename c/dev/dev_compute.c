@@ -148,8 +148,9 @@ void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     memcpy(x->req, req, sizeof(x->req));
     /* check the request and learn the compressed size (no kernel runs) */
     int64_t info[8] = {0};
-    int64_t r = dev->fw_entry.quantize(x->req, src, (int64_t)src_len, NULL,
-                                                          0, info);
+    int64_t r = sde_fw_ensure(&dev->fw_entry) < 0
+                    ? SDE_FW_E_UNAVAILABLE /* the first one loads them: once, ~0.5 s */
+                    : dev->fw_entry.quantize(x->req, src, (int64_t)src_len, NULL, 0, info);
     uint16_t st = r != SDE_FW_E_OUT_SMALL ? fw_status(r < 0 ? r : SDE_FW_E_REQUEST)
                   : (uint64_t)info[SDE_FW_INFO_RAW] != src_len ? SDE_SC_KV_INVALID_VALUE_SIZE
                   : (uint64_t)info[SDE_FW_INFO_COMPRESSED] > st_max_value(dev->store)

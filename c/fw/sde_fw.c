@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,8 +28,50 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void run_job(const sde_fw_entry *e, sde_fw_job *j)
+/* The process's loaded entry points (one daemon per process), behind load_lock. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static int (*loader_fn)(uint64_t *);
+static uint64_t loaded[3];
+static int load_error; /* sticky: a loader that failed once is not run on every command */
+
+void sde_fw_set_loader(int (*loader)(uint64_t *addresses))
 {
+    pthread_mutex_lock(&load_lock);
+    loader_fn = loader;
+    pthread_mutex_unlock(&load_lock);
+}
+
+int sde_fw_ensure(sde_fw_entry *e)
+{
+    if (__atomic_load_n(&e->quantize, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&load_lock);
+    if (!loaded[0] && !load_error) {
+        uint64_t a[3] = {0};
+        int r = loader_fn ? loader_fn(a) : -ENOSYS;
+        if (r == 0 && a[0] && a[1] && a[2])
+            memcpy(loaded, a, sizeof(a));
+        else
+            load_error = r < 0 ? r : -EIO;
+    }
+    int r = load_error;
+    if (loaded[0] && !e->quantize) {
+        e->dequantize = (sde_fw_dequantize_fn)(uintptr_t)loaded[1];
+        e->hash_chain = (sde_fw_hash_fn)(uintptr_t)loaded[2];
+        __atomic_store_n(&e->quantize, (sde_fw_quantize_fn)(uintptr_t)loaded[0],
+                         __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&load_lock);
+    return loaded[0] ? 0 : r;
+}
+
+static void run_job(sde_fw_entry *e, sde_fw_job *j)
+{
+    if (sde_fw_ensure(e) < 0) {
+        j->ret = SDE_FW_E_UNAVAILABLE;
+        j->host_ns = 0;
+        return;
+    }
     uint64_t t0 = mono_ns();
     switch (j->kind) {
     case SDE_FW_QUANTIZE:
@@ -75,8 +118,10 @@ static void *worker(void *arg)
 
 int sde_fw_new(const sde_fw_entry *entry, uint32_t threads, int done_fd, sde_fw **out)
 {
-    if (!entry || !entry->quantize || !entry->dequantize || !entry->hash_chain || threads < 1 ||
-        threads > SDE_FW_MAX_THREADS)
+    /* all three entry points, or none (loaded on first use) */
+    int some = entry && (entry->quantize || entry->dequantize || entry->hash_chain);
+    if (!entry || (some && (!entry->quantize || !entry->dequantize || !entry->hash_chain)) ||
+        threads < 1 || threads > SDE_FW_MAX_THREADS)
         return -EINVAL;
     sde_fw *fw = calloc(1, sizeof(*fw));
     if (!fw)

@@ -26,6 +26,13 @@
 #define SDE_FW_E_REQUEST -12
 #define SDE_FW_E_VALUE_SIZE -13
 #define SDE_FW_E_SCHEME -14
+#define SDE_FW_E_UNAVAILABLE -15 /* the firmware's compiled code could not be loaded */
+
+/* Where the entry points come from when sde_dev_set_firmware is given none: a loader
+ * called once, on the first command that needs one (ssdemu/device/daemon.py's imports the
+ * compiled firmware then, so that a daemon no compute command reaches never loads Numba),
+ * filling quantize, dequantize and hash_chain's addresses; 0 or -errno. */
+void sde_fw_set_loader(int (*loader)(uint64_t *addresses));
 /* CDEF-END */
 
 typedef int64_t (*sde_fw_quantize_fn)(const uint8_t *req, const uint8_t *src, int64_t src_len,
@@ -61,7 +68,12 @@ typedef struct sde_fw_job {
 
 typedef struct sde_fw sde_fw;
 
-/* threads: 1..SDE_FW_MAX_THREADS; done_fd: an eventfd kicked when a job is done. */
+/* The entry points in *entry, loaded first if they are not (thread-safe; the first call
+ * runs the loader): 0, or -errno when they cannot be had. */
+int sde_fw_ensure(sde_fw_entry *entry);
+
+/* threads: 1..SDE_FW_MAX_THREADS; done_fd: an eventfd kicked when a job is done.  An
+ * entry with no entry points loads them (sde_fw_ensure) before its first job. */
 int sde_fw_new(const sde_fw_entry *entry, uint32_t threads, int done_fd, sde_fw **out);
 void sde_fw_free(sde_fw *fw);           /* waits for the jobs queued to finish */
 void sde_fw_submit(sde_fw *fw, sde_fw_job *job);

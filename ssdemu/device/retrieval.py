@@ -31,6 +31,7 @@ would use.
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import queue
 import threading
@@ -39,16 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware import retrieval as R
-from firmware.blockfmt import (
-    HEADER_BYTES,
-    CorruptBlockError,
-    layer_summaries,
-    open_block,
-    summaries_at,
-)
-from firmware.blockfmt import MAGIC as BLOCK_MAGIC
-from firmware.convert import bf16_to_f32, fp16_to_f32
 from firmware.layout import (
     DTYPE_BF16,
     DTYPE_CODES,
@@ -57,7 +48,6 @@ from firmware.layout import (
     ELEMENT_BYTES,
     storage_dtype,
 )
-from firmware.quant import dequantize
 from ssdemu.device.store import CorruptValue
 from ssdemu.sim.cost import (
     attend_cost,
@@ -72,6 +62,27 @@ from ssdemu.sim.timing import DeviceModel, budget_of
 from ssdemu_wire.layout import OPCODES, REQUEST_DTYPE, RETRIEVAL_INT8, RETRIEVAL_MAGIC, STATUS
 
 log = logging.getLogger("ssdemu.retrieval")
+
+
+class _Firmware:
+    """A firmware module imported on first use: the retrieval worker's first command loads
+    the compiled kernels, so that a daemon that serves none never imports Numba."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module = None
+
+    def __getattr__(self, attr):
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+
+R = _Firmware("firmware.retrieval")
+_blockfmt = _Firmware("firmware.blockfmt")
+_convert = _Firmware("firmware.convert")
+_quant = _Firmware("firmware.quant")
+BLOCK_MAGIC = b"SDKV"  # firmware/blockfmt.py's MAGIC (tests/test_constants.py)
 
 # bounds on a request, so that none asks the drive for unbounded work or memory
 MAX_KEYS = 1 << 16
@@ -180,8 +191,8 @@ def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarra
     raw = np.frombuffer(value, np.uint8)
     if bytes(raw[:4]) == BLOCK_MAGIC:
         try:
-            block, dname = dequantize(raw)
-        except (CorruptBlockError, ValueError) as e:
+            block, dname = _quant.dequantize(raw)
+        except (_blockfmt.CorruptBlockError, ValueError) as e:
             raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
         code = DTYPE_CODES[dname]
     else:
@@ -201,7 +212,8 @@ def layer_keys_values(value: bytes, req: Request) -> tuple[np.ndarray, np.ndarra
             out.append(x.astype(np.float32))
             continue
         f = np.empty(x.size, np.float32)
-        (fp16_to_f32 if code == DTYPE_FP16 else bf16_to_f32)(x.reshape(-1), f)
+        convert = _convert.fp16_to_f32 if code == DTYPE_FP16 else _convert.bf16_to_f32
+        convert(x.reshape(-1), f)
         out.append(f.reshape(x.shape))
     return out[0], out[1], code
 
@@ -401,16 +413,16 @@ class Retrieval:
         if value[:4] != BLOCK_MAGIC:
             return None
         try:
-            header, _ = open_block(value)
-        except CorruptBlockError as e:
+            header, _ = _blockfmt.open_block(value)
+        except _blockfmt.CorruptBlockError as e:
             raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
         s = header.shape
         if (header.summary_page != req.page or req.layer >= s.layers
                 or (s.layers, s.kv_heads, s.head_dim) != (req.layers, req.kv_heads,
                                                          req.head_dim)):
             return None
-        _, run = layer_summaries(value, req.layer)
-        off, nbytes = summaries_at(header, req.layer)
+        _, run = _blockfmt.layer_summaries(value, req.layer)
+        off, nbytes = _blockfmt.summaries_at(header, req.layer)
         timing.stored_summaries(b, off, nbytes)
         with self._lock:
             self._stats["summary_reads"] += 1
@@ -418,7 +430,7 @@ class Retrieval:
         lo, hi = run[0].copy(), run[1].copy()
         if header.dtype == DTYPE_FP16:
             lo, hi = lo.view(np.float16), hi.view(np.float16)
-        body = HEADER_BYTES + header.body_bytes  # the token rows' bytes, without summaries
+        body = _blockfmt.HEADER_BYTES + header.body_bytes  # the token rows, no summaries
         return lo, hi, s.tokens, max(1, body // s.tokens)
 
     def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:

@@ -55,9 +55,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from firmware.quant import Scheme, parse_scheme
 from ssdemu.sim import _model
+
+if TYPE_CHECKING:  # the firmware's parser is imported when a name is costed: it loads Numba
+    from firmware.quant import Scheme
 
 ffi, lib = _model.ffi, _model.lib
 
@@ -95,7 +98,11 @@ def _cost(c) -> KernelCost:
 
 
 def _scheme(scheme: Scheme | str) -> tuple[int, int]:
-    s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+    if isinstance(scheme, str):
+        from firmware.quant import parse_scheme
+        s = parse_scheme(scheme)
+    else:
+        s = scheme
     kind = {"int": lib.SDE_SCHEME_INT, "kivi": lib.SDE_SCHEME_KIVI, "fp8": lib.SDE_SCHEME_FP8,
             "plain": lib.SDE_SCHEME_PLAIN}
     return kind[s.kind], s.group
