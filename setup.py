@@ -4,4 +4,5 @@
 from setuptools import setup
 
 setup(cffi_modules=["c/cffi_build.py:device", "c/cffi_build.py:model",
-                    "c/cffi_build.py:client_loop", "ssdemu_wire/build_ring.py:ffibuilder"])
+                    "c/cffi_build.py:client_loop", "c/cffi_build.py:engine_bench",
+                    "ssdemu_wire/build_ring.py:ffibuilder"])

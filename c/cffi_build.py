@@ -8,6 +8,8 @@
   sweeps run on any machine with a C compiler.
 - `ssdemu.bench._client_loop`: the client side of `bench queue` and `bench kv`, a tool above
   both the device and the client library: the ring functions and the latency buckets.
+- `ssdemu.bench._engine_bench`: `bench io`'s closed loop on an engine's ring (c/tools), with
+  its own copy of the engine, so that the device's module carries no benchmark.
 - `ssdemu_wire._ring` (built by ssdemu_wire/build_ring.py, so that the client's own
   distribution builds it): the queue layout and ring functions.
 
@@ -48,6 +50,10 @@ DEVICE = {"headers": ["engine/sde_hist.h", "engine/sde_engine.h", "wire/sde_queu
                       *(f"dev/dev_{part}.c" for part in DEV_PARTS)]}
 CLIENT_LOOP = {"headers": ["engine/sde_hist.h", "wire/sde_queue.h", "tools/sde_client_loop.h"],
                "sources": ["engine/sde_hist.c", "wire/sde_ring.c", "tools/sde_client_loop.c"]}
+ENGINE_BENCH = {"headers": ["engine/sde_hist.h", "engine/sde_engine.h",
+                            "tools/sde_engine_bench.h"],
+                "sources": ["engine/sde_hist.c", "engine/sde_engine.c",
+                            "tools/sde_engine_bench.c"]}
 
 
 def have_liburing() -> bool:
@@ -73,6 +79,9 @@ client_loop = builder("ssdemu.bench._client_loop", CLIENT_LOOP)
 # struct iovec comes from <sys/uio.h>; cffi learns its layout from the compiler ("...").
 # sde_fw_load_python: ssdemu/device/daemon.py's loader of the firmware's entry points, which
 # the C side calls on the first compute command (c/fw/sde_fw.h, sde_fw_set_loader)
+engine_bench = builder("ssdemu.bench._engine_bench", ENGINE_BENCH,
+                       prelude="struct iovec { void *iov_base; size_t iov_len; ...; };\n",
+                       libraries=["uring"])
 device = builder("ssdemu.device._device", DEVICE,
                  prelude="struct iovec { void *iov_base; size_t iov_len; ...; };\n"
                          'extern "Python" int sde_fw_load_python(uint64_t *);\n',
@@ -86,5 +95,5 @@ if not any(pathlib.Path(d, "xxhash.h").exists() for d in ("/usr/include", "/usr/
     sys.exit("ssdemu: xxhash.h not found: install it with 'apt-get install libxxhash-dev'")
 
 if __name__ == "__main__":
-    for ffi in (model, client_loop, device):
+    for ffi in (model, client_loop, engine_bench, device):
         ffi.compile(verbose=True)

@@ -56,3 +56,19 @@ def test_the_device_and_the_model_agree_on_shared_structs():
         a, b = _device.ffi.typeof(ctype), _model.ffi.typeof(ctype)
         assert _device.ffi.sizeof(ctype) == _model.ffi.sizeof(ctype), ctype
         assert [(n, f.offset) for n, f in a.fields] == [(n, f.offset) for n, f in b.fields]
+
+
+def test_the_benchmarks_engine_is_the_devices_and_the_device_carries_no_benchmark():
+    """bench io runs on its own compiled copy of the engine (ssdemu.bench._engine_bench):
+    the same structs and constants as the device's, and the device's module has no
+    benchmark in it."""
+    from ssdemu.bench import _engine_bench
+
+    assert not hasattr(_device.lib, "sde_bench") and hasattr(_engine_bench.lib, "sde_bench")
+    for struct in ("sde_io", "sde_stats"):
+        a, b = _device.ffi.typeof(struct), _engine_bench.ffi.typeof(struct)
+        assert [(n, _device.ffi.offsetof(struct, n)) for n, _ in a.fields] == \
+            [(n, _engine_bench.ffi.offsetof(struct, n)) for n, _ in b.fields]
+        assert _device.ffi.sizeof(struct) == _engine_bench.ffi.sizeof(struct)
+    for name in ("SDE_OP_READ", "SDE_OP_WRITE", "SDE_OP_FSYNC", "SDE_ENG_SQPOLL"):
+        assert getattr(_device.lib, name) == getattr(_engine_bench.lib, name)

@@ -6,9 +6,8 @@
  * The SQE's user_data is the slot index, so completions may arrive in any order.
  */
 #define _GNU_SOURCE
-#include "sde_engine.h"
+#include "engine_private.h"
 #include "sde_time.h"
-#include "sde_rand.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,35 +26,6 @@
 #define SDE_IOV_MAX 1024
 #define SDE_MIN_ALIGN 512u
 #define SDE_POLL_TAG UINT64_MAX /* user_data of the doorbell poll, never a slot */
-
-struct sde_slot {
-    sde_io *io;
-    uint64_t t0;
-    struct iovec *trunc; /* engine-owned iovec copy for a vectored I/O cut at the end */
-};
-
-struct sde_engine {
-    struct io_uring ring;
-    int fd;
-    int fixed_file;
-    uint64_t size;
-    uint32_t lba;
-    uint32_t qd;
-    uint32_t inflight;        /* slots in use: in the kernel or waiting in early[] */
-    struct sde_slot *slots;
-    uint32_t *free_slots;     /* stack of free slot indices */
-    uint32_t nfree;
-    sde_io **early;           /* I/Os that failed validation, completed without the kernel */
-    uint32_t nearly;
-    struct iovec *bufs;       /* the buffer table, kept even when registration failed */
-    uint32_t nbufs;
-    int bufs_registered;      /* the table is registered with the kernel (whole or sparse) */
-    uint8_t *buf_reg;         /* per slot: registered as a fixed buffer */
-    uint32_t queued;          /* SQEs prepared but not yet handed to the kernel */
-    int poll_armed;           /* a POLL_ADD on an outside fd (the daemon's doorbell) is set */
-    int poll_fired;
-    sde_stats stats;
-};
 
 /* Wait until the CQ ring holds an entry.  Under COOP_TASKRUN, completions from io-wq workers
  * are posted only when we enter the kernel, so polling the ring from user space would only
@@ -299,7 +269,6 @@ int sde_buffer_set(sde_engine *eng, uint32_t index, void *base, uint64_t len)
 
 /* ---- submission ------------------------------------------------------------------------- */
 
-static inline int misaligned(uint64_t v, uint32_t lba) { return (v & (lba - 1)) != 0; }
 
 /* Validate io and compute how many bytes it may move (cut at the end of the media).  Returns
  * 0, or -errno for an I/O that must not reach the kernel.  *eof is set for a read that starts
@@ -312,13 +281,13 @@ static int validate(sde_engine *eng, sde_io *io, uint64_t *bytes, int *eof)
         return -EINVAL;
     if (io->op == SDE_OP_FSYNC)
         return 0;
-    if (misaligned(io->offset, eng->lba))
+    if (sde_misaligned(io->offset, eng->lba))
         return -EINVAL;
     uint64_t total = 0;
     if (io->op == SDE_OP_READ || io->op == SDE_OP_WRITE) {
         if (io->addr == 0)
             return -EFAULT;
-        if (io->len == 0 || misaligned(io->len, eng->lba) || misaligned(io->addr, eng->lba))
+        if (io->len == 0 || sde_misaligned(io->len, eng->lba) || sde_misaligned(io->addr, eng->lba))
             return -EINVAL;
         if (io->buf_index >= 0) {
             if ((uint32_t)io->buf_index >= eng->nbufs)
@@ -338,8 +307,8 @@ static int validate(sde_engine *eng, sde_io *io, uint64_t *bytes, int *eof)
         for (uint32_t i = 0; i < io->len; i++) {
             if (!iov[i].iov_base)
                 return -EFAULT;
-            if (iov[i].iov_len == 0 || misaligned(iov[i].iov_len, eng->lba) ||
-                misaligned((uint64_t)(uintptr_t)iov[i].iov_base, eng->lba))
+            if (iov[i].iov_len == 0 || sde_misaligned(iov[i].iov_len, eng->lba) ||
+                sde_misaligned((uint64_t)(uintptr_t)iov[i].iov_base, eng->lba))
                 return -EINVAL;
             total += iov[i].iov_len;
         }
@@ -624,152 +593,3 @@ int sde_engine_take_poll(sde_engine *eng)
 uint32_t sde_inflight(const sde_engine *eng) { return eng->inflight; }
 
 void sde_get_stats(const sde_engine *eng, sde_stats *out) { *out = eng->stats; }
-
-/* ---- closed-loop benchmark -------------------------------------------------------------- */
-
-/* sde_bench's checks of its job against the engine; 0 when it can run. */
-static int bench_check(const sde_engine *eng, const sde_bench_cfg *cfg)
-{
-    if (cfg->qd == 0 || cfg->qd > eng->qd || cfg->bs == 0 || misaligned(cfg->bs, eng->lba) ||
-        misaligned(cfg->region_offset, eng->lba) || misaligned(cfg->buf_addr, eng->lba) ||
-        cfg->region_len < cfg->bs || cfg->region_offset + cfg->region_len > eng->size)
-        return -EINVAL;
-    if (eng->inflight)
-        return -EBUSY;
-    if (cfg->buf_index >= 0 && (uint32_t)cfg->buf_index >= eng->nbufs)
-        return -EFAULT;
-    if (cfg->buf_index >= 0) {
-        const struct iovec *b = &eng->bufs[cfg->buf_index];
-        uint64_t base = (uint64_t)(uintptr_t)b->iov_base;
-        if (cfg->buf_addr < base ||
-            cfg->buf_addr + (uint64_t)cfg->qd * cfg->bs > base + b->iov_len)
-            return -EFAULT;
-    }
-    return 0;
-}
-
-/* A job's state: what it runs on, where the next I/O goes, when each slot's I/O left. */
-struct bench {
-    sde_engine *eng;
-    const sde_bench_cfg *cfg;
-    sde_bench_result *res;
-    uint64_t *hist, *t0;
-    int fd, fixed;
-    uint64_t nblocks, seq, rng;
-};
-
-/* The next I/O of slot `slot`, sent at tnow (inline: this is the job's inner loop). */
-static inline void bench_prep(struct bench *B, uint32_t slot, uint64_t tnow)
-{
-    const sde_bench_cfg *cfg = B->cfg;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&B->eng->ring);
-    uint64_t blk = cfg->random ? xorshift64s(&B->rng) % B->nblocks : (B->seq++ % B->nblocks);
-    uint64_t off = cfg->region_offset + blk * cfg->bs;
-    void *buf = (void *)(uintptr_t)(cfg->buf_addr + (uint64_t)slot * cfg->bs);
-    if (cfg->write) {
-        if (B->fixed)
-            io_uring_prep_write_fixed(sqe, B->fd, buf, cfg->bs, off, cfg->buf_index);
-        else
-            io_uring_prep_write(sqe, B->fd, buf, cfg->bs, off);
-    } else {
-        if (B->fixed)
-            io_uring_prep_read_fixed(sqe, B->fd, buf, cfg->bs, off, cfg->buf_index);
-        else
-            io_uring_prep_read(sqe, B->fd, buf, cfg->bs, off);
-    }
-    if (B->eng->fixed_file)
-        sqe->flags |= IOSQE_FIXED_FILE;
-    io_uring_sqe_set_data64(sqe, slot);
-    B->t0[slot] = tnow;
-}
-
-/* k completions reaped at tnow: counted, and their slots sent again (in batches of
- * submit_batch) unless the job is stopping.  Returns 0 or the submit's -errno. */
-static inline int bench_reaped(struct bench *B, struct io_uring_cqe **cqes, unsigned k,
-                               uint64_t tnow, int stopping, uint32_t *inflight)
-{
-    const sde_bench_cfg *cfg = B->cfg;
-    sde_bench_result *res = B->res;
-    int rc = 0, ret;
-    unsigned requeue = 0;
-    for (unsigned i = 0; i < k; i++) {
-        uint32_t slot = (uint32_t)io_uring_cqe_get_data64(cqes[i]);
-        int r = cqes[i]->res;
-        if (r < 0 || (uint32_t)r != cfg->bs) {
-            res->errors++;
-            if (!res->first_error)
-                res->first_error = r < 0 ? r : -EIO;
-        } else {
-            res->ios++;
-            res->bytes += (uint64_t)r;
-        }
-        B->hist[sde_hist_bucket(tnow - B->t0[slot])]++;
-        if (stopping || res->first_error) {
-            (*inflight)--;
-            continue;
-        }
-        bench_prep(B, slot, tnow);
-        if (++requeue == cfg->submit_batch) {
-            if ((ret = io_uring_submit(&B->eng->ring)) < 0) {
-                rc = ret;
-                *inflight -= requeue;
-            }
-            requeue = 0;
-        }
-    }
-    io_uring_cq_advance(&B->eng->ring, k);
-    if (requeue && (ret = io_uring_submit(&B->eng->ring)) < 0) {
-        rc = ret;
-        *inflight -= requeue;
-    }
-    return rc;
-}
-
-int sde_bench(sde_engine *eng, const sde_bench_cfg *cfg, sde_bench_result *res, uint64_t *hist)
-{
-    memset(res, 0, sizeof(*res));
-    int rc = bench_check(eng, cfg);
-    if (rc)
-        return rc;
-    struct bench B = {.eng = eng, .cfg = cfg, .res = res, .hist = hist,
-                      .fd = eng->fixed_file ? 0 : eng->fd,
-                      .fixed = cfg->buf_index >= 0 && eng->buf_reg[cfg->buf_index],
-                      .nblocks = cfg->region_len / cfg->bs,
-                      .rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull,
-                      .t0 = calloc(cfg->qd, sizeof(uint64_t))};
-    if (!B.t0)
-        return -ENOMEM;
-    uint64_t start = now_ns(), tnow = start, deadline = start + cfg->duration_ns;
-    for (uint32_t i = 0; i < cfg->qd; i++)
-        bench_prep(&B, i, start);
-    int ret = io_uring_submit(&eng->ring);
-    uint32_t inflight = ret < 0 ? 0 : cfg->qd;
-    rc = ret < 0 ? ret : 0;
-    int stopping = 0;
-    while (inflight) {
-        struct io_uring_cqe *cqes[256];
-        unsigned k = io_uring_peek_batch_cqe(&eng->ring, cqes, 256);
-        if (k == 0) {
-            if ((ret = wait_cq(eng)) < 0) {
-                rc = ret;
-                break;
-            }
-            continue;
-        }
-        tnow = now_ns();
-        if (tnow >= deadline)
-            stopping = 1;
-        if ((ret = bench_reaped(&B, cqes, k, tnow, stopping, &inflight)) < 0)
-            rc = ret;
-    }
-    res->elapsed_ns = tnow - start;
-    eng->stats.submitted += res->ios + res->errors;
-    eng->stats.completed += res->ios + res->errors;
-    eng->stats.errors += res->errors;
-    if (cfg->write)
-        eng->stats.bytes_written += res->bytes;
-    else
-        eng->stats.bytes_read += res->bytes;
-    free(B.t0);
-    return rc;
-}

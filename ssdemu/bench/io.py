@@ -7,14 +7,54 @@ import statistics
 
 import numpy as np
 
+from ssdemu.bench import _engine_bench
 from ssdemu.bench.fio import fio_available, run_fio
-from ssdemu.device.buffers import alloc_aligned
+from ssdemu.device.buffers import address_of, alloc_aligned
 from ssdemu.device.engine import OP_WRITE, Engine, make_ios
-from ssdemu.device.latency import percentiles_us
+from ssdemu.device.latency import new_histogram, percentiles_us
 from ssdemu.device.media import Media, open_media
+from ssdemu.errors import raise_for_errno
 
 RW_MODES = ("read", "write", "randread", "randwrite")
 PREFILL_CHUNK = 1 << 20
+
+
+class BenchEngine(Engine):
+    """The engine as `bench io` runs it: the benchmarks' own copy of the compiled engine
+    (ssdemu.bench._engine_bench, c/tools/sde_engine_bench.c), with its closed loop."""
+
+    _module = _engine_bench
+
+    def bench(self, *, bs: int, qd: int, seconds: float, write: bool, random: bool,
+              buf: np.ndarray, buf_index: int, region_offset: int = 0,
+              region_len: int | None = None, seed: int = 1,
+              submit_batch: int = 0) -> tuple[dict, np.ndarray]:
+        """qd I/Os of bs bytes kept in flight for `seconds`, all in C: (counts, latency
+        histogram)."""
+        ffi, lib = self._ffi, self._lib
+        if buf.nbytes < bs * qd:
+            raise ValueError(f"bench buffer holds {buf.nbytes} B, needs bs*qd = {bs * qd}")
+        cfg = ffi.new("sde_bench_cfg *")
+        cfg.region_offset = region_offset
+        cfg.region_len = self.media.size - region_offset if region_len is None else region_len
+        cfg.duration_ns = int(seconds * 1e9)
+        cfg.seed = seed
+        cfg.buf_addr = address_of(buf)
+        cfg.bs = bs
+        cfg.qd = qd
+        cfg.write = int(write)
+        cfg.random = int(random)
+        cfg.buf_index = buf_index
+        cfg.submit_batch = submit_batch
+        res = ffi.new("sde_bench_result *")
+        hist = new_histogram()
+        raise_for_errno(
+            lib.sde_bench(self._eng, cfg, res, ffi.cast("uint64_t *", address_of(hist))),
+            "benchmark failed",
+        )
+        out = {name: getattr(res, name) for name, _ in ffi.typeof("sde_bench_result").fields}
+        out.pop("reserved", None)
+        return out, hist
 
 
 def needs_prefill(media: Media) -> bool:
@@ -51,7 +91,7 @@ def prefill(engine: Engine, seed: int = 7) -> None:
     engine.fsync()
 
 
-def run_ours(engine: Engine, *, rw: str, bs: int, qd: int, seconds: float,
+def run_ours(engine: BenchEngine, *, rw: str, bs: int, qd: int, seconds: float,
              submit_batch: int) -> dict:
     buf = alloc_aligned(bs * qd)
     registered = engine.register_buffers([buf])
@@ -84,7 +124,7 @@ def bench_io(media_spec: str, *, rw: str, bs: int, qd: int, seconds: float,
             raise ValueError(f"--bs {bs} is not a multiple of the media's {media.lba_size} B block")
         if bs > media.size:
             raise ValueError(f"--bs {bs} is larger than the media ({media.size} B)")
-        with Engine(media, queue_depth=max(qd, 8), sqpoll=sqpoll) as engine:
+        with BenchEngine(media, queue_depth=max(qd, 8), sqpoll=sqpoll) as engine:
             filled = prefill_mode == "yes" or (prefill_mode == "auto" and needs_prefill(media))
             if filled:
                 prefill(engine)

@@ -50,28 +50,31 @@ class Engine:
     then runs those I/Os unregistered and counts them (`stats()['unregistered_fallback_ios']`).
     """
 
+    _module = _device  # the compiled engine it runs on (bench io's has its own copy)
+
     def __init__(self, media: Media, queue_depth: int = 128, sqpoll: bool = False,
                  fixed_file: bool = True):
+        self._ffi, self._lib = self._module.ffi, self._module.lib
         self._eng = None
         self.media = media
-        flags = (lib.SDE_ENG_SQPOLL if sqpoll else 0) | (
-            0 if fixed_file else lib.SDE_ENG_NO_FIXED_FILE
+        flags = (self._lib.SDE_ENG_SQPOLL if sqpoll else 0) | (
+            0 if fixed_file else self._lib.SDE_ENG_NO_FIXED_FILE
         )
-        out = ffi.new("sde_engine **")
+        out = self._ffi.new("sde_engine **")
         raise_for_errno(
-            lib.sde_engine_new(media.fd, media.size, media.lba_size, queue_depth, flags, out),
+            self._lib.sde_engine_new(media.fd, media.size, media.lba_size, queue_depth, flags, out),
             "cannot create io_uring engine",
         )
         self._eng = out[0]
         self.queue_depth = queue_depth
         self._buffers: list[np.ndarray] = []
         self._inflight_batches: list[np.ndarray] = []
-        self._reaped = ffi.new("sde_io *[]", queue_depth)
+        self._reaped = self._ffi.new("sde_io *[]", queue_depth)
 
     # -- lifecycle --
     def close(self) -> None:
         if self._eng is not None:
-            lib.sde_engine_free(self._eng)
+            self._lib.sde_engine_free(self._eng)
             self._eng = None
             self._inflight_batches.clear()
 
@@ -87,13 +90,13 @@ class Engine:
     # -- buffers --
     def register_buffers(self, arrays: list[np.ndarray]) -> bool:
         """Register fixed buffers (index = position in `arrays`).  False: fell back."""
-        iovs = ffi.new("struct iovec[]", max(1, len(arrays)))
+        iovs = self._ffi.new("struct iovec[]", max(1, len(arrays)))
         for i, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise ValueError("buffers must be C-contiguous")
-            iovs[i].iov_base = ffi.cast("void *", address_of(a))
+            iovs[i].iov_base = self._ffi.cast("void *", address_of(a))
             iovs[i].iov_len = a.nbytes
-        ret = lib.sde_register_buffers(self._eng, iovs, len(arrays))
+        ret = self._lib.sde_register_buffers(self._eng, iovs, len(arrays))
         if ret == -errno.EBUSY:
             raise EngineError(errno.EBUSY, "cannot register buffers with I/O in flight")
         self._buffers = list(arrays)
@@ -103,18 +106,20 @@ class Engine:
     def _ptr(self, ios: np.ndarray):
         if ios.dtype != IO_DTYPE or not ios.flags.c_contiguous:
             raise TypeError("ios must be a contiguous array of engine.IO_DTYPE (see make_ios)")
-        return ffi.cast("sde_io *", address_of(ios))
+        return self._ffi.cast("sde_io *", address_of(ios))
 
     def run(self, ios: np.ndarray) -> np.ndarray:
         """Run every I/O to completion at the engine's queue depth; results land in `ios`."""
         if len(ios):
-            raise_for_errno(lib.sde_run(self._eng, self._ptr(ios), len(ios)), "I/O batch failed")
+            raise_for_errno(self._lib.sde_run(self._eng, self._ptr(ios), len(ios)),
+                            "I/O batch failed")
         return ios
 
     def submit(self, ios: np.ndarray) -> int:
         """Queue what fits under the queue depth; returns how many were taken.  The array must
         stay alive until its I/Os are reaped."""
-        n = raise_for_errno(lib.sde_submit(self._eng, self._ptr(ios), len(ios)), "submit failed")
+        n = raise_for_errno(self._lib.sde_submit(self._eng, self._ptr(ios), len(ios)),
+                            "submit failed")
         if n:
             self._inflight_batches.append(ios)
         return n
@@ -122,20 +127,20 @@ class Engine:
     def reap(self, min_complete: int = 1) -> int:
         """Wait for at least min_complete completions; returns how many completed."""
         n = raise_for_errno(
-            lib.sde_reap(self._eng, self._reaped, self.queue_depth, min_complete), "reap failed"
-        )
+            self._lib.sde_reap(self._eng, self._reaped, self.queue_depth, min_complete),
+            "reap failed")
         if self.inflight == 0:
             self._inflight_batches.clear()
         return n
 
     @property
     def inflight(self) -> int:
-        return lib.sde_inflight(self._eng)
+        return self._lib.sde_inflight(self._eng)
 
     def stats(self) -> dict:
-        s = ffi.new("sde_stats *")
-        lib.sde_get_stats(self._eng, s)
-        return {name: getattr(s, name) for name, _ in ffi.typeof("sde_stats").fields}
+        s = self._ffi.new("sde_stats *")
+        self._lib.sde_get_stats(self._eng, s)
+        return {name: getattr(s, name) for name, _ in self._ffi.typeof("sde_stats").fields}
 
     # -- one-shot helpers (tests, tools) --
     def pread(self, buf: np.ndarray, offset: int, buf_index: int = -1) -> int:
@@ -160,34 +165,3 @@ class Engine:
         self.run(ios)
         what = "read" if op == OP_READ else "write"
         return raise_for_errno(int(ios["res"][0]), f"{what} of {buf.nbytes} B at {offset}")
-
-    # -- closed-loop benchmark --
-    def bench(self, *, bs: int, qd: int, seconds: float, write: bool, random: bool,
-              buf: np.ndarray, buf_index: int, region_offset: int = 0,
-              region_len: int | None = None, seed: int = 1,
-              submit_batch: int = 0) -> tuple[dict, np.ndarray]:
-        from ssdemu.device.latency import new_histogram
-
-        cfg = ffi.new("sde_bench_cfg *")
-        cfg.region_offset = region_offset
-        cfg.region_len = self.media.size - region_offset if region_len is None else region_len
-        cfg.duration_ns = int(seconds * 1e9)
-        cfg.seed = seed
-        cfg.buf_addr = address_of(buf)
-        cfg.bs = bs
-        cfg.qd = qd
-        cfg.write = int(write)
-        cfg.random = int(random)
-        cfg.buf_index = buf_index
-        cfg.submit_batch = submit_batch
-        if buf.nbytes < bs * qd:
-            raise ValueError(f"bench buffer holds {buf.nbytes} B, needs bs*qd = {bs * qd}")
-        res = ffi.new("sde_bench_result *")
-        hist = new_histogram()
-        raise_for_errno(
-            lib.sde_bench(self._eng, cfg, res, ffi.cast("uint64_t *", address_of(hist))),
-            "benchmark failed",
-        )
-        out = {name: getattr(res, name) for name, _ in ffi.typeof("sde_bench_result").fields}
-        out.pop("reserved", None)
-        return out, hist
