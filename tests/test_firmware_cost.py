@@ -170,7 +170,8 @@ def test_host_lag_is_recorded():
 
 def test_profile_validated():
     with pytest.raises(ValueError, match="positive"):
-        ComputeProfile(tops=0, compute_units=4, device_memory_bytes_per_s=1e9)
+        ComputeProfile(tops=0, compute_units=4, device_memory_bytes_per_s=1e9,
+                       core_ops_per_s=8e9, simd_lanes=8, dram_probe_ns=100.0)
 
 
 def test_run_times_a_real_kernel():

@@ -449,3 +449,54 @@ def test_shipped_profiles_cite_their_calibration():
         assert all(f.source.strip() for f in p.calibration)
         assert sum(not f.assumed for f in p.calibration) >= 7
         assert 0 < p.overprovisioning < 1
+
+
+def test_every_profile_parameter_for_the_c_model_is_declared_and_every_field_filled():
+    """A parameter's declaration (profile.param, c=FIELD) is what fills the C model's
+    sde_model_params: each declared field exists there, and each field there is declared
+    or derived by model_param_fields (the fixed model, the bulk path, the FTL's scale)."""
+    import dataclasses
+
+    from ssdemu.sim import _model, profile
+    from ssdemu.sim.timing import declared_model_params, model_param_fields
+
+    declared = {f.metadata["c"]: f"{cls.__name__}.{f.name}"
+                for cls in [*profile.SECTIONS.values(), profile.Retrieval]
+                for f in dataclasses.fields(cls) if f.metadata.get("c")}
+    c_fields = {name for name, _ in _model.ffi.typeof("sde_model_params").fields}
+    assert set(declared) <= c_fields, set(declared) - c_fields
+    derived = {"fixed", "fixed_read_ns", "fixed_write_ns", "fixed_other_ns", "bulk_pages"} | \
+        {n for n in c_fields if n.startswith("ftl_")}
+    assert c_fields == set(declared) | derived
+    p = load("star2000d")
+    assert declared_model_params(p)["t_read_ns"] == p.nand.t_read_ns
+    assert set(model_param_fields(p)) == c_fields
+
+
+def test_a_declared_default_lets_a_profile_leave_the_parameter_out():
+    """A new parameter with a default (and the source of it) needs no edit of the profiles;
+    its bounds and its C field come from the same declaration."""
+    import dataclasses
+
+    from ssdemu.sim.profile import _section, param
+    from ssdemu.sim.timing import declared_model_params
+
+    @dataclasses.dataclass(frozen=True)
+    class Planted:
+        t_new_ns: float = param(unit="ns", high=1e6, c="t_new_ns", default=50.0,
+                                source="a datasheet, table 3")
+
+    assert _section("p: planted", {}, Planted).t_new_ns == 50.0
+    assert _section("p: planted", {"t_new_ns": 70}, Planted).t_new_ns == 70
+    with pytest.raises(ProfileError, match="check units"):
+        _section("p: planted", {"t_new_ns": 5e6}, Planted)
+    with pytest.raises(ProfileError, match="positive"):
+        _section("p: planted", {"t_new_ns": 0}, Planted)
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        planted: Planted
+
+    assert declared_model_params(Holder(Planted())) == {"t_new_ns": 50.0}
+    with pytest.raises(ValueError, match="source"):
+        param(default=1.0)

@@ -202,12 +202,14 @@ assert len(KERNEL_IDS) == lib.SDE_NKERNELS
 
 @dataclass(frozen=True)
 class ComputeProfile:
+    """The budget's figures: a profile's compute section (ssdemu/sim/profile.py declares
+    them, with their sources in the profiles; timing.budget_of builds this from one)."""
     tops: float
     compute_units: int
     device_memory_bytes_per_s: float
-    core_ops_per_s: float = 8.2e9
-    simd_lanes: int = 8
-    dram_probe_ns: float = 100.0
+    core_ops_per_s: float
+    simd_lanes: int
+    dram_probe_ns: float
 
     def __post_init__(self):
         if min(self.tops, self.compute_units, self.device_memory_bytes_per_s,

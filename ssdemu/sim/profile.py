@@ -1,6 +1,11 @@
 """Device profiles: YAML files, validated on load, units in the field names.  A profile is
 named (a file in ssdemu/sim/profiles/) or given as a path.  Nothing anywhere branches on a
-profile's name: only its figures matter."""
+profile's name: only its figures matter.
+
+Every parameter is declared once, below (`param`): its unit, bounds, the C model field it
+fills (ssdemu/sim/timing.py maps them from these declarations) and, if profiles may leave it
+out, its default with the source of that default.  Each profile cites the source of each
+figure it gives (docs/sources.md gathers them)."""
 
 from __future__ import annotations
 
@@ -20,46 +25,68 @@ class ProfileError(SsdemuError):
     """A profile that cannot be found or does not hold."""
 
 
+def param(*, zero: bool = False, high: float = math.inf, unit: str = "",
+          c: str | None = None, default=dataclasses.MISSING, source: str = ""):
+    """A profile parameter, declared once: its unit, its bounds (positive, or also zero with
+    `zero`; `high` catches a unit mistake, a latency in seconds or a size in GB), the field
+    of the C model's sde_model_params it fills (`c`, c/model/sde_model.h: timing.py maps it
+    from this), and a default with the public source it comes from (a profile may then leave
+    it out).  A new parameter is its declaration here and, if the C model reads it, its
+    field there."""
+    if default is not dataclasses.MISSING and not source:
+        raise ValueError("a default needs its source")
+    return dataclasses.field(default=default, metadata={
+        "zero": zero, "high": high, "unit": unit, "c": c, "source": source})
+
+
 @dataclass(frozen=True)
 class HostLink:
-    bandwidth_bytes_per_s: float  # effective, after encoding and protocol overhead
-    latency_ns: float  # one way, added once per command
+    # effective, after encoding and protocol overhead
+    bandwidth_bytes_per_s: float = param(unit="B/s", high=1e12, c="link_bytes_per_s")
+    latency_ns: float = param(unit="ns", zero=True, c="link_latency_ns")  # one way, per command
 
 
 @dataclass(frozen=True)
 class Nand:
-    channels: int
-    dies_per_channel: int
-    planes_per_die: int
-    page_bytes: int
-    t_read_ns: float
-    t_prog_ns: float
-    t_erase_ns: float
-    channel_bytes_per_s: float
-    pages_per_block: int   # per plane: a block's pages (its erase unit)
-    blocks_per_plane: int
+    channels: int = param(high=256, c="channels")
+    dies_per_channel: int = param(c="dies_per_channel")
+    planes_per_die: int = param(c="planes_per_die")
+    page_bytes: int = param(unit="B", high=1 << 20, c="page_bytes")
+    t_read_ns: float = param(unit="ns", c="t_read_ns")
+    t_prog_ns: float = param(unit="ns", c="t_prog_ns")
+    t_erase_ns: float = param(unit="ns", c="t_erase_ns")
+    channel_bytes_per_s: float = param(unit="B/s", high=1e11, c="channel_bytes_per_s")
+    pages_per_block: int = param(high=1 << 16)  # per plane: a block's pages (its erase unit)
+    blocks_per_plane: int = param(high=1 << 20)
 
 
 @dataclass(frozen=True)
 class Controller:
-    cores: int
-    command_overhead_ns: float  # per command, on one core
-    read_latency_ns: float   # firmware latency before a read's NAND work (not a held core)
-    write_latency_ns: float  # firmware latency of a write's acknowledgement from the cache
-    program_bytes_per_s: float  # the most the controller can have programmed (power, datapath)
+    cores: int = param(high=256, c="cores")
+    command_overhead_ns: float = param(unit="ns", c="command_overhead_ns")  # on one core
+    # firmware latency before a read's NAND work (not a held core)
+    read_latency_ns: float = param(unit="ns", zero=True, high=1e7, c="read_latency_ns")
+    # firmware latency of a write's acknowledgement from the cache
+    write_latency_ns: float = param(unit="ns", zero=True, high=1e7, c="write_latency_ns")
+    # the most the controller can have programmed (power, datapath)
+    program_bytes_per_s: float = param(unit="B/s", high=1e12, c="program_bytes_per_s")
 
 
 @dataclass(frozen=True)
 class WriteCache:
-    enabled: bool  # volatile: with it, flush makes writes durable; without, completion does
-    bytes: int
+    # volatile: with it, flush makes writes durable; without, completion does
+    enabled: bool = param(c="write_cache")
+    bytes: int = param(unit="B", zero=True, c="write_cache_bytes")
 
 
 @dataclass(frozen=True)
 class Ftl:
-    user_capacity_bytes: int  # what the host sees; raw NAND beyond it is over-provisioning
-    gc_free_lines: int        # GC runs while this many free lines (superblocks) or fewer are left
-    reserved_fraction: float  # raw NAND the FTL does not use for data (parity, bad blocks, map)
+    # what the host sees; raw NAND beyond it is over-provisioning
+    user_capacity_bytes: int = param(unit="B", high=1 << 60)
+    # GC runs while this many free lines (superblocks) or fewer are left
+    gc_free_lines: int = param(high=64)
+    # raw NAND the FTL does not use for data (parity, bad blocks, map)
+    reserved_fraction: float = param(zero=True, high=1)
 
 
 @dataclass(frozen=True)
@@ -75,34 +102,37 @@ class Figure:
 
 @dataclass(frozen=True)
 class Compute:
-    tops: float                # the MAC array (scoring, dot products)
-    units: int                 # embedded cores that run the firmware's kernels
-    memory_bytes_per_s: float  # the controller's DRAM, shared with NAND and PCIe DMA
-    core_ops_per_s: float      # scalar ops per second per core (hashing, bookkeeping)
-    simd_lanes: int            # element-wise ops a core does at once (quantizing, packing)
-    dram_probe_ns: float       # a dependent probe of a table in the DRAM
+    tops: float = param(unit="TOPS", high=1e4)  # the MAC array (scoring, dot products)
+    units: int = param(high=1024)  # embedded cores that run the firmware's kernels
+    # the controller's DRAM, shared with NAND and PCIe DMA
+    memory_bytes_per_s: float = param(unit="B/s", high=1e13, c="dram_bytes_per_s")
+    # scalar ops per second per core (hashing, bookkeeping)
+    core_ops_per_s: float = param(unit="op/s", high=1e12)
+    simd_lanes: int = param(high=256)  # element-wise ops a core does at once (quantizing, packing)
+    dram_probe_ns: float = param(unit="ns", zero=True, high=1e5)  # a dependent table probe
 
 
 @dataclass(frozen=True)
 class QueueConfig:
-    max_queue_pairs: int
-    max_entries: int
-    io_depth: int
-    spin_us: int
+    max_queue_pairs: int = param(high=256)
+    max_entries: int = param(high=65536)
+    io_depth: int = param(high=4096)
+    spin_us: int = param(unit="us")
 
 
 @dataclass(frozen=True)
 class KvConfig:
-    index_keys: int       # keys the drive's DRAM index holds (the store's index capacity)
-    max_value_bytes: int  # the largest value one key holds
+    # keys the drive's DRAM index holds (the store's index capacity)
+    index_keys: int = param(high=(1 << 32) - 2)
+    max_value_bytes: int = param(unit="B", high=1 << 31)  # the largest value one key holds
 
 
 @dataclass(frozen=True)
 class Retrieval:
     """Query-aware retrieval (ssdemu/sim/retrieval.py): a page's tokens, and the controller
     DRAM that holds page summaries (the rest are read from NAND)."""
-    page_tokens: int
-    summary_dram_bytes: int
+    page_tokens: int = param(high=4096)
+    summary_dram_bytes: int = param(unit="B", zero=True)
 
 
 # a profile without a retrieval section: Quest's 16-token pages, every summary on NAND (the
@@ -146,18 +176,6 @@ FIGURES = ("seq_read_bytes_per_s", "seq_write_bytes_per_s", "rand_read_4k_iops",
 SECTIONS = {"host_link": HostLink, "nand": Nand, "controller": Controller,
             "write_cache": WriteCache, "compute": Compute, "queue": QueueConfig, "kv": KvConfig,
             "ftl": Ftl}
-# upper bounds that catch unit mistakes (a latency in seconds, a size in GB)
-_LIMITS = {"bandwidth_bytes_per_s": 1e12, "channel_bytes_per_s": 1e11,
-           "program_bytes_per_s": 1e12, "memory_bytes_per_s": 1e13, "tops": 1e4,
-           "max_queue_pairs": 256, "max_entries": 65536, "io_depth": 4096, "channels": 256,
-           "cores": 256, "units": 1024, "core_ops_per_s": 1e12, "simd_lanes": 256,
-           "dram_probe_ns": 1e5, "page_bytes": 1 << 20, "index_keys": (1 << 32) - 2,
-           "max_value_bytes": 1 << 31, "page_tokens": 4096, "pages_per_block": 1 << 16,
-           "blocks_per_plane": 1 << 20,
-           "read_latency_ns": 1e7, "write_latency_ns": 1e7, "gc_free_lines": 64,
-           "user_capacity_bytes": 1 << 60, "reserved_fraction": 1}
-
-
 def available() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
@@ -169,11 +187,13 @@ def _section(where: str, data, cls):
     unknown = set(data) - set(fields)
     if unknown:
         raise ProfileError(f"{where}: unknown fields {sorted(unknown)}")
-    missing = set(fields) - set(data)
+    missing = {n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING}
     if missing:
         raise ProfileError(f"{where}: missing fields {sorted(missing)}")
     values = {}
     for name, f in fields.items():
+        if name not in data:
+            continue  # its declared default
         v = data[name]
         if f.type == "bool":
             if not isinstance(v, bool):
@@ -184,13 +204,13 @@ def _section(where: str, data, cls):
             raise ProfileError(f"{where}.{name} must be a finite number, got {v!r}")
         elif f.type == "int" and int(v) != v:
             raise ProfileError(f"{where}.{name} must be a whole number, got {v!r}")
-        elif v <= 0 and not (name in ("bytes", "reserved_fraction", "summary_dram_bytes")
-                             or name.endswith("latency_ns")):
+        elif v <= 0 and not f.metadata["zero"]:
             raise ProfileError(f"{where}.{name} must be positive, got {v!r}")
         elif v < 0:
             raise ProfileError(f"{where}.{name} must not be negative, got {v!r}")
-        elif v > _LIMITS.get(name, float("inf")):
-            raise ProfileError(f"{where}.{name} = {v!r} is past {_LIMITS[name]:g}: check units")
+        elif v > f.metadata["high"]:
+            raise ProfileError(f"{where}.{name} = {v!r} is past {f.metadata['high']:g}: "
+                               f"check units")
         values[name] = int(v) if f.type == "int" else v
     return cls(**values)
 

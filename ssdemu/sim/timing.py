@@ -148,7 +148,6 @@ def model_param_fields(profile: Profile, fixed: bool = False, times=(None, None,
     """The fields of sde_model_params (c/model/sde_model.h), by name: the daemon fills its
     own module's struct with them.  ftl_bytes: the FTL's logical size (0: no FTL, writes land
     where their offsets say); dram: model the controller's DRAM (shared by DMA and kernels)."""
-    n, link, c = profile.nand, profile.host_link, profile.controller
     if bulk_pages is None:
         bulk_pages = default_bulk_pages(profile)
     ftl = ftl_scale(profile, ftl_bytes) if ftl_bytes else None
@@ -157,25 +156,33 @@ def model_param_fields(profile: Profile, fixed: bool = False, times=(None, None,
         times = [t if t is not None else d for t, d in zip(times, defaults, strict=True)]
     else:
         times = (0.0, 0.0, 0.0)
-    return {
+    out = declared_model_params(profile)
+    if not dram:
+        out["dram_bytes_per_s"] = 0.0
+    out.update({
         "fixed": int(fixed), "fixed_read_ns": times[0], "fixed_write_ns": times[1],
-        "fixed_other_ns": times[2],
-        "link_bytes_per_s": link.bandwidth_bytes_per_s, "link_latency_ns": link.latency_ns,
-        "channels": n.channels, "dies_per_channel": n.dies_per_channel,
-        "planes_per_die": n.planes_per_die, "page_bytes": n.page_bytes,
-        "t_read_ns": n.t_read_ns, "t_prog_ns": n.t_prog_ns,
-        "channel_bytes_per_s": n.channel_bytes_per_s, "cores": c.cores,
-        "command_overhead_ns": c.command_overhead_ns,
-        "write_cache": int(profile.write_cache.enabled), "bulk_pages": bulk_pages,
-        "write_cache_bytes": int(profile.write_cache.bytes),
-        "read_latency_ns": c.read_latency_ns, "write_latency_ns": c.write_latency_ns,
-        "t_erase_ns": n.t_erase_ns, "program_bytes_per_s": c.program_bytes_per_s,
-        "dram_bytes_per_s": profile.compute.memory_bytes_per_s if dram else 0.0,
+        "fixed_other_ns": times[2], "bulk_pages": bulk_pages,
         "ftl_logical_bytes": ftl.logical_bytes if ftl else 0,
         "ftl_unit_bytes": ftl.unit_bytes if ftl else 0,
         "ftl_lines": ftl.lines if ftl else 0, "ftl_rows_per_die": ftl.rows_per_die if ftl else 0,
         "ftl_gc_free_lines": ftl.gc_free_lines if ftl else 0,
-        "ftl_erase_share": ftl.block_scale if ftl else 0.0}
+        "ftl_erase_share": ftl.block_scale if ftl else 0.0})
+    return out
+
+
+def declared_model_params(profile: Profile) -> dict:
+    """The sde_model_params fields a profile's parameters fill as they are, by their
+    declarations (ssdemu/sim/profile.py `param(c=...)`): no field is mapped by hand."""
+    out = {}
+    for section in dataclasses.fields(profile):
+        value = getattr(profile, section.name)
+        if not dataclasses.is_dataclass(value):
+            continue
+        for f in dataclasses.fields(value):
+            if f.metadata.get("c"):
+                v = getattr(value, f.name)
+                out[f.metadata["c"]] = int(v) if isinstance(v, bool) else v
+    return out
 
 
 class DeviceModel:
