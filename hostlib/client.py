@@ -766,7 +766,7 @@ class Device:
     # -- compute: the drive's firmware --
     def kv_put_quantized_async(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
                                qp: QueuePair | None = None, *, nsid: int = 0,
-                               layout: str = "t2l", summary_page: int = 0) -> Future:
+                               layout: str = "t2l", summary_page: int | bool = 0) -> Future:
         """Store a KV block (tokens, 2, layers, kv_heads, head_dim; fp16/bf16 as uint16 bits)
         quantized in the drive; the result is the compressed size.  kv_get returns the
         compressed block, kv_get_dequantized the block.  A block inside a Device.alloc
@@ -777,7 +777,8 @@ class Device:
         order (every scheme).  summary_page: the drive also keeps the block's page summaries
         (per page of that many tokens, per layer and KV head, the keys' per-channel min and
         max, after the compressed body), so that TOPK_PAGES with the same page_tokens scores
-        the block from them rather than reading and summarizing it; 0: none."""
+        the block from them rather than reading and summarizing it; True: the page the
+        drive's profile gives (identify's page_tokens); 0: none."""
         from ssdemu_wire.codes import dtype_code
         from ssdemu_wire.layout import QUANT_REQUEST, pack_quant_request
 
@@ -791,6 +792,8 @@ class Device:
         else:
             raise ValueError(f"layout is 't2l' (tokens, 2, layers, heads, head_dim) or '2lt' "
                              f"(2, layers, tokens, heads, head_dim), got {layout!r}")
+        if summary_page is True:  # the drive's (its hello carries identify)
+            summary_page = int(self.info.get("page_tokens", 16))
         if not 0 <= summary_page <= 4096:
             raise ValueError(f"summary_page is 0 (none) to 4096 tokens, got {summary_page}")
         request = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
@@ -818,7 +821,7 @@ class Device:
 
     def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
                          qp: QueuePair | None = None, *, nsid: int = 0,
-                         layout: str = "t2l", summary_page: int = 0) -> int:
+                         layout: str = "t2l", summary_page: int | bool = 0) -> int:
         return self.kv_put_quantized_async(key, block, dtype, scheme, qp, nsid=nsid,
                                            layout=layout, summary_page=summary_page).result()
 

@@ -434,6 +434,18 @@ def test_summaries_made_at_store_time_are_what_topk_scores_and_no_block_is_read(
     assert after["kernels"].get("summarize", {}).get("calls", 0) == summarized
 
 
+def test_the_drives_own_page_is_the_summary_page_when_asked(dev):
+    """summary_page=True takes the page the drive's profile gives (identify's page_tokens,
+    16 on star2000d): the stored block is the size of one with 16-token summaries."""
+    from firmware.layout import KVShape
+    from firmware.quant import compressed_nbytes
+
+    assert dev.identify()["page_tokens"] == 16
+    b = _blocks(np.random.default_rng(47), 1, 64, 2, 1, 32)[0].view(np.uint16)
+    size = dev.kv_put_quantized(b"dp", b, "fp16", "plain", summary_page=True)
+    assert size == compressed_nbytes(KVShape(64, 2, 1, 32), "plain", "fp16", 16)
+
+
 def test_stored_summaries_cost_a_read_of_their_bytes_not_of_the_block(dev):
     """Cold (nothing in the DRAM), a sequence stored with summaries is scored sooner than
     the same sequence stored plain: its summaries' bytes are read from NAND, not its blocks

@@ -774,6 +774,8 @@ class Daemon:
             "realtime": self.realtime,
             "power_cut_emulation": self.power_cut,
             "compute_units": self.profile.compute.units, "tops": self.profile.compute.tops,
+            # the retrieval page the profile gives: kv_put_quantized(summary_page=True)
+            "page_tokens": self.profile.retrieval.page_tokens,
             "protocol_version": PROTOCOL_VERSION,
             "commands": sorted(OPCODES),
         }
