@@ -376,18 +376,24 @@ class Retrieval:
             blocks.append(Block(key, place[0], place[1], 0, 0, 0))
         return blocks
 
-    def _read(self, req: Request, nsid: int, b: Block) -> tuple[np.ndarray, np.ndarray]:
+    def _value(self, b: Block, nsid: int) -> bytes:
+        """A block's stored value, read through the store (its checksum checked)."""
+        try:
+            return self.d.store.get(b.key, nsid)
+        except CorruptValue:
+            raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
+        except KeyError:
+            raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
+
+    def _read(self, req: Request, nsid: int, b: Block,
+              value: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The block's layer as float32 K and V: read and decoded once per command (ATTEND
         reads an uncached block for its token count before it knows which pages it needs),
         as long as the command's decoded blocks fit in MEMO_BYTES; past that, read again."""
         if b.kv is not None:
             return b.kv
-        try:
-            value = self.d.store.get(b.key, nsid)
-        except CorruptValue:
-            raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
-        except KeyError:
-            raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
+        if value is None:
+            value = self._value(b, nsid)
         with self._lock:
             self._stats["block_reads"] += 1
         k, v, b.code = layer_keys_values(value, req)
@@ -398,20 +404,13 @@ class Retrieval:
             b.kv = (k, v)
         return k, v
 
-    def _stored(self, req: Request, nsid: int, b: Block, timing) -> tuple | None:
-        """The summaries a block was stored with (a compressed block whose section has the
-        request's page and layout), as the cache keeps them, its layer's run of them read
-        from NAND; None when it has none that serve."""
-        if not b.length or b.length < 64:
-            return None
-        try:
-            value = self.d.store.get(b.key, nsid)
-        except CorruptValue:
-            raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
-        except KeyError:
-            raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
+    def _stored(self, req: Request, nsid: int, b: Block, timing) -> tuple:
+        """(the summaries a block was stored with, as the cache keeps them, its layer's run
+        of them read from NAND, or None when it has none that serve; the value, read once:
+        the caller summarizes from it when there are none)."""
+        value = self._value(b, nsid)
         if value[:4] != BLOCK_MAGIC:
-            return None
+            return None, value
         try:
             header, _ = _blockfmt.open_block(value)
         except _blockfmt.CorruptBlockError as e:
@@ -420,7 +419,7 @@ class Retrieval:
         if (header.summary_page != req.page or req.layer >= s.layers
                 or (s.layers, s.kv_heads, s.head_dim) != (req.layers, req.kv_heads,
                                                          req.head_dim)):
-            return None
+            return None, value
         _, run = _blockfmt.layer_summaries(value, req.layer)
         off, nbytes = _blockfmt.summaries_at(header, req.layer)
         timing.stored_summaries(b, off, nbytes)
@@ -431,7 +430,7 @@ class Retrieval:
         if header.dtype == DTYPE_FP16:
             lo, hi = lo.view(np.float16), hi.view(np.float16)
         body = _blockfmt.HEADER_BYTES + header.body_bytes  # the token rows, no summaries
-        return lo, hi, s.tokens, max(1, body // s.tokens)
+        return (lo, hi, s.tokens, max(1, body // s.tokens)), value
 
     def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:
         mins, maxs, first = [], [], 0
@@ -440,13 +439,14 @@ class Retrieval:
             hit = self.cache.get(ck)
             with self._lock:
                 self._stats["summary_hits" if hit is not None else "summary_misses"] += 1
+            value = None
             if hit is None:
-                hit = self._stored(req, nsid, b, timing)
-                if hit is not None:
-                    self.cache.put(ck, hit, hit[0].nbytes + hit[1].nbytes)
-                    hit = (hit, 0)
+                stored, value = self._stored(req, nsid, b, timing)
+                if stored is not None:
+                    self.cache.put(ck, stored, stored[0].nbytes + stored[1].nbytes)
+                    hit = (stored, 0)
             if hit is None:
-                keys, _ = self._read(req, nsid, b)
+                keys, _ = self._read(req, nsid, b, value)
                 P = R.pages_of(keys.shape[1], req.page)
                 lo = np.empty((req.kv_heads, P, req.head_dim), np.float32)
                 hi = np.empty_like(lo)
