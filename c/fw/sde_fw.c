@@ -54,7 +54,7 @@ int sde_fw_ensure(sde_fw_entry *e)
         else
             load_error = r < 0 ? r : -EIO;
     }
-    int r = load_error;
+    int r = loaded[0] ? 0 : load_error;
     if (loaded[0] && !e->quantize) {
         e->dequantize = (sde_fw_dequantize_fn)(uintptr_t)loaded[1];
         e->hash_chain = (sde_fw_hash_fn)(uintptr_t)loaded[2];
@@ -62,7 +62,7 @@ int sde_fw_ensure(sde_fw_entry *e)
                          __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&load_lock);
-    return loaded[0] ? 0 : r;
+    return r;
 }
 
 static void run_job(sde_fw_entry *e, sde_fw_job *j)
