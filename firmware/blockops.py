@@ -149,7 +149,7 @@ def parse_scheme_name(name, p):
         return 0
     if n == _PLAIN.shape[0] and _is(name, n, 0, _PLAIN):
         p[P_KIND] = SCHEME_PLAIN
-        p[P_BITS] = 0  # the element's: set with the dtype (_plain_bits)
+        p[P_BITS] = 0  # the header gives the element's bits (_write_header)
         return 0
     if _is(name, n, 0, _KIVI):
         kind, pos = SCHEME_KIVI, 4
