@@ -32,7 +32,8 @@ MISSING_LIBURING = (
 )
 # the timing model, one file per responsibility (c/model/model_private.h joins them)
 MODEL_PARTS = ("core", "bulk", "batch", "helper", "ftl", "commands", "cache", "fixed", "loop")
-MODEL = {"headers": ["model/sde_model.h", "model/sde_budget.h", "model/sde_recipe.h"],
+MODEL = {"headers": ["model/sde_model.h", "model/sde_kinds.h", "model/sde_budget.h",
+                     "model/sde_recipe.h"],
          "sources": [*(f"model/model_{part}.c" for part in MODEL_PARTS), "model/sde_ftl.c",
                      "model/sde_gaps.c", "model/sde_budget.c", "model/sde_recipe.c"]}
 # the device core, one file per responsibility (c/dev/dev_internal.h joins them)

@@ -18,7 +18,7 @@ OUT = C.parent / "firmware" / "abi.py"
 GROUPS = [
     ("fw/sde_fw.h", "SDE_FW_INFO_", "INFO_"),   # what a kernel call reports for its cost
     ("fw/sde_fw.h", "SDE_FW_E_", "E_"),         # the kernels' request-level failures
-    ("model/sde_budget.h", "SDE_SCHEME_", "SCHEME_"),  # quantization kinds, for the cost
+    ("model/sde_kinds.h", "SDE_SCHEME_", "SCHEME_"),  # quantization kinds (firmware/kinds.py)
 ]
 DEFINE = re.compile(r"^#define\s+(\w+)\s+(-?\d+)\b", re.M)
 

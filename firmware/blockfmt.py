@@ -41,14 +41,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware import blockops as B
-from firmware.abi import SCHEME_FP8, SCHEME_INT, SCHEME_KIVI, SCHEME_PLAIN
+from firmware import kinds
+from firmware.abi import SCHEME_FP8, SCHEME_INT, SCHEME_KIVI, SCHEME_PLAIN  # noqa: F401
 from firmware.checksum import sum64
 from firmware.layout import KVShape
 
 MAGIC = b"SDKV"
 VERSION = 1
 HEADER_BYTES = 64
-SCHEME_NAMES = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8", SCHEME_PLAIN: "plain"}
+SCHEME_NAMES = {m.CODE: m.NAME for m in kinds.modules()}  # firmware/kinds.py
 FLAG_SYMMETRIC = B.FLAG_SYMMETRIC
 FLAG_PER_HEAD = B.FLAG_PER_HEAD
 FLAG_LAYOUT_2LT = B.FLAG_LAYOUT_2LT

@@ -23,26 +23,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware import blockops as B
-from firmware.blockfmt import (
-    INT_GROUPS,
-    SCHEME_FP8,
-    SCHEME_INT,
-    SCHEME_KIVI,
-    SCHEME_PLAIN,
-    CorruptBlockError,
-    open_block,
-)
+from firmware import kinds
+from firmware.blockfmt import INT_GROUPS, CorruptBlockError, open_block
 from firmware.layout import DTYPE_NAMES, KVShape, dtype_code, storage_dtype
 from firmware.summaries import MAX_PAGE
 
 GROUP_SIZES = INT_GROUPS
-_KINDS = {SCHEME_INT: "int", SCHEME_KIVI: "kivi", SCHEME_FP8: "fp8", SCHEME_PLAIN: "plain"}
-_KIND_CODES = {v: k for k, v in _KINDS.items()}
+_MODULES = {m.NAME: m for m in kinds.modules()}  # the kinds (firmware/kinds.py), by name
+_KINDS = {m.CODE: name for name, m in _MODULES.items()}
+_KIND_CODES = {name: m.CODE for name, m in _MODULES.items()}
 
 
 @dataclass(frozen=True)
 class Scheme:
-    kind: str  # "int", "kivi", "fp8" or "plain"
+    kind: str  # a kind's NAME (firmware/kinds.py): "int", "kivi", "fp8", "plain"
     bits: int = 8
     group: int = 0
     symmetric: bool = False
@@ -51,13 +45,7 @@ class Scheme:
 
     @property
     def name(self) -> str:
-        if self.kind == "int":
-            return f"int{self.bits}_g{self.group}" + ("_sym" if self.symmetric else "")
-        if self.kind == "kivi":
-            return f"kivi{self.bits}_g{self.group}_r{self.residual}"
-        if self.kind == "plain":
-            return "plain"
-        return "fp8_head" if self.per_head else "fp8_tensor"
+        return _MODULES[self.kind].scheme_name(self)
 
 
 def parse_scheme(name: str) -> Scheme:
@@ -66,9 +54,8 @@ def parse_scheme(name: str) -> Scheme:
     raw = name.encode("ascii", "replace") if isinstance(name, str) else b"\xff"
     if not raw or len(raw) > 32 or B.parse_scheme_name(np.frombuffer(raw, np.uint8), p):
         raise ValueError(
-            f"unknown quantization scheme {name!r}: expected int8_gN / int4_gN [_sym], "
-            f"kivi8_gN_rR / kivi4_gN_rR (N in {GROUP_SIZES}), fp8_tensor, fp8_head or "
-            f"plain"
+            f"unknown quantization scheme {name!r}: expected "
+            + ", ".join(m.GRAMMAR for m in _MODULES.values()) + f" (N in {GROUP_SIZES})"
         )
     return _scheme_of(p)
 

@@ -72,3 +72,20 @@ def test_the_benchmarks_engine_is_the_devices_and_the_device_carries_no_benchmar
         assert _device.ffi.sizeof(struct) == _engine_bench.ffi.sizeof(struct)
     for name in ("SDE_OP_READ", "SDE_OP_WRITE", "SDE_OP_FSYNC", "SDE_ENG_SQPOLL"):
         assert getattr(_device.lib, name) == getattr(_engine_bench.lib, name)
+
+
+def test_the_kinds_generated_files_are_what_the_registry_makes():
+    """firmware/kind_dispatch.py and c/model/sde_kinds.h are firmware/kinds.py's output for
+    today's REGISTRY and kind modules (a kind added without regenerating them fails here),
+    and the compiled codes are the kinds' own."""
+    from firmware import kinds
+
+    assert (ROOT / "firmware" / "kind_dispatch.py").read_text() == kinds.render_dispatch()
+    assert (ROOT / "c" / "model" / "sde_kinds.h").read_text() == kinds.render_c()
+    for m in kinds.modules():
+        assert getattr(_model.lib, f"SDE_SCHEME_{m.NAME.upper()}") == m.CODE
+        assert getattr(abi, f"SCHEME_{m.NAME.upper()}") == m.CODE
+    assert len({m.CODE for m in kinds.modules()}) == len(kinds.REGISTRY)
+    for m in kinds.modules():  # every kind module defines the whole interface
+        missing = [name for name in kinds.INTERFACE if not hasattr(m, name)]
+        assert not missing, (m.__name__, missing)

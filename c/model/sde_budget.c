@@ -9,19 +9,20 @@
 
 static uint64_t groups(uint64_t n, uint32_t group) { return group ? (n + group - 1) / group : 0; }
 
+/* A kind's cost row (c/model/sde_kinds.h); an unknown code costs as the first kind. */
+static const struct sde_kind_cost *kind_cost(int kind)
+{
+    for (size_t i = 0; i < SDE_NKINDS; i++)
+        if (SDE_KIND_COSTS[i].kind == kind)
+            return &SDE_KIND_COSTS[i];
+    return &SDE_KIND_COSTS[0];
+}
+
 sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int kind,
                                   uint32_t group, uint64_t compressed_bytes)
 {
-    uint64_t ops;
-    if (kind == SDE_SCHEME_PLAIN) {
-        ops = 2 * elements; /* the finiteness check and the copy */
-    } else if (kind == SDE_SCHEME_FP8) {
-        ops = 7 * elements + 2;
-    } else {
-        ops = 8 * elements + 6 * groups(elements, group);
-        if (kind == SDE_SCHEME_KIVI)
-            ops += elements; /* the transpose */
-    }
+    const struct sde_kind_cost *k = kind_cost(kind);
+    uint64_t ops = k->q_element * elements + k->q_group * groups(elements, group) + k->q_block;
     return (sde_kernel_cost){.vector_ops = ops, .bytes = elements * element_bytes +
                                                          compressed_bytes};
 }
@@ -29,9 +30,9 @@ sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int
 sde_kernel_cost sde_cost_dequantize(uint64_t elements, uint32_t element_bytes, int kind,
                                     uint32_t group, uint64_t compressed_bytes)
 {
-    uint64_t ops = kind == SDE_SCHEME_PLAIN ? elements /* the copy */
-                   : kind == SDE_SCHEME_FP8 ? 3 * elements
-                                            : 4 * elements + groups(elements, group);
+    const struct sde_kind_cost *k = kind_cost(kind);
+    uint64_t ops = k->dq_element * elements + k->dq_group * groups(elements, group) +
+                   k->dq_block;
     return (sde_kernel_cost){.vector_ops = ops,
                              .bytes = elements * element_bytes + compressed_bytes};
 }
@@ -44,7 +45,7 @@ sde_kernel_cost sde_cost_store_summaries(uint64_t elements, uint32_t element_byt
         return (sde_kernel_cost){0};
     uint64_t keys = elements / 2;
     /* a plain block's keys are its body: nothing to dequantize */
-    sde_kernel_cost d = kind == SDE_SCHEME_PLAIN
+    sde_kernel_cost d = !kind_cost(kind)->summaries_dequantize
                             ? (sde_kernel_cost){0}
                             : sde_cost_dequantize(keys, element_bytes, kind, group,
                                                   (compressed_bytes - summary_bytes) / 2);

@@ -18,6 +18,9 @@
 #define SDE_BUDGET_H
 #include <stdint.h>
 
+/* SDE_SCHEME_* and the kinds' cost rows, generated from firmware/kinds.py */
+#include "sde_kinds.h"
+
 /* CDEF-BEGIN */
 #define SDE_KERNEL_QUANTIZE 0
 #define SDE_KERNEL_DEQUANTIZE 1
@@ -31,11 +34,6 @@
 #define SDE_KERNEL_ATTEND 9
 #define SDE_NKERNELS 10
 #define SDE_MAX_UNITS 64
-/* scheme kinds, as in compressed block headers (firmware/blockfmt.py) */
-#define SDE_SCHEME_INT 1
-#define SDE_SCHEME_KIVI 2
-#define SDE_SCHEME_FP8 3
-#define SDE_SCHEME_PLAIN 4 /* the block as it is: stored with its layout, for its summaries */
 
 typedef struct sde_kernel_cost {
     uint64_t ops;        /* scalar ops on an embedded core */

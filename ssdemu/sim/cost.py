@@ -103,9 +103,9 @@ def _scheme(scheme: Scheme | str) -> tuple[int, int]:
         s = parse_scheme(scheme)
     else:
         s = scheme
-    kind = {"int": lib.SDE_SCHEME_INT, "kivi": lib.SDE_SCHEME_KIVI, "fp8": lib.SDE_SCHEME_FP8,
-            "plain": lib.SDE_SCHEME_PLAIN}
-    return kind[s.kind], s.group
+    from firmware.kinds import modules  # a kind's code is its own (c/model/sde_kinds.h)
+
+    return {m.NAME: m.CODE for m in modules()}[s.kind], s.group
 
 
 def quantize_cost(elements: int, element_bytes: int, scheme: Scheme | str,
