@@ -168,3 +168,18 @@ def _nonfinite(x, dtype):
             for i in range(part.shape[0]):
                 bad += not np.isfinite(part[i])
     return bad
+
+
+# ---- what a kind whose tokens are all quantized alike has (firmware/kind_*.py) -------------
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def all_tokens(p):
+    """quantized_tokens of a kind that quantizes every token (all but KIVI)."""
+    return p[P_TOKENS]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def no_body_check(p, quantized):
+    """check_body of a kind whose body has no constraint beyond its size."""
+    return 0
+

@@ -18,10 +18,11 @@ from firmware.blockparams import (
     P_LAYERS,
     P_PER_HEAD,
     P_RESIDUAL,
-    P_TOKENS,
     _is,
     _pad8,
+    all_tokens,
     elements,
+    no_body_check,
 )
 from firmware.quant_fp8 import E4M3_VALUES, dequantize_fp8, quantize_fp8
 
@@ -36,6 +37,8 @@ COST_DEQUANTIZE = (3, 0, 0)
 _FP8_TENSOR = np.frombuffer(b"fp8_tensor", np.uint8)
 _FP8_HEAD = np.frombuffer(b"fp8_head", np.uint8)
 
+quantized_tokens = all_tokens  # every token is quantized alike
+check_body = no_body_check
 
 def scheme_name(s) -> str:
     return "fp8_head" if s.per_head else "fp8_tensor"
@@ -64,11 +67,6 @@ def body_bytes(p, quantized):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def quantized_tokens(p):
-    return p[P_TOKENS]
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def header(p):
     return 8, FLAG_PER_HEAD if p[P_PER_HEAD] else 0, 0
 
@@ -77,11 +75,6 @@ def header(p):
 def check_fields(p, bits, flags, dtype):
     if bits != 8 or p[P_GROUP] != 0 or p[P_RESIDUAL] or flags & FLAG_SYMMETRIC:
         return E_FIELDS
-    return 0
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def check_body(p, quantized):
     return 0
 
 

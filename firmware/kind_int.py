@@ -22,9 +22,10 @@ from firmware.blockparams import (
     P_KIND,
     P_RESIDUAL,
     P_SYM,
-    P_TOKENS,
     _is,
+    all_tokens,
     elements,
+    no_body_check,
     parse_bits_group,
 )
 from firmware.checksum import word_sums
@@ -51,6 +52,8 @@ COST_DEQUANTIZE = (4, 1, 0)
 _INT = np.frombuffer(b"int", np.uint8)
 _SYM = np.frombuffer(b"_sym", np.uint8)
 
+quantized_tokens = all_tokens  # every token is quantized alike
+check_body = no_body_check
 
 def scheme_name(s) -> str:
     return f"int{s.bits}_g{s.group}" + ("_sym" if s.symmetric else "")
@@ -78,11 +81,6 @@ def body_bytes(p, quantized):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def quantized_tokens(p):
-    return p[P_TOKENS]
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def header(p):
     """(bits, flags, group) of the block's header."""
     return p[P_BITS], FLAG_SYMMETRIC if p[P_SYM] else 0, p[P_GROUP]
@@ -94,11 +92,6 @@ def check_fields(p, bits, flags, dtype):
     if (bits != 4 and bits != 8) or not (group == 32 or group == 64 or group == 128) \
             or flags & FLAG_PER_HEAD or p[P_RESIDUAL]:
         return E_FIELDS
-    return 0
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def check_body(p, quantized):
     return 0
 
 
