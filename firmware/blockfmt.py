@@ -42,7 +42,6 @@ import numpy as np
 
 from firmware import blockops as B
 from firmware import kinds
-from firmware.abi import SCHEME_FP8, SCHEME_INT, SCHEME_KIVI, SCHEME_PLAIN  # noqa: F401
 from firmware.checksum import sum64
 from firmware.layout import KVShape
 
@@ -147,6 +146,11 @@ def layer_summaries(blob, layer: int) -> tuple[BlockHeader, np.ndarray | None]:
     header, _ = open_block(blob)
     if not header.summary_page:
         return header, None
+    return header, summaries_run(header, blob, layer)
+
+
+def summaries_run(header: BlockHeader, blob, layer: int) -> np.ndarray:
+    """layer_summaries' run, of a block already verified (open_block gave its header)."""
     if not 0 <= layer < header.shape.layers:
         raise ValueError(f"layer {layer} of a block of {header.shape.layers}")
     off, n = summaries_at(header, layer)
@@ -154,7 +158,7 @@ def layer_summaries(blob, layer: int) -> tuple[BlockHeader, np.ndarray | None]:
     raw = np.frombuffer(blob, np.uint8)[off:off + n] if not isinstance(blob, np.ndarray) \
         else blob.reshape(-1).view(np.uint8)[off:off + n]
     pages = -(-s.tokens // header.summary_page)
-    return header, raw.view(_CARRIERS[header.dtype]).reshape(2, s.kv_heads, pages, s.head_dim)
+    return raw.view(_CARRIERS[header.dtype]).reshape(2, s.kv_heads, pages, s.head_dim)
 
 
 def _problem(e: int, buf: np.ndarray, p: np.ndarray) -> str:

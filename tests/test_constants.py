@@ -36,7 +36,6 @@ def test_the_firmware_uses_the_compiled_headers_values():
         prefix = next(p for p in c_name if n.startswith(p))
         assert getattr(_device.lib, c_name[prefix] + n[len(prefix):]) == getattr(abi, n), n
     assert blockops.SCHEME_KIVI == _model.lib.SDE_SCHEME_KIVI
-    assert blockfmt.SCHEME_PLAIN == _model.lib.SDE_SCHEME_PLAIN
     from ssdemu.device import retrieval
     assert retrieval.BLOCK_MAGIC == blockfmt.MAGIC
     assert entry.INFO_RAW == _device.lib.SDE_FW_INFO_RAW

@@ -420,7 +420,7 @@ class Retrieval:
                 or (s.layers, s.kv_heads, s.head_dim) != (req.layers, req.kv_heads,
                                                          req.head_dim)):
             return None, value
-        _, run = _blockfmt.layer_summaries(value, req.layer)
+        run = _blockfmt.summaries_run(header, value, req.layer)  # verified above
         off, nbytes = _blockfmt.summaries_at(header, req.layer)
         timing.stored_summaries(b, off, nbytes)
         with self._lock:
