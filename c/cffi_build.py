@@ -41,7 +41,8 @@ DEV_PARTS = ("core", "ops", "loop", "complete", "block", "kv", "journal", "compu
              "faults")
 # the store (c/store/store_private.h joins them)
 STORE_PARTS = ("io", "index", "alloc", "records", "journal", "checkpoint", "open", "kv", "api")
-DEVICE = {"headers": ["engine/sde_hist.h", "engine/sde_engine.h", "wire/sde_queue.h",
+DEVICE = {"headers": ["common/sde_spin.h", "engine/sde_hist.h", "engine/sde_engine.h",
+                      "wire/sde_queue.h",
                       *MODEL["headers"], "store/sde_store.h", "fw/sde_fw.h",
                       "dev/sde_fault.h", "dev/sde_undo.h", "dev/sde_dev.h"],
           "sources": ["engine/sde_hist.c", "engine/sde_engine.c", *WIRE["sources"],

@@ -2,6 +2,13 @@
  * engine and the firmware, post completions), and the sleep between passes. */
 #define _GNU_SOURCE
 #include "dev_internal.h"
+#include "sde_spin.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 /* Start one command fetched from queue pair qp.  t0: when it was fetched (one clock read for
  * the commands fetched together). */
@@ -216,16 +223,79 @@ static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns
     return 0;
 }
 
+int sde_spin_gate_allowed(const sde_spin_gate *g, uint64_t now) { return sde_spin_allowed(g, now); }
+int sde_spin_gate_tick(sde_spin_gate *g, uint64_t now) { return sde_spin_tick(g, now); }
+void sde_spin_gate_end(sde_spin_gate *g) { sde_spin_end(g); }
+
+/* Does a client wait on the CPU this thread runs on?  Then an idle spin would keep it from
+ * running until the spin ended (both sides wait out each other's spin: 120 us round trips
+ * instead of 5, the scheduler placing a woken client beside its waker).  Also tells every
+ * client where the data plane runs, for the same check on its side.  Under dev->lock. */
+static int client_on_my_cpu(sde_dev *dev, int busy)
+{
+    /* 0 (unknown) to the clients while the host has a CPU to spare: they spin as usual */
+    uint32_t cpu = busy ? (uint32_t)sched_getcpu() + 1 : 0;
+    int shared = 0;
+    for (int qp = 0; qp < dev->qp_hi; qp++)
+        if (dev->qps[qp].active)
+            shared |= sde_sq_shares_cpu(&dev->qps[qp].v, cpu);
+    return shared;
+}
+
+/* Does every CPU this thread may run on have another runnable task?  (/proc/loadavg's
+ * count of runnable tasks, this thread among them, against the affinity mask.)  Only then
+ * does sharing a CPU with a client matter: on a host with a CPU to spare the scheduler moves
+ * one of two spinning threads there, and spinning beside each other costs nothing. */
+static int host_busy(int loadavg_fd, int ncpu)
+{
+    char b[128];
+    ssize_t n = loadavg_fd >= 0 ? pread(loadavg_fd, b, sizeof(b) - 1, 0) : -1;
+    if (n <= 0)
+        return 1; /* unknown: the careful answer */
+    b[n] = 0;
+    char *p = b; /* "0.52 0.58 0.59 3/120 4567": the fourth field's first number */
+    for (int f = 0; f < 3 && p; f++)
+        if ((p = strchr(p, ' ')))
+            p++;
+    return !p || atoi(p) > ncpu;
+}
+
+static int allowed_cpus(void)
+{
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
 int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
 {
     uint64_t idle_since = 0; /* 0: the last pass did work (the clock is read only when idle) */
+    /* the idle spin stops for a while when this thread is descheduled mid-spin (a busy
+     * host: the spin would take the core its clients need); --poll never sleeps */
+    sde_spin_gate gate = {0};
+    uint32_t idle_passes = 0;
+    /* a client waits on this thread's CPU and the host has none to spare (looked at every 8
+     * idle passes, the host every millisecond) */
+    int crowded = 0, busy = 0, ncpu = allowed_cpus();
+    int loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    uint64_t busy_at = 0;
     while (!*stop) {
         pthread_mutex_lock(&dev->lock);
         int work = dev_pass(dev);
         uint64_t next_due = dev->nheld ? dev->held[0].due : 0;
+        if (work)
+            idle_passes = 0;
+        else if (spin_ns != SDE_DEV_POLL && (idle_passes++ & 7) == 0) {
+            uint64_t t = now_ns();
+            if (t - busy_at > 1000000) {
+                busy = host_busy(loadavg_fd, ncpu);
+                busy_at = t;
+            }
+            crowded = client_on_my_cpu(dev, busy);
+        }
         pthread_mutex_unlock(&dev->lock);
         if (work) {
             idle_since = 0;
+            sde_spin_end(&gate);
             continue;
         }
         uint64_t t = now_ns();
@@ -235,20 +305,33 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         if (next_due) {
             /* completions wait for their modelled time: poll up to it when it is near,
              * else sleep no longer than that */
+            sde_spin_end(&gate);
             if (next_due <= t + 20000 || spin_ns == SDE_DEV_POLL) {
                 __builtin_ia32_pause();
                 continue;
             }
             timeout = next_due - t - 10000;
-        } else if (t - idle_since < spin_ns) {
-            __builtin_ia32_pause();
-            continue;
-        }
+        } else if (spin_ns == SDE_DEV_POLL ||
+                   (t - idle_since < spin_ns && !crowded && sde_spin_allowed(&gate, t))) {
+            if (!sde_spin_tick(&gate, t) && spin_ns != SDE_DEV_POLL)
+                dev->stats.spin_backoffs++; /* unlocked: this thread alone writes it */
+            else {
+                __builtin_ia32_pause();
+                continue;
+            }
+        } else if (crowded && !next_due)
+            dev->stats.spin_shared_cpu++;
+        sde_spin_end(&gate);
         int r = sleep_and_serve(dev, stop, timeout);
-        if (r < 0)
+        if (r < 0) {
+            if (loadavg_fd >= 0)
+                close(loadavg_fd);
             return r;
+        }
         idle_since = 0;
     }
+    if (loadavg_fd >= 0)
+        close(loadavg_fd);
     /* stopping: let the media I/O in flight end (the journal group among it), so that the
      * store can be flushed and closed */
     for (;;) {

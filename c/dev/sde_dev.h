@@ -61,6 +61,8 @@ typedef struct sde_dev_stats {
     uint64_t pins;           /* pins held now, over every client */
     uint64_t cache_destages; /* power-cut emulation: the write cache filled and was synced */
     uint64_t undo_failures;  /* power-cut emulation: a write whose old bytes could not be kept */
+    uint64_t spin_backoffs;  /* idle spins given up: descheduled mid-spin (sde_spin.h) */
+    uint64_t spin_shared_cpu; /* sleeps without a spin: a client waited on the same CPU */
 } sde_dev_stats;
 
 typedef struct sde_admin_cmd {

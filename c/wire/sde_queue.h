@@ -194,9 +194,11 @@ typedef struct sde_ring_hdr {
     uint32_t cq_head;  /* client */
     uint32_t pad4[15];
     uint32_t sq_flags; /* daemon */
-    uint32_t pad5[15];
+    uint32_t daemon_cpu; /* daemon: 1 + the CPU its data plane last ran on (0: unknown) */
+    uint32_t pad5[14];
     uint32_t cq_waiters; /* client: waiters asleep on its completion eventfd */
-    uint32_t pad6[15];
+    uint32_t client_cpu; /* client: 1 + the CPU its last waiter ran on (a hint: never trusted) */
+    uint32_t pad6[14];
 } sde_ring_hdr;
 
 /* Bytes of queue-pair memory for these ring sizes (powers of two, 2..65536); 0 if invalid. */

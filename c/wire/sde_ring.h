@@ -24,6 +24,10 @@ int sde_cq_post(sde_qp_view *q, const sde_cqe *cqes, uint32_t n);
 /* Announce sleep: set NEED_WAKEUP, fence, and report whether commands arrived meanwhile. */
 int sde_sq_prepare_sleep(sde_qp_view *q);
 void sde_sq_clear_wakeup(sde_qp_view *q);
+/* Idle, about to spin: publish the data plane's CPU (1 + number; 0 unknown) to this queue's
+ * client, and report whether its client last waited on that same CPU (then a spin would keep
+ * it from running: sde_spin.h).  The client's word is a hint, never trusted beyond that. */
+int sde_sq_shares_cpu(sde_qp_view *q, uint32_t cpu);
 void sde_sq_set_dead(sde_qp_view *q);
 int sde_sq_pending(sde_qp_view *q);
 #endif

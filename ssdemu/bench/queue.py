@@ -91,6 +91,7 @@ def run_bench(socket_path: str, seconds: float, ns_bytes: int) -> dict:
         if fio_available():
             fio = run_fio(ident["media_path"], rw="randread", bs=bs, qd=qd, seconds=seconds,
                           size=ns_bytes, offset=start)
+        log = dev.log()
         registered = _copied_per_read(dev, nsid, dev.alloc(4096))
         bounce = _copied_per_read(dev, nsid, np.zeros(4096, np.uint8))
         return {
@@ -102,6 +103,11 @@ def run_bench(socket_path: str, seconds: float, ns_bytes: int) -> dict:
             "ratio_fio": iops / fio["iops"] if fio else None,
             "bytes_copied_per_read_registered": registered,
             "bytes_copied_per_read_bounce": bounce,
+            # the data plane's idle spins: given up (descheduled mid-spin), and not started
+            # (a client waited on its CPU); sde_spin.h
+            "data_plane_spin_backoffs": log["spin_backoffs"],
+            "data_plane_sleeps_shared_cpu": log["spin_shared_cpu"],
+            "data_plane_sleeps": log["sleeps"],
             "media": ident["media"], "seconds": seconds,
             "note": None if fio else "fio not found (apt-get install fio): reporting ours only",
         }

@@ -814,6 +814,10 @@ class Daemon:
                                                                    self.device_now_ns()),
                 "compute_busy_until_ns": max(budget.busy_until_ns[0:max(1, budget.units)]),
                 "sleeps": st.sleeps, "wakeups": st.wakeups,
+                # idle spins given up because the data plane was descheduled mid-spin
+                "spin_backoffs": st.spin_backoffs,
+                # sleeps at once, not after a spin: a client waited on the data plane's CPU
+                "spin_shared_cpu": st.spin_shared_cpu,
                 "faults_injected": st.faults_injected, "pins": st.pins,
                 # KV changes held back behind an in-flight put of the same key
                 "key_waits": st.key_waits,

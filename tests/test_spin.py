@@ -1,0 +1,134 @@
+"""When the data plane and a client spin, and when they sleep at once (c/common/sde_spin.h):
+a spin that the scheduler interrupts is given up for a while, and neither side spins on the
+CPU the other waits to run on.  Counted by the daemon's own statistics and CPU time, never
+by a round trip's wall time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from ssdemu.device._device import ffi, lib
+
+import hostlib
+from ssdemu.tools.daemon_process import DaemonProcess
+
+HERE = os.path.dirname(__file__)
+NOPS = 300
+
+
+def _profile(tmp_path, spin_us: int) -> str:
+    with open(os.path.join(HERE, "data", "small-values.yaml")) as f:
+        text = f.read()
+    assert "  spin_us: 50\n" in text
+    path = tmp_path / "spin.yaml"
+    path.write_text(text.replace("  spin_us: 50\n", f"  spin_us: {spin_us}\n"))
+    return str(path)
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of pid, in ns (schedstat: not rounded to clock ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
+    return total
+
+
+def _ring_cpus(dev) -> tuple[int, int]:
+    """(daemon_cpu, client_cpu) as the ring header holds them (1 + CPU; 0 unknown)."""
+    words = hostlib.client.ffi.cast("uint32_t *", dev.qp.mem)
+    fields = hostlib.client.ffi.offsetof
+    lay = "sde_ring_hdr"
+    return (words[fields(lay, "daemon_cpu") // 4], words[fields(lay, "client_cpu") // 4])
+
+
+GAP = 500_000  # SDE_SPIN_GAP_NS
+BACKOFF = 50_000_000  # SDE_SPIN_BACKOFF_NS
+
+
+def test_the_spin_gate():
+    """The gate's rule alone, on made-up clock reads: close reads keep a spin going; one gap
+    past SDE_SPIN_GAP_NS ends it and forbids spinning for SDE_SPIN_BACKOFF_NS, then allows
+    it again; a spin's first read (after an end) never counts as a gap."""
+    g = ffi.new("sde_spin_gate *")
+    assert lib.sde_spin_gate_allowed(g, 1)
+    t = 10**9
+    for i in range(100):  # reads 1 us apart: spinning
+        assert lib.sde_spin_gate_tick(g, t + i * 1000)
+    assert lib.sde_spin_gate_tick(g, t + 99_000 + GAP)  # exactly the line: still spinning
+    t2 = t + 99_000 + GAP + GAP + 1
+    assert not lib.sde_spin_gate_tick(g, t2)  # descheduled
+    assert g.backoffs == 1
+    assert not lib.sde_spin_gate_allowed(g, t2 + BACKOFF - 1)
+    assert lib.sde_spin_gate_allowed(g, t2 + BACKOFF)
+    lib.sde_spin_gate_end(g)
+    assert lib.sde_spin_gate_tick(g, t2 + 10 * BACKOFF)  # a new spin's first read
+    assert lib.sde_spin_gate_tick(g, t2 + 10 * BACKOFF + 1000)
+    lib.sde_spin_gate_end(g)  # work done, a long pause, then a spin: no gap counted
+    assert lib.sde_spin_gate_tick(g, t2 + 20 * BACKOFF)
+    assert g.backoffs == 1
+
+
+def test_a_spin_the_scheduler_interrupts_is_given_up(tmp_path):
+    """A data plane whose spin is interrupted (here: the whole daemon stopped for 0.1 s, as a
+    busy host's scheduler would take its core) stops spinning and sleeps: with a 5 s spin
+    window it would otherwise burn a core for the rest of it."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:16M",
+                      extra=["--profile", _profile(tmp_path, 5_000_000)])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            dev.nop()  # the data plane now spins for up to 5 s
+            time.sleep(0.05)
+            os.kill(d.pid, signal.SIGSTOP)
+            time.sleep(0.1)
+            os.kill(d.pid, signal.SIGCONT)
+            time.sleep(0.05)
+            before = _cpu_ns(d.pid)
+            time.sleep(0.5)
+            busy = _cpu_ns(d.pid) - before
+            assert dev.log()["spin_backoffs"] >= 1
+            assert busy < 0.1e9  # asleep, not spinning out its 5 s (0.5 s of CPU)
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+
+
+@pytest.fixture
+def one_cpu():
+    """This process (and every process it starts) on one CPU for the test."""
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(saved)})
+    try:
+        yield min(saved)
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def test_no_spin_on_the_cpu_the_other_side_waits_for(tmp_path, one_cpu):
+    """Daemon and client on one CPU: a spin by either keeps the other from running until it
+    ends (each NOP then costs a whole 50 us spin window, twice).  The data plane sleeps at
+    once instead, each side tells the other where it runs, and the daemon's CPU time per NOP
+    stays far below a spin window."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:16M")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            for _ in range(20):
+                dev.nop()
+            log0 = dev.log()
+            before = _cpu_ns(d.pid)
+            for _ in range(NOPS):
+                dev.nop()
+            per_nop = (_cpu_ns(d.pid) - before) / NOPS
+            log = dev.log()
+            assert _ring_cpus(dev) == (one_cpu + 1, one_cpu + 1)
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    assert log["spin_shared_cpu"] - log0["spin_shared_cpu"] >= NOPS // 2
+    assert per_nop < 25_000  # ns: a spin window each would be 50,000 and more
