@@ -94,6 +94,9 @@ def test_bench_queue_json():
         assert r[key] > 0, key
     assert r["bytes_copied_per_read_registered"] == 0
     assert r["bytes_copied_per_read_bounce"] == 4096
+    # the data plane slept between the NOPs' phases at least; its spin counters are counts
+    assert r["data_plane_sleeps"] > 0
+    assert r["data_plane_sleeps_shared_cpu"] >= 0 and r["data_plane_spin_backoffs"] >= 0
     if shutil.which("fio"):
         assert r["ratio_fio"] == r["randread_4k_qd32_iops"] / r["fio_randread_4k_qd32_iops"]
 

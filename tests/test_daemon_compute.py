@@ -3,6 +3,8 @@ drive, prefix matching by keys and by tokens, pins, and the TOPS budget's device
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from ssdemu.sim.cost import quantize_cost
 from ssdemu.sim.profile import load
 from ssdemu.sim.timing import budget_of
 from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu_wire.layout import STATUS
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +292,50 @@ def test_the_firmware_is_loaded_by_the_first_compute_command(tmp_path):
     finally:
         code, err = d.terminate()
     assert code == 0, err
+
+
+# imported by the daemon's interpreter at start (sitecustomize): the firmware's compiled
+# entry points cannot be imported, as when its build or its kernel cache is broken
+WITHHOLD_FIRMWARE = '''
+import sys
+
+
+class _Withhold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "firmware.entry":
+            raise ImportError("withheld by the test")
+        return None
+
+
+sys.meta_path.insert(0, _Withhold())
+'''
+
+
+def test_a_firmware_that_cannot_load_fails_its_commands_and_nothing_else(tmp_path,
+                                                                          monkeypatch):
+    """The loader fails (its import raises): each compute command ends INTERNAL, the log
+    says why, and the daemon serves everything else on."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(WITHHOLD_FIRMWARE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    log = tmp_path / "daemon.log"
+    d = DaemonProcess(str(tmp_path / "f.sock"), media="mem:64M", log_path=str(log))
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            x = block((16, 2, 1, 1, 64), seed=9)
+            for _ in range(2):  # the first command's load failed; so does the next one's
+                with pytest.raises(hostlib.DeviceError) as e:
+                    dev.kv_put_quantized(b"q", x, "fp16", "int8_g64")
+                assert e.value.status == STATUS["INTERNAL"]
+            assert not dev.kv_exists(b"q")
+            dev.kv_put(b"k", b"v" * 4096)  # block and KV commands are served
+            assert dev.kv_get(b"k") == b"v" * 4096
+            dev.nop()
+            assert d.proc.poll() is None
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    text = log.read_text()
+    assert "could not be loaded" in text and "withheld by the test" in text
