@@ -94,6 +94,25 @@ def test_many_plain_values_in_flight_outgrow_the_bounce(dev):
     assert len(dev._buffers) == registered  # reused, none registered anew
 
 
+def test_staging_buffers_go_back_to_the_pool_and_nothing_else_does(dev):
+    """staging_take's buffer goes back by its view (its pool entry, no search by address),
+    comes out again for the next take of its size class, and an array that is not a staging
+    buffer given back is left alone."""
+    a = dev.staging_take(100_000)
+    n = len(dev._staging)
+    dev.staging_give(a)
+    assert len(dev._staging) == n + 1
+    b = dev.staging_take(100_000)
+    assert len(dev._staging) == n and dev._locate(b)[0] == dev._locate(a)[0]
+    dev.staging_give(np.zeros(100_000, np.uint8))  # not registered: nothing to give back
+    mine = dev.alloc(4096)
+    dev.staging_give(mine)  # registered, not staging: stays its owner's, not pooled
+    assert len(dev._staging) == n
+    dev.staging_give(b)
+    assert len(dev._staging) == n + 1
+    dev.free(mine)
+
+
 def test_a_failed_command_gives_its_staging_buffer_back(dev):
     """A get of a missing key through a staging buffer: the error, and the buffer back in the
     pool (the device is done with it once the completion came)."""
