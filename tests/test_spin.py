@@ -64,7 +64,7 @@ def test_the_spin_gate():
     assert lib.sde_spin_gate_tick(g, t + 99_000 + GAP)  # exactly the line: still spinning
     t2 = t + 99_000 + GAP + GAP + 1
     assert not lib.sde_spin_gate_tick(g, t2)  # descheduled
-    assert g.backoffs == 1
+    assert g.spin_after == t2 + BACKOFF
     assert not lib.sde_spin_gate_allowed(g, t2 + BACKOFF - 1)
     assert lib.sde_spin_gate_allowed(g, t2 + BACKOFF)
     lib.sde_spin_gate_end(g)
@@ -72,7 +72,7 @@ def test_the_spin_gate():
     assert lib.sde_spin_gate_tick(g, t2 + 10 * BACKOFF + 1000)
     lib.sde_spin_gate_end(g)  # work done, a long pause, then a spin: no gap counted
     assert lib.sde_spin_gate_tick(g, t2 + 20 * BACKOFF)
-    assert g.backoffs == 1
+    assert g.spin_after == t2 + BACKOFF  # no second back-off
 
 
 def test_a_spin_the_scheduler_interrupts_is_given_up(tmp_path):

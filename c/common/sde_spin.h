@@ -26,7 +26,6 @@
 typedef struct sde_spin_gate {
     uint64_t spin_after; /* no spinning before this time (0: spin) */
     uint64_t last;       /* the spin's previous clock read (0: not spinning) */
-    uint64_t backoffs;   /* times spinning was given up (counted for the statistics) */
 } sde_spin_gate;
 /* the inline functions below, callable from Python for their test (c/dev/dev_loop.c) */
 int sde_spin_gate_allowed(const sde_spin_gate *g, uint64_t now);
@@ -48,7 +47,6 @@ static inline int sde_spin_tick(sde_spin_gate *g, uint64_t now)
     if (last && now - last > SDE_SPIN_GAP_NS) {
         g->spin_after = now + SDE_SPIN_BACKOFF_NS;
         g->last = 0;
-        g->backoffs++;
         return 0;
     }
     return 1;

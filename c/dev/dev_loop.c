@@ -311,15 +311,16 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
                 continue;
             }
             timeout = next_due - t - 10000;
-        } else if (spin_ns == SDE_DEV_POLL ||
-                   (t - idle_since < spin_ns && !crowded && sde_spin_allowed(&gate, t))) {
-            if (!sde_spin_tick(&gate, t) && spin_ns != SDE_DEV_POLL)
-                dev->stats.spin_backoffs++; /* unlocked: this thread alone writes it */
-            else {
+        } else if (spin_ns == SDE_DEV_POLL) {
+            __builtin_ia32_pause();
+            continue;
+        } else if (t - idle_since < spin_ns && !crowded && sde_spin_allowed(&gate, t)) {
+            if (sde_spin_tick(&gate, t)) {
                 __builtin_ia32_pause();
                 continue;
             }
-        } else if (crowded && !next_due)
+            dev->stats.spin_backoffs++; /* unlocked: this thread alone writes it */
+        } else if (crowded)
             dev->stats.spin_shared_cpu++;
         sde_spin_end(&gate);
         int r = sleep_and_serve(dev, stop, timeout);

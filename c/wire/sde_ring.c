@@ -173,9 +173,8 @@ int sde_cq_wait(void *mem, int completion_fd, int hangup_fd, int kick_fd, uint64
     uint64_t start = now_ns();
     uint32_t polls = 0;
     sde_spin_end(&spin_gate); /* a spin of its own: no clock read of an earlier call */
-    /* where this waiter runs, for the daemon (sde_sq_shares_cpu); no spin on the daemon's
-     * CPU (it could not post what this thread waits for until the spin ended) nor after a
-     * spin was descheduled lately (no core to spare) */
+    /* where this waiter runs, for the daemon (sde_sq_shares_cpu); no spin after one was
+     * descheduled lately (no core to spare) */
     uint32_t cpu = (uint32_t)sched_getcpu() + 1;
     if (__atomic_load_n(&h->client_cpu, __ATOMIC_RELAXED) != cpu)
         __atomic_store_n(&h->client_cpu, cpu, __ATOMIC_RELAXED);
