@@ -260,10 +260,46 @@ static int host_busy(int loadavg_fd, int ncpu)
     return !p || atoi(p) > ncpu;
 }
 
-static int allowed_cpus(void)
+/* What the idle data plane knows of the host: whether a CPU is spare, and whether a client
+ * waits on its own CPU (then it sleeps at once rather than spin). */
+typedef struct {
+    int loadavg_fd;
+    int ncpu;    /* CPUs of its affinity mask */
+    int busy;    /* no CPU to spare (looked at every millisecond at most) */
+    int crowded; /* a client waits on its CPU and busy (looked at every 8 idle passes) */
+    uint32_t idle_passes;
+    uint64_t busy_at;
+} host_view;
+
+static void host_view_open(host_view *v)
 {
     cpu_set_t set;
-    return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    memset(v, 0, sizeof(*v));
+    v->ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    v->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+}
+
+static void host_view_close(host_view *v)
+{
+    if (v->loadavg_fd >= 0)
+        close(v->loadavg_fd);
+}
+
+/* After a pass (under dev->lock): look around now and then while idle. */
+static void host_view_update(host_view *v, sde_dev *dev, int work)
+{
+    if (work) {
+        v->idle_passes = 0;
+        return;
+    }
+    if ((v->idle_passes++ & 7) != 0)
+        return;
+    uint64_t t = now_ns();
+    if (t - v->busy_at > 1000000) {
+        v->busy = host_busy(v->loadavg_fd, v->ncpu);
+        v->busy_at = t;
+    }
+    v->crowded = client_on_my_cpu(dev, v->busy);
 }
 
 int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
@@ -272,26 +308,14 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
     /* the idle spin stops for a while when this thread is descheduled mid-spin (a busy
      * host: the spin would take the core its clients need); --poll never sleeps */
     sde_spin_gate gate = {0};
-    uint32_t idle_passes = 0;
-    /* a client waits on this thread's CPU and the host has none to spare (looked at every 8
-     * idle passes, the host every millisecond) */
-    int crowded = 0, busy = 0, ncpu = allowed_cpus();
-    int loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    uint64_t busy_at = 0;
+    host_view host;
+    host_view_open(&host);
     while (!*stop) {
         pthread_mutex_lock(&dev->lock);
         int work = dev_pass(dev);
         uint64_t next_due = dev->nheld ? dev->held[0].due : 0;
-        if (work)
-            idle_passes = 0;
-        else if (spin_ns != SDE_DEV_POLL && (idle_passes++ & 7) == 0) {
-            uint64_t t = now_ns();
-            if (t - busy_at > 1000000) {
-                busy = host_busy(loadavg_fd, ncpu);
-                busy_at = t;
-            }
-            crowded = client_on_my_cpu(dev, busy);
-        }
+        if (spin_ns != SDE_DEV_POLL)
+            host_view_update(&host, dev, work);
         pthread_mutex_unlock(&dev->lock);
         if (work) {
             idle_since = 0;
@@ -314,25 +338,23 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         } else if (spin_ns == SDE_DEV_POLL) {
             __builtin_ia32_pause();
             continue;
-        } else if (t - idle_since < spin_ns && !crowded && sde_spin_allowed(&gate, t)) {
+        } else if (t - idle_since < spin_ns && !host.crowded && sde_spin_allowed(&gate, t)) {
             if (sde_spin_tick(&gate, t)) {
                 __builtin_ia32_pause();
                 continue;
             }
             dev->stats.spin_backoffs++; /* unlocked: this thread alone writes it */
-        } else if (crowded)
+        } else if (host.crowded)
             dev->stats.spin_shared_cpu++;
         sde_spin_end(&gate);
         int r = sleep_and_serve(dev, stop, timeout);
         if (r < 0) {
-            if (loadavg_fd >= 0)
-                close(loadavg_fd);
+            host_view_close(&host);
             return r;
         }
         idle_since = 0;
     }
-    if (loadavg_fd >= 0)
-        close(loadavg_fd);
+    host_view_close(&host);
     /* stopping: let the media I/O in flight end (the journal group among it), so that the
      * store can be flushed and closed */
     for (;;) {
