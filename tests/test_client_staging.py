@@ -146,6 +146,8 @@ def test_bench_kv_reports_plain_against_registered(tmp_path):
             assert x["ratio_registered"] == pytest.approx(
                 x["plain_bytes_per_s"] / x["registered_bytes_per_s"])
     assert r["bytes_copied_per_kv_put"] == 0 and r["bytes_copied_per_kv_get"] == 0
+    # every put in those rows stored its value (a repeated value would only be hashed)
+    assert r["plain_vs_registered_dedup_hits"] == 0
 
 
 def test_past_the_buffer_quota_values_wait_for_the_bounce(tmp_path):

@@ -20,6 +20,7 @@ into a comparison.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -70,6 +71,7 @@ def _copied(dev, cls: str, fn, n: int) -> float:
         1, after["commands"] - before["commands"])
 
 
+_SERIAL = itertools.count(1)
 PY_SIZES = {"64k": 64 << 10, "256k": 256 << 10, "2m": 2 << 20}
 PY_INFLIGHT = 8
 
@@ -77,10 +79,17 @@ PY_INFLIGHT = 8
 def _py_rate(dev, op: str, values: list, keys: list, seconds: float, inflight: int) -> float:
     """Bytes/s of hostlib's public KV calls over `values` (one per key, reused in turn)."""
     nbytes = values[0].nbytes
+    # a put's value carries its serial number in its first 8 bytes (a value put again
+    # unchanged is a deduplication hit: hashed, never written)
+    stamps = [v[:8].view(np.uint64) for v in values]
     n, t0 = 0, time.perf_counter()
     pending: list = []
     while time.perf_counter() - t0 < seconds:
         i = n % len(keys)
+        if op == "put":
+            # its previous put has completed (at most `inflight` are out); a serial unique
+            # to the run, so no round repeats another's values
+            stamps[i][0] = next(_SERIAL)
         if inflight == 1:
             if op == "put":
                 dev.kv_put(keys[i], values[i])
@@ -214,7 +223,10 @@ def run_bench(socket_path: str, seconds: float) -> dict:
                                    "dedup_hits": dedup, "commands": qp_["commands"]}
         out["kv_get_dequantized"] = {"bytes_per_s": get_bps, "kernel_bytes_per_s": d_rate,
                                      "ratio_kernel": get_bps / d_rate}
+        before = dev.log()["store"]["dedup_hits"]
         out["plain_vs_registered"] = _plain_vs_registered(dev, seconds)
+        # 0 when every put of those rows stored its value
+        out["plain_vs_registered_dedup_hits"] = dev.log()["store"]["dedup_hits"] - before
         store = dev.log()["store"]
         out["store"] = {k: store[k] for k in ("checkpoints", "journal_writes", "journal_records",
                                               "dedup_hits", "keys")}
