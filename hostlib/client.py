@@ -67,6 +67,13 @@ def copy_bytes(dst: np.ndarray, src: np.ndarray) -> None:
         lib.sde_copy(ffi.from_buffer(dst), ffi.from_buffer(src), dst.nbytes)
 
 
+def _copy_at(dst: int, src: int, n: int) -> None:
+    """copy_bytes between two addresses (both contiguous for n bytes, held alive by the
+    caller): hostlib's staging, whose buffers' addresses it keeps."""
+    if n:
+        lib.sde_copy_at(dst, src, n)
+
+
 def _addr(a: np.ndarray) -> int:
     # cffi's view of the buffer: 0.6 us, where __array_interface__ builds a dict (1.5 us)
     # on every command's path
@@ -162,6 +169,8 @@ class QueuePair:
         self.last_device_ns = 0  # of the last command whose result() returned
         self.bounce: np.ndarray | None = None  # set by Device: this queue pair's own
         self.bounce_handle = 0
+        self.bounce_addr = 0  # its address and size (a share's address is bounce_addr + offset)
+        self.bounce_bytes = 0
         self._bounce_used = 0  # a bump arena: reset when no command holds a share
         self._bounce_users = 0
         # the ring, command ids, pending table and bounce arena; never held while blocked,
@@ -185,21 +194,27 @@ class QueuePair:
     def _batch(self, value: list | None) -> None:
         self._local.batch = value
 
-    def _bounce_claim(self, nbytes: int, size: int) -> tuple[int, np.ndarray] | None:
+    def _bounce_claim(self, size: int) -> int | None:
+        """The offset of a share of `size` bytes (whole pages), or None when it has no room."""
         with self.lock:
-            if self._bounce_used + size > self.bounce.nbytes and not self._bounce_users:
-                self._bounce_used = 0  # every share is back: the arena starts over
-            if self._bounce_used + size <= self.bounce.nbytes:
-                off = self._bounce_used
-                self._bounce_used += size
+            used = self._bounce_used
+            if used + size > self.bounce_bytes and not self._bounce_users:
+                used = 0  # every share is back: the arena starts over
+            if used + size <= self.bounce_bytes:
+                self._bounce_used = used + size
                 self._bounce_users += 1
-                return off, self.bounce[off:off + nbytes]
+                return used
         return None
+
+    def _bounce_try_at(self, nbytes: int) -> int | None:
+        """bounce_try's offset alone (a command's path: no view made)."""
+        size = -(-max(nbytes, 1) // 4096) * 4096
+        return self._bounce_claim(size) if size <= self.bounce_bytes else None
 
     def bounce_try(self, nbytes: int) -> tuple[int, np.ndarray] | None:
         """A share of the bounce buffer, (offset, view), or None when it has no room now."""
-        size = -(-max(nbytes, 1) // 4096) * 4096
-        return self._bounce_claim(nbytes, size) if size <= self.bounce.nbytes else None
+        off = self._bounce_try_at(nbytes)
+        return None if off is None else (off, self.bounce[off:off + nbytes])
 
     def bounce_take(self, nbytes: int) -> tuple[int, np.ndarray]:
         """A share of the bounce buffer for one command: (offset, view).  Waits for the
@@ -210,9 +225,9 @@ class QueuePair:
                              "buffer: use Device.alloc")
         while True:
             seen = self.reaped
-            got = self._bounce_claim(nbytes, size)
-            if got is not None:
-                return got
+            off = self._bounce_claim(size)
+            if off is not None:
+                return off, self.bounce[off:off + nbytes]
             if self._batch:
                 raise ValueError("a batch outgrew its queue pair's bounce buffer: use "
                                  "Device.alloc buffers for its values")
@@ -366,6 +381,7 @@ class Device:
         self._lock = threading.Lock()  # control requests and the buffer table
         self._buffers: list[tuple[int, int, int]] = []  # (base address, bytes, handle)
         self._arrays: dict[int, np.ndarray] = {}
+        self._bases: dict[int, int] = {}  # handle -> address (staging shares are copied by it)
         self._bounce_handles: set[int] = set()
         # registered staging buffers for values larger than a bounce buffer, kept for the
         # next one (registering is a control round trip; unregistering is refused while
@@ -400,6 +416,7 @@ class Device:
         qp = QueuePair(reply["qid"], reply["bytes"], reply["entries"], fds,
                        self.sock.fileno())
         qp.bounce = self._alloc(bounce_bytes, bounce=True)
+        qp.bounce_addr, qp.bounce_bytes = _addr(qp.bounce), qp.bounce.nbytes
         with self._lock:
             qp.bounce_handle = self._handle_of(qp.bounce)
             self._bounce_handles.add(qp.bounce_handle)
@@ -427,6 +444,7 @@ class Device:
         with self._lock:
             self._buffers.append((_addr(arr), size, reply["handle"]))
             self._arrays[reply["handle"]] = arr
+            self._bases[reply["handle"]] = self._buffers[-1][0]
         return arr
 
     def alloc(self, nbytes: int) -> np.ndarray:
@@ -444,6 +462,7 @@ class Device:
         with self._lock:
             self._buffers = [b for b in self._buffers if b[2] != handle]
             self._arrays.pop(handle, None)
+            self._bases.pop(handle, None)
 
     STAGING_KEEP = 256 << 20  # bytes of staging buffers kept for reuse
 
@@ -510,10 +529,13 @@ class Device:
         """(handle, offset) of an array inside a registered buffer, or (None, 0)."""
         if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
             return None, 0
-        a = _addr(arr)
+        return self._find(_addr(arr), arr.nbytes)
+
+    def _find(self, a: int, nbytes: int) -> tuple[int | None, int]:
+        """_locate's answer for nbytes at address a."""
         with self._lock:
             for base, size, handle in self._buffers:
-                if (base <= a and a + arr.nbytes <= base + size
+                if (base <= a and a + nbytes <= base + size
                         and handle not in self._bounce_handles):
                     return handle, a - base
         return None, 0
@@ -604,48 +626,65 @@ class Device:
     # where the daemon copies too (buffers registered as bounces).
     def _stage(self, nbytes: int, qp: QueuePair, kv: bool):
         """(fields, view, bounced, the staging buffer's handle to give back, or None)."""
-        got = qp.bounce_try(nbytes) if kv or nbytes > qp.bounce.nbytes else None
-        if got is None and not (kv or nbytes > qp.bounce.nbytes):
-            got = qp.bounce_take(nbytes)
-        if got is not None:
-            off, view = got
-            return ({"buf": qp.bounce_handle, "buf_offset": off, "length": nbytes}, view,
-                    True, None)
-        try:
-            tmp, handle = self._staging_take(nbytes)
-        except ConnectError:  # the uid's buffer quota: wait for the bounce if it can hold it
-            if nbytes > qp.bounce.nbytes:
-                raise
-            off, view = qp.bounce_take(nbytes)
-            return ({"buf": qp.bounce_handle, "buf_offset": off, "length": nbytes}, view,
-                    True, None)
-        return {"buf": handle, "buf_offset": 0, "length": nbytes}, tmp, False, handle
+        fields, at, bounced, tmp = self._stage_at(nbytes, qp, kv)
+        view = (qp.bounce[at - qp.bounce_addr:at - qp.bounce_addr + nbytes] if bounced
+                else self._arrays[tmp][:nbytes])
+        return fields, view, bounced, tmp
+
+    def _stage_at(self, nbytes: int, qp: QueuePair, kv: bool):
+        """_stage with the share's address instead of a view of it (a command's path: the
+        copy goes by address)."""
+        off = qp._bounce_try_at(nbytes) if kv or nbytes > qp.bounce_bytes else None
+        if off is None and not (kv or nbytes > qp.bounce_bytes):
+            off = qp.bounce_take(nbytes)[0]
+        if off is None:
+            try:
+                _view, handle = self._staging_take(nbytes)
+                return ({"buf": handle, "buf_offset": 0, "length": nbytes},
+                        self._bases[handle], False, handle)
+            except ConnectError:  # the uid's buffer quota: wait for the bounce if it can
+                if nbytes > qp.bounce_bytes:
+                    raise
+                off = qp.bounce_take(nbytes)[0]
+        return ({"buf": qp.bounce_handle, "buf_offset": off, "length": nbytes},
+                qp.bounce_addr + off, True, None)
 
     def _staged_in(self, data, qp: QueuePair, kv: bool = False):
         """(fields, bounced, release) for data going to the device: its own buffer when
         registered, else a copy in registered memory (release: a staging buffer's return,
         for the Future to run at completion)."""
         arr = data if isinstance(data, np.ndarray) else _as_bytes_array(data)
-        handle, off = self._locate(arr)
+        if not arr.flags.c_contiguous:
+            arr = _as_bytes_array(arr)  # a contiguous copy: never registered memory
+        a, n = _addr(arr), arr.nbytes
+        handle, off = self._find(a, n)
         if handle is not None:
-            return {"buf": handle, "buf_offset": off, "length": arr.nbytes}, False, None
-        flat = _as_bytes_array(arr)
-        fields, view, bounced, tmp = self._stage(flat.nbytes, qp, kv)
-        copy_bytes(view, flat)
+            return {"buf": handle, "buf_offset": off, "length": n}, False, None
+        fields, at, bounced, tmp = self._stage_at(n, qp, kv)
+        _copy_at(at, a, n)
         return fields, bounced, (None if tmp is None else (lambda: self._staging_give(tmp)))
 
     def _staged_out(self, out: np.ndarray, qp: QueuePair, kv: bool = False):
         """(fields, bounced, copy-back, release) for a buffer the device fills."""
-        handle, off = self._locate(out)
+        if not out.flags.c_contiguous:  # filled through a contiguous one
+            whole = np.empty(out.shape, out.dtype)
+            fields, bounced, copy, release = self._staged_out(whole, qp, kv)
+
+            def copy_strided(n):
+                n = copy(n)
+                out[...] = whole
+                return n
+
+            return fields, bounced, copy_strided, release
+        a, nbytes = _addr(out), out.nbytes
+        handle, off = self._find(a, nbytes)
         if handle is not None:
-            return ({"buf": handle, "buf_offset": off, "length": out.nbytes}, False, None,
-                    None)
-        view = out.reshape(-1).view(np.uint8)
-        fields, share, bounced, tmp = self._stage(view.nbytes, qp, kv)
+            return {"buf": handle, "buf_offset": off, "length": nbytes}, False, None, None
+        fields, at, bounced, tmp = self._stage_at(nbytes, qp, kv)
 
         def copy_back(n):
-            n = min(int(n), view.nbytes)
-            copy_bytes(view[:n], share[:n])
+            n = min(int(n), nbytes)
+            _copy_at(a, at, n)
             return n
 
         return (fields, bounced, copy_back,

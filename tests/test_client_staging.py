@@ -70,6 +70,32 @@ def test_plain_values_round_trip_blocking(dev, size):
     assert dev.kv_get(b"b", reg) == size and np.array_equal(reg, v)
 
 
+@pytest.mark.parametrize("nbytes", [8192, 6 << 20])
+@pytest.mark.parametrize("layout", ["transposed", "fortran", "every_other_row", "strided_1d"])
+def test_gets_fill_arrays_that_are_not_contiguous(dev, layout, nbytes):
+    """A get into an array that is not one contiguous run (a transposed view, Fortran order,
+    a slice of rows or of a row), through the bounce and through a staging buffer: filled
+    with the value in the array's own index order, and a put from such an array stores the
+    same bytes (a 2-D one once came back with its length and none of its bytes: the copy
+    landed in a temporary)."""
+    if nbytes > dev.max_value:
+        pytest.skip("larger than the drive's largest value")
+    v = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    rows = nbytes // 64
+    out = {"transposed": lambda: np.zeros((64, rows), np.uint8).T,
+           "fortran": lambda: np.zeros((rows, 64), np.uint8, order="F"),
+           "every_other_row": lambda: np.zeros((2 * rows, 64), np.uint8)[::2],
+           "strided_1d": lambda: np.zeros(2 * nbytes, np.uint8)[::2]}[layout]()
+    if layout == "strided_1d":
+        assert not out.flags.c_contiguous
+    dev.kv_put(b"c", v)
+    assert dev.kv_get(b"c", out) == nbytes
+    assert np.array_equal(out.reshape(-1), v)
+    dev.kv_put(b"d", out)  # from the same layout: the bytes in index order
+    back = np.empty(nbytes, np.uint8)
+    assert dev.kv_get(b"d", back) == nbytes and np.array_equal(back, v)
+
+
 def test_many_plain_values_in_flight_outgrow_the_bounce(dev):
     """24 puts and then 24 gets of 1 MiB arrays in flight on one queue pair: the bounce holds
     four, the rest go through pooled staging buffers instead of waiting (each back in the

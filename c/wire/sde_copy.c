@@ -34,3 +34,8 @@ void sde_copy(void *dst, const void *src, size_t n)
 #else
 void sde_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 #endif
+
+void sde_copy_at(uintptr_t dst, uintptr_t src, size_t n)
+{
+    sde_copy((void *)dst, (const void *)src, n);
+}
