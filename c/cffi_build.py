@@ -38,7 +38,7 @@ MODEL = {"headers": ["model/sde_model.h", "model/sde_kinds.h", "model/sde_budget
                      "model/sde_gaps.c", "model/sde_budget.c", "model/sde_recipe.c"]}
 # the device core, one file per responsibility (c/dev/dev_internal.h joins them)
 DEV_PARTS = ("core", "ops", "loop", "complete", "block", "kv", "journal", "compute", "pins",
-             "faults")
+             "faults", "bounce")
 # the store (c/store/store_private.h joins them)
 STORE_PARTS = ("io", "index", "alloc", "records", "journal", "checkpoint", "open", "kv", "api")
 DEVICE = {"headers": ["common/sde_spin.h", "engine/sde_hist.h", "engine/sde_engine.h",

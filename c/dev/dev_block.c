@@ -112,7 +112,7 @@ void dev_block_io_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_
     x->cls = (uint8_t)cls;
     x->t0 = t0;
     x->serial = ++dev->ctx_serial;
-    x->bounce = NULL;
+    x->bounce = NULL; /* a free context holds none (its spare stays) */
     x->io.user_data = (uint64_t)(x - dev->ctx);
     x->io.buf_index = -1;
     x->flush_id = 0;
@@ -128,7 +128,7 @@ void dev_block_io_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_
         x->io.offset = off;
         if (b->flags & SDE_BUF_BOUNCE) {
             /* compat path: the media I/O goes through the daemon's memory, then a copy */
-            if (posix_memalign((void **)&x->bounce, 4096, c->length)) {
+            if (!dev_bounce_take(dev, x, c->length)) {
                 x->used = 0;
                 dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
                 dev_finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);

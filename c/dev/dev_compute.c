@@ -158,7 +158,7 @@ void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     uint64_t size = (uint64_t)info[SDE_FW_INFO_COMPRESSED];
     uint32_t blk = st_block(dev->store);
     uint64_t nbytes = (size + blk - 1) / blk * blk;
-    if (!st && !(x->bounce = dev_bounce_alloc(nbytes)))
+    if (!st && !dev_bounce_take(dev, x, nbytes))
         st = SDE_SC_INTERNAL;
     if (st) {
         compute_fail(dev, x, st);
@@ -193,8 +193,7 @@ void dev_dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     }
     uint32_t blk = st_block(dev->store);
     uint64_t nbytes = (x->vlen + blk - 1) / blk * blk;
-    x->bounce = dev_bounce_alloc(nbytes);
-    if (!x->bounce) {
+    if (!dev_bounce_take(dev, x, nbytes)) {
         st_get_end(dev->store, x->ext);
         compute_fail(dev, x, SDE_SC_INTERNAL);
         return;
@@ -278,8 +277,7 @@ void dev_prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, ui
     if (!x)
         return;
     x->nsid = c->nsid;
-    x->bounce = dev_bounce_alloc(nblocks * 16);
-    if (!x->bounce) {
+    if (!dev_bounce_take(dev, x, nblocks * 16)) {
         compute_fail(dev, x, SDE_SC_INTERNAL);
         return;
     }

@@ -73,7 +73,7 @@ void sde_dev_free(sde_dev *dev)
     if (dev->eng)
         sde_engine_free(dev->eng); /* drains what is in flight */
     for (uint32_t i = 0; dev->ctx && i < dev->depth; i++)
-        free(dev->ctx[i].bounce);
+        dev_bounce_free_all(dev, &dev->ctx[i]);
     if (dev->doorbell >= 0)
         close(dev->doorbell);
     if (dev->epfd >= 0)

@@ -96,7 +96,10 @@ struct dev_ctx {
     uint8_t no_memory;  /* no bounce for it: INTERNAL */
     uint64_t t0;
     uint64_t serial; /* when it was taken (sde_dev_ctx_mark): deletes wait for older ones */
-    uint8_t *bounce;
+    uint8_t *bounce;     /* this command's own buffer (dev_bounce.c), and its size */
+    uint64_t bounce_cap;
+    uint8_t *spare;      /* the context's last one, kept for the next command, and its size */
+    uint64_t spare_cap;
     uint8_t *client_addr;
     uint64_t due;    /* real time: post no earlier than this (monotonic ns); 0: at once */
     uint64_t dtime;  /* the CQE's device time (modelled); 0: the measured latency */
@@ -231,6 +234,7 @@ struct sde_dev {
     struct dev_buf bufs[SDE_MAX_BUFS + 1];
     sde_ns_info ns[SDE_MAX_NS + 1]; /* flags 0: no such namespace */
     struct dev_ctx *ctx;
+    uint64_t bounce_kept; /* bytes of the contexts' spare buffers (dev_bounce.c) */
     uint32_t *free_ctx;
     uint32_t nfree;
     sde_admin_cmd *admin;
@@ -354,7 +358,11 @@ void dev_ctx_put(sde_dev *dev, struct dev_ctx *x);
 uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX]);
 struct dev_buf *dev_client_range(sde_dev *dev, struct dev_qp *q, const sde_sqe *c);
 void dev_kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes);
-void *dev_bounce_alloc(uint64_t n);
+/* A command's own buffer of at least n bytes, page-aligned, as x->bounce (NULL: no
+ * memory); drop gives it back to the context (the last one kept for its next command). */
+uint8_t *dev_bounce_take(sde_dev *dev, struct dev_ctx *x, uint64_t n);
+void dev_bounce_drop(sde_dev *dev, struct dev_ctx *x);
+void dev_bounce_free_all(sde_dev *dev, struct dev_ctx *x);
 struct dev_buf *dev_kv_value_args(sde_dev *dev, int qp, const sde_sqe *c, int cls,
                                      uint64_t t0, uint8_t key[SDE_KEY_MAX], uint32_t *klen,
                                      uint16_t (*more)(sde_dev *, const sde_sqe *));

@@ -11,7 +11,11 @@ struct dev_ctx *dev_ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, in
                                 uint64_t t0)
 {
     struct dev_ctx *x = &dev->ctx[dev->free_ctx[--dev->nfree]];
+    uint8_t *spare = x->spare; /* the context's kept buffer outlives its commands */
+    uint64_t spare_cap = x->spare_cap;
     memset(x, 0, sizeof(*x));
+    x->spare = spare;
+    x->spare_cap = spare_cap;
     x->used = 1;
     x->qp = qp;
     x->cid = c->cid;
@@ -31,8 +35,7 @@ struct dev_ctx *dev_ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, in
 
 void dev_ctx_put(sde_dev *dev, struct dev_ctx *x)
 {
-    free(x->bounce);
-    x->bounce = NULL;
+    dev_bounce_drop(dev, x);
     x->used = 0;
     dev->free_ctx[dev->nfree++] = dev_ctx_index(dev, x);
 }
@@ -77,12 +80,6 @@ void dev_kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t by
     dev_finish_at(dev, x->qp, x->cls, x->cid, status, x->result, bytes, x->t0,
               status ? 0 : x->due, status ? 0 : x->dtime);
     dev_ctx_put(dev, x);
-}
-
-void *dev_bounce_alloc(uint64_t n)
-{
-    void *p = NULL;
-    return posix_memalign(&p, 4096, n) ? NULL : p;
 }
 
 /* The arguments every value-moving KV command shares (flags, namespace, key, the client's
@@ -163,9 +160,7 @@ static void value_io(sde_dev *dev, struct dev_ctx *x)
     }
     if (full < nb) {
         uint64_t n = nb - full;
-        free(x->bounce);
-        x->bounce = dev_bounce_alloc(n);
-        if (!x->bounce) {
+        if (!dev_bounce_take(dev, x, n)) {
             x->no_memory = 1;
             return;
         }
@@ -381,8 +376,7 @@ void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x)
             dev_kv_finish(dev, x, x->no_memory ? SDE_SC_INTERNAL : SDE_SC_MEDIA_ERROR, 0);
             return;
         }
-        free(x->bounce);
-        x->bounce = NULL;
+        dev_bounce_drop(dev, x);
         uint64_t group;
         uint16_t st = x->plan.early ? st_put_apply(dev->store, &x->plan, &group)
                                     : st_put_commit(dev->store, &x->plan, &group);

@@ -79,8 +79,7 @@ static int reap_engine(sde_dev *dev)
                 memcpy(x->client_addr, x->bounce, x->io.len);
                 dev_copied(dev, x->qp, x->cls, x->io.len);
             }
-            free(x->bounce);
-            x->bounce = NULL;
+            dev_bounce_drop(dev, x);
         }
         uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
         if (x->flush_id && st == SDE_SC_SUCCESS)
