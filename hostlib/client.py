@@ -682,7 +682,7 @@ class Device:
             return {"buf": handle, "buf_offset": off, "length": nbytes}, False, None, None
         fields, at, bounced, tmp = self._stage_at(nbytes, qp, kv)
 
-        def copy_back(n):
+        def copy_back(n, out=out):  # out held: its address is all the copy has of it
             n = min(int(n), nbytes)
             _copy_at(a, at, n)
             return n

@@ -96,6 +96,21 @@ def test_gets_fill_arrays_that_are_not_contiguous(dev, layout, nbytes):
     assert dev.kv_get(b"d", back) == nbytes and np.array_equal(back, v)
 
 
+def test_a_get_whose_array_the_caller_dropped_completes_harmlessly(dev):
+    """Gets in flight into arrays nobody else holds any more (a fire-and-forget prefetch):
+    the copy out of the bounce at completion still has its array, and writes nowhere else
+    (arrays of 1 MiB, whose pages go back to the kernel when freed: a copy by address into
+    a freed one ends the process)."""
+    import gc
+
+    dev.kv_put(b"gone", np.full(1 << 20, 3, np.uint8))
+    futures = [dev.kv_get_async(b"gone", np.empty(1 << 20, np.uint8)) for _ in range(4)]
+    gc.collect()
+    others = [np.full(1 << 20, 9, np.uint8) for _ in range(8)]
+    assert [f.result() for f in futures] == [1 << 20] * 4
+    assert all((o == 9).all() for o in others)
+
+
 def test_many_plain_values_in_flight_outgrow_the_bounce(dev):
     """24 puts and then 24 gets of 1 MiB arrays in flight on one queue pair: the bounce holds
     four, the rest go through pooled staging buffers instead of waiting (each back in the
