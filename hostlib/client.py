@@ -666,6 +666,8 @@ class Device:
 
     def _staged_out(self, out: np.ndarray, qp: QueuePair, kv: bool = False):
         """(fields, bounced, copy-back, release) for a buffer the device fills."""
+        if not out.flags.writeable:  # the copy (or the device) would write into it anyway
+            raise ValueError("out is read-only: the device fills a writable array")
         if not out.flags.c_contiguous:  # filled through a contiguous one
             whole = np.empty(out.shape, out.dtype)
             fields, bounced, copy, release = self._staged_out(whole, qp, kv)

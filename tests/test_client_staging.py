@@ -96,6 +96,27 @@ def test_gets_fill_arrays_that_are_not_contiguous(dev, layout, nbytes):
     assert dev.kv_get(b"d", back) == nbytes and np.array_equal(back, v)
 
 
+def test_a_get_into_a_read_only_array_is_refused_and_writes_nothing(dev):
+    """A read-only `out` (over immutable bytes, or a registered buffer's view marked read-only)
+    is refused before any command goes out; the bytes under it stay as they were (they were
+    overwritten, immutable bytes object and all)."""
+    dev.kv_put(b"ro", np.full(8192, 7, np.uint8))
+    src = bytes(8192)
+    with pytest.raises(ValueError, match="read-only"):
+        dev.kv_get(b"ro", np.frombuffer(src, np.uint8))
+    assert src == bytes(8192)
+    reg = dev.alloc(8192)
+    reg[:] = 1
+    view = reg[:]
+    view.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dev.kv_get(b"ro", view)
+    with pytest.raises(ValueError, match="read-only"):
+        dev.read(0, 0, view)
+    assert (reg == 1).all()
+    assert dev.kv_get(b"ro", reg) == 8192 and (reg == 7).all()  # the connection serves on
+
+
 def test_a_get_whose_array_the_caller_dropped_completes_harmlessly(dev):
     """Gets in flight into arrays nobody else holds any more (a fire-and-forget prefetch):
     the copy out of the bounce at completion still has its array, and writes nowhere else
