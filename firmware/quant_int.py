@@ -365,7 +365,7 @@ def _pack4_into(codes, m, payload, at):
         payload[base + np.uint64(m >> 1)] = codes[m - 1]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def quantize_int(src, dtype, group, bits, symmetric, scales, zeros, payload):
     """src: uint16[n] (fp16 dtype 0 / bf16 dtype 1) or float32[n] (dtype 2) -> per-group
     scales (and zeros when asymmetric) and payload: uint8 codes, one per element (int8) or
@@ -377,7 +377,12 @@ def quantize_int(src, dtype, group, bits, symmetric, scales, zeros, payload):
     function with them known only at run time, though its inner loops saw bits and
     symmetric as literals, the kernel ran 1.4x slower (int8_g64 on fp16, interleaved runs:
     0.72-0.75 vs 0.51-0.52 ns/element).  Each holds only the 16-bit path: with the float32
-    path beside it, one took minutes to compile."""
+    path beside it, one took minutes to compile.
+
+    Inlined at Numba's level where it is called: Numba links a callee's code into its
+    caller's module and optimizes the whole again, so a wrapper compiled on its own was one
+    more pass of LLVM over every quantizer below it (the quantize half of firmware.warm's
+    fresh compile, three interleaved rounds: 82-96 s before, 74-83 s after)."""
     return _by_carrier(src, dtype, group, bits, symmetric, scales, zeros, payload)
 
 

@@ -102,13 +102,18 @@ def drop_stale_cache() -> bool:
     return not any(CACHE.glob("*.nbi"))
 
 
-def warm(jobs: int | None = None) -> float:
+def warm(jobs: int | None = None, phases: dict[str, float] | None = None) -> float:
+    """Seconds taken; `phases` (if given) gets the time of each step that took any."""
+    phases = {} if phases is None else phases
     t0 = time.perf_counter()
     fresh = drop_stale_cache()
     jobs = min(len(HALVES), os.cpu_count() or 1) if jobs is None else jobs
     if fresh and jobs > 1 and not os.environ.get("NUMBA_CACHE_DIR"):  # (a cache elsewhere)
         compile_in_parallel(jobs)
+        phases["halves in parallel"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
     import firmware.entry  # noqa: F401  (the C entry points compile at import)
+    phases["entry points"] = time.perf_counter() - t1
 
     rng = np.random.default_rng(0)
     for dtype, carrier in CARRIERS.items():
@@ -120,6 +125,7 @@ def warm(jobs: int | None = None) -> float:
             dequantize(quantize(x, dtype, scheme))
     _warm_hash()
     _warm_retrieval(rng)
+    phases["the rest"] = time.perf_counter() - t1 - phases["entry points"]
     return time.perf_counter() - t0
 
 
@@ -217,4 +223,7 @@ if __name__ == "__main__":
     ap.add_argument("--jobs", type=int, help="processes for a fresh cache (default: one per "
                     f"core, at most {len(HALVES)}; 1: compile here only)")
     args = ap.parse_args()
-    print(f"firmware kernels compiled and cached in {warm(args.jobs):.1f} s")
+    phases: dict[str, float] = {}
+    took = warm(args.jobs, phases)
+    print(f"firmware kernels compiled and cached in {took:.1f} s ("
+          + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) + ")")
