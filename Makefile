@@ -61,14 +61,29 @@ system:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# numba and numpy as pyproject.toml pins them: all the firmware's compile needs
+WARM_DEPS := import tomllib; \
+  print(*(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] \
+          if d.startswith(("numba", "numpy"))))
+
 venv: system $(STAMP)
 
 $(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.py) | system
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test]'
-	@# the firmware's Numba kernels, compiled into their on-disk cache now rather than at a
-	@# daemon's first quantized command
-	$(PY) -m firmware.warm
+	@# The firmware's Numba kernels, compiled into their on-disk cache now rather than at a
+	@# daemon's first quantized command: the longest step (its processes on both cores), so
+	@# it starts as soon as Numba is in (the firmware is pure Python), and the rest of pip
+	@# and the C build share the cores with it: in series, the core its two processes leave
+	@# idle when one finishes first, and the one its serial end leaves, went unused.  Then the
+	@# project's own modules to bytecode: where PYTHONDONTWRITEBYTECODE is set Python never
+	@# writes it, and every process (each daemon a test starts) compiled them from source.
+	$(PY) -m pip install -q $$($(PY) -c '$(WARM_DEPS)')
+	@$(PY) -m firmware.warm & warm=$$!; \
+	$(PY) -m pip install -q -e '.[test]' && \
+	$(PY) -m compileall -q ssdemu_wire firmware ssdemu hostlib traces >/dev/null; pip=$$?; \
+	wait $$warm; warmed=$$?; \
+	[ $$pip = 0 ] || { echo "installing the package failed (pip or compileall)" >&2; exit 1; }; \
+	[ $$warmed = 0 ] || { echo "python -m firmware.warm failed" >&2; exit 1; }
 	@touch $@
 
 # LMCache, for the plug-in's tests and `bench lmcache`: a venv of its own (lmcache 0.5.6 pins
