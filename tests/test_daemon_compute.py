@@ -371,14 +371,20 @@ def test_the_daemons_own_buffers_are_kept_not_faulted_in_again(tmp_path):
                     for f in fs:
                         f.result()
 
-            rounds(2)
+            rounds(6)
             before = _minor_faults(d.pid)
             rounds(rounds_)
             faults = _minor_faults(d.pid) - before
             for i in (0, qd - 1):
                 host, _ = dequantize(dev.kv_get(b"r%d" % i))
                 assert np.array_equal(outs[i], host)
+            pages = len(dev.kv_get(b"r0")) // 4096  # one compressed block's buffer
     finally:
         code, err = d.terminate()
     assert code == 0, err
-    assert faults < rounds_ * qd * 4, f"{faults} page faults in {rounds_ * qd} retrieves"
+    # a tenth of a buffer per retrieve: a context first used after the warm-up (on a busy
+    # host more commands pile up at once, and go deeper into the context stack) faults its
+    # buffer in once, and a CI run beside LMCache's tests saw 1,022 such faults in 160
+    # retrieves; a fresh buffer per command is a whole one each time (~21,600)
+    assert faults < rounds_ * qd * pages // 10, \
+        f"{faults} page faults in {rounds_ * qd} retrieves of {pages}-page blocks"
