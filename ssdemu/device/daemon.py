@@ -1070,8 +1070,8 @@ def serve(profile: Profile, media: Media, socket_path: str,
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     signal.set_wakeup_fd(daemon.signal_w.fileno(), warn_on_full_buffer=False)
-    daemon.start()
     try:
+        daemon.start()
         daemon.serve_forever()
     finally:
         signal.set_wakeup_fd(-1)
