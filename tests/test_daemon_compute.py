@@ -3,6 +3,7 @@ drive, prefix matching by keys and by tokens, pins, and the TOPS budget's device
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -378,7 +379,7 @@ def test_the_daemons_own_buffers_are_kept_not_faulted_in_again(tmp_path):
             for i in (0, qd - 1):
                 host, _ = dequantize(dev.kv_get(b"r%d" % i))
                 assert np.array_equal(outs[i], host)
-            pages = len(dev.kv_get(b"r0")) // 4096  # one compressed block's buffer
+            pages = len(dev.kv_get(b"r0")) // mmap.PAGESIZE  # one compressed block's buffer
     finally:
         code, err = d.terminate()
     assert code == 0, err
