@@ -19,7 +19,7 @@ def fio_command(path: str, *, rw: str, bs: int, qd: int, seconds: float, size: i
     return [
         "fio", "--name=ssdemu-baseline", f"--filename={path}", "--ioengine=io_uring",
         "--direct=1", f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}",
-        f"--runtime={max(1, round(seconds))}", "--time_based", f"--size={size}",
+        f"--runtime={max(1, round(seconds * 1000))}ms", "--time_based", f"--size={size}",
         f"--offset={offset}", "--norandommap", "--randrepeat=0", "--output-format=json",
         f"--iodepth_batch_submit={submit_batch or qd}",
     ]
