@@ -154,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the data plane polls its queues and never sleeps: one core "
                        "busy all the time, no doorbell or wake-up in a command's path (as "
                        "SPDK's reactors; for a machine with a core to spare, pinned)")
+    serve.add_argument("--media-io", choices=("auto", "io_uring"), default="auto",
+                       help="auto (default): reads and writes of shared-memory media (mem:, "
+                       "a file on tmpfs) run in the data plane's thread, as the kernel's "
+                       "worker would run them, one hand-off fewer; other media through "
+                       "io_uring.  io_uring: every I/O through io_uring (tmpfs's through "
+                       "its worker threads)")
     serve.add_argument("--realtime", action="store_true",
                        help="the data plane thread runs SCHED_RR (priority 1): woken by a "
                        "completion or a doorbell, it runs ahead of CPU-bound neighbours, as "
@@ -529,7 +535,7 @@ def _cmd_serve(args) -> int:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      quotas, args.power_cut, args.metrics, admin_key=admin_key,
-                     poll=args.poll, realtime=args.realtime)
+                     poll=args.poll, realtime=args.realtime, media_io=args.media_io)
 
 
 def _cmd_owner_key(args) -> int:

@@ -75,10 +75,13 @@ def loop4k_device():
         yield dev
 
 
-@pytest.fixture(params=["file-tmpfs", "file-ext4", "mem", "block"])
-def media_spec(request, tmp_path_factory):
-    """One media spec of each kind, MEDIA_BYTES big."""
-    kind = request.param
+MEDIA_KINDS = ["file-tmpfs", "file-ext4", "mem", "block"]
+SHARED_MEMORY_KINDS = ("file-tmpfs", "mem")  # the engine's I/O runs inline there by default
+
+
+@contextlib.contextmanager
+def media_of_kind(kind: str, request):
+    """A media spec of one of MEDIA_KINDS, MEDIA_BYTES big, removed afterwards."""
     if kind == "mem":
         yield f"mem:{MEDIA_BYTES}"
         return
@@ -91,3 +94,10 @@ def media_spec(request, tmp_path_factory):
         yield f"file:{d}/media.img:{MEDIA_BYTES}"
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(params=MEDIA_KINDS)
+def media_spec(request):
+    """One media spec of each kind, MEDIA_BYTES big."""
+    with media_of_kind(request.param, request) as spec:
+        yield spec

@@ -311,6 +311,49 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.parametrize("kind,media_io,want", [
+    ("mem", "auto", "inline"), ("mem", "io_uring", "io_uring"),
+    ("file-tmpfs", "auto", "inline"), ("file-ext4", "auto", "io_uring"),
+    ("block", "auto", "io_uring")])
+def test_shared_memory_media_is_reached_inline_and_the_rest_through_io_uring(
+        tmp_path, request, kind, media_io, want):
+    """mem: and tmpfs files: the data plane reads and writes them in its own thread (tmpfs
+    gives io_uring no non-blocking path: its worker threads did it); files on disk and block
+    devices (whose node lies on devtmpfs, tmpfs's type) through io_uring.  Either way the
+    same bytes come back, of block and KV commands, at the media's end too."""
+    from conftest import media_of_kind
+
+    with media_of_kind(kind, request) as spec:
+        d = DaemonProcess(str(tmp_path / "m.sock"), media=spec,
+                          extra=["--media-io", media_io, "--format"])
+        try:
+            with hostlib.connect(d.socket_path) as c:
+                assert c.identify()["media_io"] == want
+                nsid = c.ns_create(1 << 20)
+                rng = np.random.default_rng(5)
+                data = c.alloc(1 << 20)
+                data[:] = rng.integers(0, 256, data.size, dtype=np.uint8)
+                futures = [c.write_async(nsid, lba, data[lba * 512:(lba + 8) * 512])
+                           for lba in range(0, 2048, 8)]
+                for f in futures:
+                    f.result()
+                back = c.alloc(1 << 20)
+                assert c.read(nsid, 0, back) == 1 << 20
+                assert np.array_equal(back, data)
+                with pytest.raises(hostlib.DeviceError):  # past the namespace's end
+                    c.read(nsid, 2047, back[:8192])
+                values = {b"k%d" % n: rng.integers(0, 256, n, dtype=np.uint8)
+                          for n in (1, 4096, 70001, 1 << 20)}
+                for k, v in values.items():
+                    c.kv_put(k, v)
+                for k, v in values.items():
+                    out = np.empty(v.size, np.uint8)
+                    assert c.kv_get(k, out) == v.size and np.array_equal(out, v)
+        finally:
+            code, err = d.terminate()
+        assert code == 0, err
+
+
 def test_idle_daemon_sleeps(dev, daemon):
     dev.nop()
     time.sleep(0.2)  # past the spin window

@@ -4,6 +4,7 @@ import errno
 
 import numpy as np
 import pytest
+from conftest import MEDIA_KINDS, SHARED_MEMORY_KINDS, media_of_kind
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,14 +35,23 @@ io_batches = st.lists(
     min_size=1, max_size=48,
 )
 
+# every media kind; shared memory both ways: its I/O in the caller's thread (the default)
+# and through io_uring's workers (SDE_ENG_NO_INLINE); elsewhere io_uring either way
+ENGINE_CASES = [(kind, True) for kind in MEDIA_KINDS] + [
+    (kind, False) for kind in SHARED_MEMORY_KINDS]
 
-@pytest.fixture
-def engine(media_spec):
-    media = open_media(media_spec)
-    eng = Engine(media, queue_depth=128)
-    yield eng
-    eng.close()
-    media.close()
+
+@pytest.fixture(params=ENGINE_CASES,
+                ids=[k + ("" if inline else "-io_uring") for k, inline in ENGINE_CASES])
+def engine(request):
+    kind, inline = request.param
+    with media_of_kind(kind, request) as spec:
+        media = open_media(spec)
+        eng = Engine(media, queue_depth=128, inline=inline)
+        assert eng.stats()["inline_io"] == (inline and kind in SHARED_MEMORY_KINDS)
+        yield eng
+        eng.close()
+        media.close()
 
 
 def _batch(op, bufs, offsets, buf_index=-1):
@@ -232,6 +242,30 @@ def test_submit_reap_async_out_of_order_safe(engine):
     assert list(ios["user_data"]) == list(range(64))
 
 
+def test_completions_come_in_the_order_queued_and_writes_land_in_it(engine):
+    """Completions made without the ring (inline I/O, failed validation) are reaped first
+    in first out, and on shared memory a write queued later overwrites an earlier one at
+    the same offset, as io_uring's one worker for the file did."""
+    bufs = [alloc_aligned(4096) for _ in range(48)]
+    for i, b in enumerate(bufs):
+        b[:] = i
+    ios = _batch(OP_WRITE, bufs, [8192] * 48)
+    ios[5]["len"] = 100  # misaligned: fails validation, completes without the kernel
+    ios["user_data"] = np.arange(48)
+    assert engine.submit(ios) == 48
+    order = []
+    while engine.inflight:
+        n = engine.reap(1)
+        order += [engine._reaped[i].user_data for i in range(n)]
+    assert sorted(order) == list(range(48))
+    if engine.stats()["inline_io"]:
+        assert order == list(range(48))
+        back = alloc_aligned(4096)
+        assert engine.pread(back, 8192) == 4096
+        assert (back == 47).all()
+    assert ios["res"][5] == -errno.EINVAL and (np.delete(ios["res"], 5) == 4096).all()
+
+
 def test_io_dtype_matches_c_layout():
     assert IO_DTYPE.itemsize == ffi.sizeof("sde_io") == 48
     for name, field in ffi.typeof("sde_io").fields:
@@ -257,7 +291,7 @@ from ssdemu.device.media import open_media
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
 os.setgroups([]); os.setgid(65534); os.setuid(65534)  # drop CAP_IPC_LOCK with root
 m = open_media("mem:8M")
-e = Engine(m, 8)
+e = Engine(m, 8, inline=False)  # io_uring's fixed buffers (inline I/O has none)
 buf = alloc_aligned(4 << 20)
 buf[:] = 7
 ok = e.register_buffers([buf])
@@ -291,7 +325,7 @@ def test_register_failure_falls_back_and_counts():
 def test_sqpoll_round_trip(media_spec):
     """With an SQ polling thread the kernel picks submissions up without a syscall."""
     with open_media(media_spec) as m:
-        eng = Engine(m, queue_depth=16, sqpoll=True)
+        eng = Engine(m, queue_depth=16, sqpoll=True, inline=False)
         try:
             assert eng.stats()["sqpoll"] == 1
             buf = alloc_aligned(65536)

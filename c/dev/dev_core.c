@@ -6,7 +6,7 @@
 /* ---- lifecycle ------------------------------------------------------------------------- */
 
 int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
-                sde_dev **out)
+                uint32_t engine_flags, sde_dev **out)
 {
     if (io_depth == 0 || io_depth > 4096)
         return -EINVAL;
@@ -42,7 +42,7 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
         goto fail;
     /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
     ret = sde_engine_new(media_fd, media_size, lba_size, 2 * io_depth + 1 + ST_JOURNAL_SLOTS,
-                         0, &dev->eng);
+                         engine_flags, &dev->eng);
     if (ret < 0)
         goto fail;
     sde_register_buffer_slots(dev->eng, SDE_MAX_BUFS); /* failure: counted fallback */
@@ -349,6 +349,13 @@ int dev_ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid)
     const sde_ns_info *ns = &dev->ns[nsid];
     return (ns->flags & SDE_NS_USED) &&
            ((ns->flags & SDE_NS_SHARED) || (ns->uid == q->uid && ns->token == q->token));
+}
+
+int sde_dev_media_inline(sde_dev *dev)
+{
+    sde_stats st;
+    sde_get_stats(dev->eng, &st);
+    return st.inline_io;
 }
 
 void sde_dev_get_stats(sde_dev *dev, sde_dev_stats *out)

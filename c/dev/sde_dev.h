@@ -74,8 +74,11 @@ typedef struct sde_admin_cmd {
 
 typedef struct sde_dev sde_dev;
 
+/* engine_flags: sde_engine_new's (SDE_ENG_NO_INLINE: serve --media-io io_uring) */
 int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t io_depth,
-                sde_dev **out);
+                uint32_t engine_flags, sde_dev **out);
+/* 1 when the media's reads and writes run in the data plane's thread (shared memory) */
+int sde_dev_media_inline(sde_dev *dev);
 void sde_dev_free(sde_dev *dev);
 int sde_dev_doorbell_fd(sde_dev *dev);   /* the device's own: Python kicks it to wake the loop */
 int sde_dev_admin_fd(sde_dev *dev);      /* readable when admin commands wait for Python */

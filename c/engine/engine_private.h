@@ -27,7 +27,9 @@ struct sde_engine {
     struct sde_slot *slots;
     uint32_t *free_slots;     /* stack of free slot indices */
     uint32_t nfree;
-    sde_io **early;           /* I/Os that failed validation, completed without the kernel */
+    sde_io **early;           /* I/Os completed without the kernel's ring (failed validation,
+                               * run inline): a ring of qd, reaped in the order queued */
+    uint32_t early_head;
     uint32_t nearly;
     struct iovec *bufs;       /* the buffer table, kept even when registration failed */
     uint32_t nbufs;
@@ -36,6 +38,7 @@ struct sde_engine {
     uint32_t queued;          /* SQEs prepared but not yet handed to the kernel */
     int poll_armed;           /* a POLL_ADD on an outside fd (the daemon's doorbell) is set */
     int poll_fired;
+    int inline_io;            /* shared-memory media: I/O in the caller's thread */
     sde_stats stats;
 };
 

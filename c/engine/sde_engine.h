@@ -30,6 +30,7 @@
 /* sde_engine_new flags */
 #define SDE_ENG_SQPOLL 1
 #define SDE_ENG_NO_FIXED_FILE 2
+#define SDE_ENG_NO_INLINE 4 /* shared-memory media through io_uring too (its worker threads) */
 
 /*
  * One I/O.  The caller fills op, buf_index, addr, len, offset and user_data; the engine fills
@@ -62,6 +63,8 @@ typedef struct sde_stats {
     int32_t register_error;             /* -errno of the last failed buffer registration, or 0 */
     int32_t sqpoll;                     /* 1 if the ring runs with an SQ polling thread */
     int32_t fixed_file;                 /* 1 if the media fd is a registered file */
+    int32_t inline_io;                  /* 1 if reads and writes run in the caller's thread
+                                         * (shared-memory media, sde_engine.c) */
 } sde_stats;
 
 

@@ -49,6 +49,9 @@ SQE_FIELDS = SQE_DTYPE.names
 log = logging.getLogger("ssdemu.serve")
 
 LOG_PAGE_COUNTERS = 1
+# serve --media-io: "auto" runs the reads and writes of shared-memory media (mem:, a file on
+# tmpfs) in the data plane's thread and the rest through io_uring; "io_uring" all through it
+MEDIA_IO = ("auto", "io_uring")
 REALTIME_PRIORITY = 1  # serve --realtime: the lowest SCHED_RR priority, above every normal task
 DRAIN_S = 30.0  # a namespace delete waits this long at most for the commands before it
 # the command classes of the data plane's counters, by their SDE_CLASS_* number
@@ -122,7 +125,9 @@ class Daemon:
                  group: int | None = None, quotas: Quotas | None = None,
                  power_cut: bool = False, metrics: str | None = None,
                  admin_key: str | None = None, poll: bool = False,
-                 realtime: bool = False):
+                 realtime: bool = False, media_io: str = "auto"):
+        if media_io not in MEDIA_IO:
+            raise ValueError(f"media_io is one of {', '.join(MEDIA_IO)}, not {media_io!r}")
         self.profile = profile
         self.poll = poll  # the data plane never sleeps (serve --poll)
         self.realtime = realtime  # the data plane runs SCHED_RR (serve --realtime)
@@ -137,7 +142,8 @@ class Daemon:
         self.socket_path = socket_path
         self.allowed_uids = allowed_uids if allowed_uids is not None else {os.getuid(), 0}
         out = ffi.new("sde_dev **")
-        r = lib.sde_dev_new(media.fd, media.size, media.lba_size, profile.queue.io_depth, out)
+        r = lib.sde_dev_new(media.fd, media.size, media.lba_size, profile.queue.io_depth,
+                            lib.SDE_ENG_NO_INLINE if media_io == "io_uring" else 0, out)
         if r < 0:
             raise OSError(-r, f"cannot start the device core: {os.strerror(-r)}")
         self.dev = out[0]
@@ -780,6 +786,9 @@ class Daemon:
             "index_keys": self.store.index_keys,
             "media": str(self.media.spec), "media_path": self.media.fio_path,
             "timing": self.timing, "clock": self.clock, "poll": self.poll,
+            # how the data plane reaches its media: "inline" (shared memory: the copy in its
+            # own thread) or "io_uring" (serve --media-io)
+            "media_io": "inline" if lib.sde_dev_media_inline(self.dev) else "io_uring",
             "realtime": self.realtime,
             "power_cut_emulation": self.power_cut,
             "compute_units": self.profile.compute.units, "tops": self.profile.compute.tops,
@@ -1056,7 +1065,8 @@ def serve(profile: Profile, media: Media, socket_path: str,
           timing: str = "detailed", clock: str = "real", journal_blocks: int = 0,
           group: int | None = None, quotas: Quotas | None = None,
           power_cut: bool = False, metrics: str | None = None,
-          admin_key: str | None = None, poll: bool = False, realtime: bool = False) -> int:
+          admin_key: str | None = None, poll: bool = False, realtime: bool = False,
+          media_io: str = "auto") -> int:
     check_socket_path(socket_path)  # before the media is touched
     if realtime:
         check_realtime()
@@ -1064,7 +1074,7 @@ def serve(profile: Profile, media: Media, socket_path: str,
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
                     journal_blocks, group, quotas, power_cut, metrics, admin_key, poll,
-                    realtime)
+                    realtime, media_io)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

@@ -53,13 +53,14 @@ class Engine:
     _module = _device  # the compiled engine it runs on (bench io's has its own copy)
 
     def __init__(self, media: Media, queue_depth: int = 128, sqpoll: bool = False,
-                 fixed_file: bool = True):
+                 fixed_file: bool = True, inline: bool = True):
         self._ffi, self._lib = self._module.ffi, self._module.lib
         self._eng = None
         self.media = media
-        flags = (self._lib.SDE_ENG_SQPOLL if sqpoll else 0) | (
-            0 if fixed_file else self._lib.SDE_ENG_NO_FIXED_FILE
-        )
+        # inline: shared-memory media's I/O in the caller's thread (stats()['inline_io'])
+        flags = ((self._lib.SDE_ENG_SQPOLL if sqpoll else 0)
+                 | (0 if fixed_file else self._lib.SDE_ENG_NO_FIXED_FILE)
+                 | (0 if inline else self._lib.SDE_ENG_NO_INLINE))
         out = self._ffi.new("sde_engine **")
         raise_for_errno(
             self._lib.sde_engine_new(media.fd, media.size, media.lba_size, queue_depth, flags, out),
