@@ -392,6 +392,37 @@ def test_a_polling_daemon_never_sleeps_and_needs_no_doorbell(tmp_path):
     assert kicks[True] == 0 and kicks[False] >= 15
 
 
+def _sched_field(pid: int, tid: int, name: str) -> int:
+    for line in open(f"/proc/{pid}/task/{tid}/sched"):
+        if line.split(":")[0].strip() == name:
+            return int(float(line.split(":")[1]))
+    raise KeyError(name)
+
+
+def test_the_data_plane_asks_for_the_shortest_slice_while_the_host_is_busy(daemon, dev):
+    """Beside more CPU-bound processes than cores, the data plane thread, and no other of the
+    daemon's own, runs with a 100 us slice (sched_setattr's runtime; its weight and nice
+    unchanged), so that a wake-up picks it soon (c/common/sde_sched.h); the log says so.
+    (io_uring's workers, which it starts, take its slice with them: they too are woken per
+    I/O.)"""
+    from ssdemu.bench.neighbours import Neighbours
+
+    with Neighbours((os.cpu_count() or 1) + 1):
+        deadline = time.monotonic() + 10
+        while dev.log()["data_plane_slice_ns"] != 100_000:  # looked at while idle, per ms
+            assert time.monotonic() < deadline, "the data plane never asked for the slice"
+            time.sleep(0.01)
+        tids = [int(t) for t in os.listdir(f"/proc/{daemon.pid}/task")
+                if not open(f"/proc/{daemon.pid}/task/{t}/comm").read().startswith("iou-")]
+        try:
+            slices = [_sched_field(daemon.pid, t, "se.slice") for t in tids]
+        except (OSError, KeyError):
+            pytest.skip("this kernel shows no se.slice in /proc/PID/task/TID/sched")
+    assert slices.count(100_000) == 1, slices
+    short = tids[slices.index(100_000)]
+    assert os.getpriority(os.PRIO_PROCESS, short) == os.getpriority(os.PRIO_PROCESS, daemon.pid)
+
+
 def test_realtime_puts_the_data_plane_alone_on_sched_rr(tmp_path):
     """serve --realtime: the data plane thread, and no other, runs SCHED_RR; a process that
     may not (no CAP_SYS_NICE, RLIMIT_RTPRIO 0) gets one line and no socket."""
@@ -405,6 +436,8 @@ def test_realtime_puts_the_data_plane_alone_on_sched_rr(tmp_path):
         tids = [int(t) for t in os.listdir(f"/proc/{d.pid}/task")]
         policies = [os.sched_getscheduler(t) for t in tids]
         assert policies.count(os.SCHED_RR) == 1, policies
+        with hostlib.connect(d.socket_path) as dev:  # SCHED_RR kept: no fair slice asked
+            assert dev.log()["data_plane_slice_ns"] == 0
     finally:
         code, err = d.terminate()
     assert code == 0, err

@@ -2,6 +2,7 @@
  * engine and the firmware, post completions), and the sleep between passes. */
 #define _GNU_SOURCE
 #include "dev_internal.h"
+#include "sde_sched.h"
 #include "sde_spin.h"
 
 #include <fcntl.h>
@@ -266,6 +267,8 @@ typedef struct {
     int ncpu;    /* CPUs of its affinity mask */
     int busy;    /* no CPU to spare (looked at every millisecond at most) */
     int crowded; /* a client waits on its CPU and busy (looked at every 8 idle passes) */
+    int64_t slice_ns; /* the scheduler slice asked for while busy (0: the default; -1: none
+                       * can be, serve --realtime's SCHED_RR or a kernel that refuses) */
     uint32_t idle_passes;
     uint64_t busy_at;
 } host_view;
@@ -297,6 +300,10 @@ static void host_view_update(host_view *v, sde_dev *dev, int work)
     if (t - v->busy_at > 1000000) {
         v->busy = host_busy(v->loadavg_fd, v->ncpu);
         v->busy_at = t;
+        if (v->slice_ns >= 0 && (v->slice_ns > 0) != v->busy) { /* sde_sched.h */
+            v->slice_ns = sde_sched_slice(v->busy);
+            dev->stats.slice_ns = v->slice_ns > 0 ? (uint64_t)v->slice_ns : 0;
+        }
     }
     v->crowded = client_on_my_cpu(dev, v->busy);
 }

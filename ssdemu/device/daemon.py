@@ -836,6 +836,8 @@ class Daemon:
                 "spin_backoffs": st.spin_backoffs,
                 # sleeps at once, not after a spin: a client waited on the data plane's CPU
                 "spin_shared_cpu": st.spin_shared_cpu,
+                # the data plane's scheduler slice asked for (0: the kernel's default)
+                "data_plane_slice_ns": st.slice_ns,
                 "faults_injected": st.faults_injected, "pins": st.pins,
                 # KV changes held back behind an in-flight put of the same key
                 "key_waits": st.key_waits,
