@@ -10,11 +10,10 @@
  * 4.0-5.3 ms in every round, the ratio to fio ahead in ten of twelve (0.72-0.96x against
  * 0.62-0.87x); beside two, no difference beyond the run-to-run spread.  Quiet it buys
  * nothing and may cost (always asked for: 0.81-1.12x fio against 0.99-1.13x in seven
- * rounds), so it is asked for only while busy.  Threads it starts keep the slice (io_uring's workers, also woken per I/O); the
- * firmware's threads are started before it. */
+ * rounds), so it is asked for only while busy.  Threads it starts keep the slice (io_uring's
+ * workers, also woken per I/O); the firmware's threads are started before it. */
 #ifndef SDE_SCHED_H
 #define SDE_SCHED_H
-#include <errno.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
