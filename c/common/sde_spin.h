@@ -22,6 +22,11 @@
 /* how long a thread that was descheduled mid-spin sleeps at once before spinning again */
 #define SDE_SPIN_BACKOFF_NS 50000000ull
 
+/* how long an idle data plane spins while a client has completions it has not reaped: long
+ * enough for a client that slept through its own spin to be woken (~60 us on a 2-vCPU VM,
+ * after a pause of its own) and reap them; see sde_spin_window */
+#define SDE_SPIN_FOR_REAP_NS 250000ull
+
 /* CDEF-BEGIN */
 typedef struct sde_spin_gate {
     uint64_t spin_after; /* no spinning before this time (0: spin) */
@@ -31,6 +36,7 @@ typedef struct sde_spin_gate {
 int sde_spin_gate_allowed(const sde_spin_gate *g, uint64_t now);
 int sde_spin_gate_tick(sde_spin_gate *g, uint64_t now);
 void sde_spin_gate_end(sde_spin_gate *g);
+uint64_t sde_spin_window_ns(uint64_t spin_ns, int owed);
 /* CDEF-END */
 
 /* May this thread start a spin now? */
@@ -50,6 +56,16 @@ static inline int sde_spin_tick(sde_spin_gate *g, uint64_t now)
         return 0;
     }
     return 1;
+}
+
+/* How long an idle thread spins (counted from its last work, or from its client's last
+ * reap): spin_ns, and at least SDE_SPIN_FOR_REAP_NS while a client owes a reap.  A client
+ * kicked awake reaps, then submits its next command: a spin that ended before that (a
+ * wake-up slower than the spin) left both sides asleep for every later command, two
+ * wake-ups a round trip for as long as the client kept going (c/dev/dev_loop.c). */
+static inline uint64_t sde_spin_window(uint64_t spin_ns, int owed)
+{
+    return owed && spin_ns < SDE_SPIN_FOR_REAP_NS ? SDE_SPIN_FOR_REAP_NS : spin_ns;
 }
 
 /* The spin ended (work came, or its time ran out): the next one starts afresh. */

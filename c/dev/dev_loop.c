@@ -226,6 +226,7 @@ static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns
 int sde_spin_gate_allowed(const sde_spin_gate *g, uint64_t now) { return sde_spin_allowed(g, now); }
 int sde_spin_gate_tick(sde_spin_gate *g, uint64_t now) { return sde_spin_tick(g, now); }
 void sde_spin_gate_end(sde_spin_gate *g) { sde_spin_end(g); }
+uint64_t sde_spin_window_ns(uint64_t spin_ns, int owed) { return sde_spin_window(spin_ns, owed); }
 
 /* Does a client wait on the CPU this thread runs on?  Then an idle spin would keep it from
  * running until the spin ended (both sides wait out each other's spin: 120 us round trips
@@ -308,6 +309,29 @@ static void host_view_update(host_view *v, sde_dev *dev, int work)
     v->crowded = client_on_my_cpu(dev, v->busy);
 }
 
+/* What the clients did with their completions since the last look (under dev->lock; the
+ * idle spin's sde_spin_window):
+ * REAPED, one took some (it is about to submit again); OWED, one has some it has not taken
+ * (it is being woken to take them). */
+enum { REAPED = 1, OWED = 2 };
+static int clients_reaping(sde_dev *dev)
+{
+    int seen = 0;
+    for (int qp = 0; qp < dev->qp_hi; qp++) {
+        struct dev_qp *q = &dev->qps[qp];
+        if (!q->active)
+            continue;
+        uint32_t head = sde_cq_seen(&q->v);
+        if (head != q->seen_cq_head) {
+            q->seen_cq_head = head;
+            seen |= REAPED;
+        }
+        if (head != q->v.cq_tail)
+            seen |= OWED;
+    }
+    return seen;
+}
+
 int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
 {
     uint64_t idle_since = 0; /* 0: the last pass did work (the clock is read only when idle) */
@@ -320,8 +344,12 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         pthread_mutex_lock(&dev->lock);
         int work = dev_pass(dev);
         uint64_t next_due = dev->nheld ? dev->held[0].due : 0;
-        if (spin_ns != SDE_DEV_POLL)
+        int reaping = 0;
+        if (spin_ns != SDE_DEV_POLL) {
             host_view_update(&host, dev, work);
+            if (!work)
+                reaping = clients_reaping(dev);
+        }
         pthread_mutex_unlock(&dev->lock);
         if (work) {
             idle_since = 0;
@@ -329,8 +357,15 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
             continue;
         }
         uint64_t t = now_ns();
-        if (!idle_since)
+        /* The idle spin is counted from the last work or from a client's last reap, and
+         * lasts longer while a client owes a reap (sde_spin_window): counted from the work
+         * alone, it had ended before a client kicked awake could submit again whenever a
+         * wake-up took longer than it (~60 us on a 2-vCPU VM), and every later command found
+         * both sides asleep: NOPs at 130 us a round trip after any pause of the client (8 us
+         * before it).  Bounded: it starts over only on completions the client took. */
+        if (!idle_since || (reaping & REAPED))
             idle_since = t;
+        uint64_t spin_for = sde_spin_window(spin_ns, reaping & OWED);
         uint64_t timeout = 0;
         if (next_due) {
             /* completions wait for their modelled time: poll up to it when it is near,
@@ -344,7 +379,7 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         } else if (spin_ns == SDE_DEV_POLL) {
             __builtin_ia32_pause();
             continue;
-        } else if (t - idle_since < spin_ns && !host.crowded && sde_spin_allowed(&gate, t)) {
+        } else if (t - idle_since < spin_for && !host.crowded && sde_spin_allowed(&gate, t)) {
             if (sde_spin_tick(&gate, t)) {
                 __builtin_ia32_pause();
                 continue;

@@ -238,6 +238,11 @@ int sde_cq_space(sde_qp_view *q)
     return (int)(q->cq_entries - used);
 }
 
+uint32_t sde_cq_seen(sde_qp_view *q)
+{
+    return LOAD_ACQ(&((sde_ring_hdr *)q->mem)->cq_head);
+}
+
 int sde_cq_arm(void *mem, int waiting)
 {
     sde_ring_hdr *h = mem;

@@ -18,6 +18,9 @@ typedef struct sde_qp_view {
 int sde_sq_fetch(sde_qp_view *q, sde_sqe *out, uint32_t max);
 /* Free CQ slots, from the client's cq_head; -1 if its cq_head is impossible. */
 int sde_cq_space(sde_qp_view *q);
+/* The client's cq_head as it stands (it moves when the client reaps): a hint only, for the
+ * idle data plane's spin (c/dev/dev_loop.c), never an index the daemon uses. */
+uint32_t sde_cq_seen(sde_qp_view *q);
 /* Post n completions (the caller checked the space).  Returns 1 if the client sleeps and
  * must be signalled. */
 int sde_cq_post(sde_qp_view *q, const sde_cqe *cqes, uint32_t n);
