@@ -193,3 +193,27 @@ def test_the_data_plane_stays_awake_for_a_client_about_to_reap(tmp_path):
     # measured here: 4-8 of 40 (a few with the data plane asleep for other reasons: a client
     # seen on its CPU); with the spin counted from the last work alone, 40 of 40
     assert kicked <= valid // 2, f"{kicked} of {valid} commands needed a kick"
+
+
+def test_the_daemon_counts_the_clients_it_wakes(tmp_path, monkeypatch):
+    """log's client_kicks: completions posted while their client slept, so that the daemon
+    wrote its completion eventfd.  4 KiB reads held to their modelled latency (tens of us):
+    a client that never spins sleeps on every one and is woken for each; one that spins
+    longer than any of them (10 ms) is never woken."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:16M")
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            buf = dev.alloc(4096)
+            nsid = dev.ns_create(1 << 20)
+            counts = {}
+            for spin in (0, 10_000_000):
+                monkeypatch.setattr(hostlib.client, "SPIN_NS", spin)
+                before = dev.log()["client_kicks"]
+                for i in range(40):
+                    dev.read(nsid, i * 8, buf)
+                counts[spin] = dev.log()["client_kicks"] - before
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    assert counts[0] >= 30, counts  # (a few may land before the client is asleep)
+    assert counts[10_000_000] <= 4, counts  # the log requests' own completions, a stray

@@ -35,8 +35,10 @@ void dev_flush_stage(struct dev_qp *q)
 {
     if (!q->nstage)
         return;
-    if (sde_cq_post(&q->v, q->stage, q->nstage))
+    if (sde_cq_post(&q->v, q->stage, q->nstage)) {
         kick(q->cfd);
+        (*q->client_kicks)++;
+    }
     qp_done(q, q->nstage);
     q->nstage = 0;
 }

@@ -183,6 +183,7 @@ int sde_dev_add_qp(sde_dev *dev, void *mem, uint64_t bytes, uint32_t client, int
         q->uid = uid;
         q->token = token;
         q->cfd = completion_fd;
+        q->client_kicks = &dev->stats.client_kicks;
         /* trusted copies, taken now, before the client can touch the memory */
         q->v.mem = mem;
         q->v.bytes = bytes;

@@ -59,6 +59,7 @@ struct dev_qp {
     uint32_t owner;         /* its owner's counters: dev->owners[owner] */
     uint32_t nstage;
     uint32_t seen_cq_head; /* its client's cq_head at the idle data plane's last look */
+    uint64_t *client_kicks; /* the device's count of completion kicks (dev->stats) */
     sde_qp_view v;
     sde_cqe stage[STAGE]; /* completions of this dev_pass, posted together: one fence, one kick */
 };

@@ -63,6 +63,7 @@ typedef struct sde_dev_stats {
     uint64_t undo_failures;  /* power-cut emulation: a write whose old bytes could not be kept */
     uint64_t spin_backoffs;  /* idle spins given up: descheduled mid-spin (sde_spin.h) */
     uint64_t spin_shared_cpu; /* sleeps without a spin: a client waited on the same CPU */
+    uint64_t client_kicks;    /* completion eventfd writes: a client asleep had to be woken */
     uint64_t slice_ns;       /* the data plane thread's scheduler slice asked for (while
                               * the host is busy), 0: the kernel's default (sde_sched.h) */
 } sde_dev_stats;
