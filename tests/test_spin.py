@@ -14,6 +14,7 @@ from ssdemu.device._device import ffi, lib
 
 import hostlib
 from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu_wire.layout import OPCODES
 
 HERE = os.path.dirname(__file__)
 NOPS = 300
@@ -143,6 +144,25 @@ def test_the_spin_window_while_a_client_owes_a_reap():
     assert lib.sde_spin_window_ns(0, 0) == 0
 
 
+def test_only_a_reap_of_what_was_posted_restarts_the_spin():
+    """A client's cq_head, as the idle data plane reads it (sde_spin_reap): a move forward
+    within what was posted is a reap (and the head seen moves with it); completions not yet
+    taken are owed.  The head is the client's to write: a move past the tail, or back, or
+    any value at all with nothing posted, is no reap (else a client rewriting it would keep
+    the data plane spinning without end), and the head seen stays put.  Indexes run free
+    (mod 2^32)."""
+    reap = lib.sde_spin_reaping
+    seen = ffi.new("uint32_t *", 10)
+    assert reap(seen, 10, 14) == lib.SDE_OWED and seen[0] == 10  # four posted, none taken
+    assert reap(seen, 12, 14) == lib.SDE_REAPED | lib.SDE_OWED and seen[0] == 12
+    assert reap(seen, 14, 14) == lib.SDE_REAPED and seen[0] == 14  # all taken
+    assert reap(seen, 14, 14) == 0  # nothing new
+    for head in (15, 13, 0, 2**32 - 1, 0xDEADBEEF):  # past the tail, back, anything
+        assert reap(seen, head, 14) == lib.SDE_OWED and seen[0] == 14
+    seen[0] = 2**32 - 2  # across the wrap
+    assert reap(seen, 1, 3) == lib.SDE_REAPED | lib.SDE_OWED and seen[0] == 1
+
+
 PAUSE_NS = 100_000  # > the profile's 20 us spin, < SDE_SPIN_FOR_REAP_NS
 
 
@@ -167,15 +187,15 @@ def test_the_data_plane_stays_awake_for_a_client_about_to_reap(tmp_path):
             while valid < 30 and time.monotonic() < deadline_all:
                 before = dev.log()
                 seen = qp._idx[tail]
-                first = dev.submit(0, "nop")  # NOP; not reaped until the second is in
+                first = dev.submit(OPCODES["NOP"], "nop")  # not reaped before the second
                 deadline = time.perf_counter() + 1
-                while qp._idx[tail] == seen and time.perf_counter() < deadline:
-                    pass  # the completion is posted: the client owes a reap now
+                while qp._idx[tail] == seen:  # until the completion is posted: a reap owed
+                    assert time.perf_counter() < deadline, "no completion posted in 1 s"
                 t0 = time.perf_counter_ns()
                 while time.perf_counter_ns() - t0 < PAUSE_NS:
                     pass
                 kicks = qp.kicks
-                second = dev.submit(0, "nop")
+                second = dev.submit(OPCODES["NOP"], "nop")
                 kicks = qp.kicks - kicks
                 first.result(timeout=5)
                 second.result(timeout=5)

@@ -37,6 +37,11 @@ int sde_spin_gate_allowed(const sde_spin_gate *g, uint64_t now);
 int sde_spin_gate_tick(sde_spin_gate *g, uint64_t now);
 void sde_spin_gate_end(sde_spin_gate *g);
 uint64_t sde_spin_window_ns(uint64_t spin_ns, int owed);
+/* sde_spin_reap's answer: the client took completions since the last look (it is about to
+ * submit again); it has completions it has not taken (it is being woken to take them) */
+#define SDE_REAPED 1
+#define SDE_OWED 2
+int sde_spin_reaping(uint32_t *seen_head, uint32_t head, uint32_t tail);
 /* CDEF-END */
 
 /* May this thread start a spin now? */
@@ -66,6 +71,22 @@ static inline int sde_spin_tick(sde_spin_gate *g, uint64_t now)
 static inline uint64_t sde_spin_window(uint64_t spin_ns, int owed)
 {
     return owed && spin_ns < SDE_SPIN_FOR_REAP_NS ? SDE_SPIN_FOR_REAP_NS : spin_ns;
+}
+
+/* What a client did with its completions since the last look: head, its cq_head now;
+ * tail, what the daemon has posted; *seen_head, the head at the last look (updated).  The
+ * head is the client's word: only a move forward within what was posted counts as a reap,
+ * so that a client writing it at will cannot keep the idle spin going (each reap restarts
+ * it) on no completions at all. */
+static inline int sde_spin_reap(uint32_t *seen_head, uint32_t head, uint32_t tail)
+{
+    uint32_t took = head - *seen_head; /* free-running indexes: mod 2^32 */
+    int out = head != tail ? SDE_OWED : 0;
+    if (took && took <= tail - *seen_head) {
+        *seen_head = head;
+        out |= SDE_REAPED;
+    }
+    return out;
 }
 
 /* The spin ended (work came, or its time ran out): the next one starts afresh. */

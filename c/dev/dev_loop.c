@@ -227,6 +227,10 @@ int sde_spin_gate_allowed(const sde_spin_gate *g, uint64_t now) { return sde_spi
 int sde_spin_gate_tick(sde_spin_gate *g, uint64_t now) { return sde_spin_tick(g, now); }
 void sde_spin_gate_end(sde_spin_gate *g) { sde_spin_end(g); }
 uint64_t sde_spin_window_ns(uint64_t spin_ns, int owed) { return sde_spin_window(spin_ns, owed); }
+int sde_spin_reaping(uint32_t *seen_head, uint32_t head, uint32_t tail)
+{
+    return sde_spin_reap(seen_head, head, tail);
+}
 
 /* Does a client wait on the CPU this thread runs on?  Then an idle spin would keep it from
  * running until the spin ended (both sides wait out each other's spin: 120 us round trips
@@ -309,25 +313,15 @@ static void host_view_update(host_view *v, sde_dev *dev, int work)
     v->crowded = client_on_my_cpu(dev, v->busy);
 }
 
-/* What the clients did with their completions since the last look (under dev->lock; the
- * idle spin's sde_spin_window):
- * REAPED, one took some (it is about to submit again); OWED, one has some it has not taken
- * (it is being woken to take them). */
-enum { REAPED = 1, OWED = 2 };
+/* What the clients did with their completions since the last look (sde_spin_reap, for the
+ * idle spin's sde_spin_window), under dev->lock. */
 static int clients_reaping(sde_dev *dev)
 {
     int seen = 0;
     for (int qp = 0; qp < dev->qp_hi; qp++) {
         struct dev_qp *q = &dev->qps[qp];
-        if (!q->active)
-            continue;
-        uint32_t head = sde_cq_seen(&q->v);
-        if (head != q->seen_cq_head) {
-            q->seen_cq_head = head;
-            seen |= REAPED;
-        }
-        if (head != q->v.cq_tail)
-            seen |= OWED;
+        if (q->active)
+            seen |= sde_spin_reap(&q->seen_cq_head, sde_cq_seen(&q->v), q->v.cq_tail);
     }
     return seen;
 }
@@ -363,9 +357,9 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
          * wake-up took longer than it (~60 us on a 2-vCPU VM), and every later command found
          * both sides asleep: NOPs at 130 us a round trip after any pause of the client (8 us
          * before it).  Bounded: it starts over only on completions the client took. */
-        if (!idle_since || (reaping & REAPED))
+        if (!idle_since || (reaping & SDE_REAPED))
             idle_since = t;
-        uint64_t spin_for = sde_spin_window(spin_ns, reaping & OWED);
+        uint64_t spin_for = sde_spin_window(spin_ns, reaping & SDE_OWED);
         uint64_t timeout = 0;
         if (next_due) {
             /* completions wait for their modelled time: poll up to it when it is near,
