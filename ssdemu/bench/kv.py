@@ -29,11 +29,10 @@ import time
 import numpy as np
 
 import hostlib
-from ssdemu.bench import _client_loop
+from ssdemu.bench import closed_loop
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 from ssdemu_wire.layout import OPCODES, QUANT_REQUEST, pack_quant_request
 
-ffi, lib = _client_loop.ffi, _client_loop.lib
 QD = 32
 KEY_HI = b"skv00000"  # the keys the C loop sends: index in bytes 0-7, this in 8-15
 SIZES = {"4k": 4096, "2m": 2 << 20}
@@ -48,19 +47,9 @@ def _key(i: int) -> bytes:
 def _loop(dev, opcode: int, buf, bs: int, span: int, seconds: float, nsid: int = 0,
           stamp: bool = False, stamp_at: int = 0) -> dict:
     handle, _ = dev._locate(buf)
-    hist = np.zeros(lib.SDE_HIST_BUCKETS, np.uint64)
-    out = ffi.new("uint64_t[3]")
-    qp = dev.qp
-    r = lib.sde_client_loop(qp.mem, qp.doorbell_fd, qp.completion_fd, opcode, nsid, handle, bs,
-                            QD, span, int(seconds * 1e9), 11,
-                            ffi.cast("void *", buf.ctypes.data + stamp_at) if stamp else ffi.NULL,
-                            ffi.cast("uint64_t *", hist.ctypes.data), out)
-    if r < 0:
-        raise RuntimeError(f"client loop failed: {os.strerror(-r)}")
-    if out[1]:
-        raise RuntimeError(f"{out[1]} of {out[0]} commands (opcode {opcode}) failed")
-    secs = out[2] / 1e9
-    return {"ops_per_s": out[0] / secs, "bytes_per_s": out[0] * bs / secs, "commands": out[0]}
+    n, secs = closed_loop.run(dev, opcode, handle, bs, QD, span, seconds, nsid=nsid,
+                              stamp=buf.ctypes.data + stamp_at if stamp else 0)
+    return {"ops_per_s": n / secs, "bytes_per_s": n * bs / secs, "commands": n}
 
 
 def _copied(dev, cls: str, fn, n: int) -> float:

@@ -15,13 +15,12 @@ import time
 import numpy as np
 
 import hostlib
-from ssdemu.bench import _client_loop
+from ssdemu.bench import closed_loop
 from ssdemu.bench.fio import fio_available, run_fio
 from ssdemu.device.latency import new_histogram, percentiles_us
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 from ssdemu_wire.layout import OPCODES
 
-ffi, lib = _client_loop.ffi, _client_loop.lib
 NOP_ROUNDS = 3000
 BATCH_ROUNDS = 500
 COPY_READS = 64
@@ -58,16 +57,9 @@ def _batch_rtts(dev, rounds: int) -> list[float]:
 def _read_slice(dev, nsid: int, handle: int, bs: int, qd: int, ns_bytes: int,
                 seconds: float, hist: np.ndarray, seed: int) -> float:
     """IOPS of one slice of the C closed loop's random reads; their latencies add to hist."""
-    out = ffi.new("uint64_t[3]")
-    qp = dev.qp
-    r = lib.sde_client_loop(qp.mem, qp.doorbell_fd, qp.completion_fd, OPCODES["READ"], nsid,
-                            handle, bs, qd, ns_bytes // 512, int(seconds * 1e9), seed,
-                            ffi.NULL, ffi.cast("uint64_t *", hist.ctypes.data), out)
-    if r < 0:
-        raise RuntimeError(f"queue read loop failed: {os.strerror(-r)}")
-    if out[1]:
-        raise RuntimeError(f"{out[1]} reads through the queue failed")
-    return out[0] / (out[2] / 1e9)
+    n, secs = closed_loop.run(dev, OPCODES["READ"], handle, bs, qd, ns_bytes // 512, seconds,
+                              nsid=nsid, seed=seed, hist=hist)
+    return n / secs
 
 
 def _copied_per_read(dev, nsid: int, buf: np.ndarray) -> float:

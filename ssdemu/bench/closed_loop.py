@@ -1,0 +1,34 @@
+"""The closed-loop client in C (c/tools/sde_client_loop.c) that `bench queue` and `bench kv`
+drive through a connection's queue pair: QD commands kept in flight, Python out of the way."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ssdemu.bench import _client_loop
+
+ffi, lib = _client_loop.ffi, _client_loop.lib
+
+
+def run(dev, opcode: int, handle: int, bs: int, qd: int, span: int, seconds: float, *,
+        nsid: int = 0, seed: int = 11, stamp: int = 0,
+        hist: np.ndarray | None = None) -> tuple[int, float]:
+    """(commands completed, seconds taken) of `seconds` of the loop on dev's queue pair.
+    span: blocks of the range (block commands) or keys (KV); stamp: an address whose 8 bytes
+    the loop rewrites before each command (0: none); hist: a histogram the latencies add to
+    (lib.SDE_HIST_BUCKETS uint64).  Raises when the loop or any command failed."""
+    if hist is None:
+        hist = np.zeros(lib.SDE_HIST_BUCKETS, np.uint64)
+    out = ffi.new("uint64_t[3]")
+    qp = dev.qp
+    r = lib.sde_client_loop(qp.mem, qp.doorbell_fd, qp.completion_fd, opcode, nsid, handle,
+                            bs, qd, span, int(seconds * 1e9), seed,
+                            ffi.cast("void *", stamp) if stamp else ffi.NULL,
+                            ffi.cast("uint64_t *", hist.ctypes.data), out)
+    if r < 0:
+        raise RuntimeError(f"client loop failed: {os.strerror(-r)}")
+    if out[1]:
+        raise RuntimeError(f"{out[1]} of {out[0]} commands (opcode {opcode}) failed")
+    return out[0], out[2] / 1e9
