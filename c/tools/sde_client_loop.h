@@ -14,10 +14,12 @@
  * `nblocks` 16-byte keys, key index in bytes 0-7, "skv00000" in bytes 8-15), into buffer
  * handle buf (slot i at offset i*bs), for duration_ns.  stamp (or NULL): that buffer's
  * address, to write a serial number in each slot's first 8 bytes before it is sent.  Latencies (submit to reap, ns) go into hist[SDE_HIST_BUCKETS] (the engine's
- * log-linear buckets).  out[0] = commands completed, out[1] = errors, out[2] = elapsed ns. */
+ * log-linear buckets).  With no completion to reap it polls up to spin_ns (hostlib's
+ * SPIN_NS) while the data plane says the host has a CPU to spare, and sleeps at once when it
+ * says not.  out[0] = commands completed, out[1] = errors, out[2] = elapsed ns. */
 int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcode,
                     uint32_t nsid, uint32_t buf, uint32_t bs, uint32_t qd, uint64_t nblocks,
-                    uint64_t duration_ns, uint64_t seed, void *stamp, uint64_t *hist,
-                    uint64_t *out);
+                    uint64_t duration_ns, uint64_t seed, uint64_t spin_ns, void *stamp,
+                    uint64_t *hist, uint64_t *out);
 /* CDEF-END */
 #endif
