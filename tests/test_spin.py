@@ -280,6 +280,19 @@ def test_the_daemon_counts_the_clients_it_wakes(tmp_path, monkeypatch):
     assert counts[10_000_000] <= 4, counts  # the log requests' own completions, a stray
 
 
+def test_the_closed_loop_polls_only_while_a_cpu_is_spare():
+    """The closed loop's rule alone, on a made-up ring header: it polls spin_ns while the
+    data plane's daemon_cpu is 0 (the host has a CPU to spare), not at all otherwise."""
+    from ssdemu.bench._client_loop import ffi as lffi
+    from ssdemu.bench._client_loop import lib as llib
+
+    hdr = lffi.new("sde_ring_hdr *")
+    assert llib.sde_client_loop_spin(hdr, 50_000) == 50_000
+    assert llib.sde_client_loop_spin(hdr, 0) == 0
+    hdr.daemon_cpu = 2  # the data plane on CPU 1 and the host busy
+    assert llib.sde_client_loop_spin(hdr, 50_000) == 0
+
+
 def test_the_closed_loop_polls_for_completions_as_hostlib_does(tmp_path, apart):
     """bench queue's and bench kv's closed loop in C (ssdemu/bench/closed_loop.py) waits for
     completions as hostlib does: it polls (SPIN_NS) while the data plane says the host has a

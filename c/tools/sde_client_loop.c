@@ -106,6 +106,12 @@ static int completed(struct loop *L, int n, uint64_t t, uint32_t *inflight)
     return rc;
 }
 
+uint64_t sde_client_loop_spin(const void *mem, uint64_t spin_ns)
+{
+    const sde_ring_hdr *h = mem;
+    return __atomic_load_n(&h->daemon_cpu, __ATOMIC_RELAXED) ? 0 : spin_ns;
+}
+
 int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcode,
                     uint32_t nsid, uint32_t buf, uint32_t bs, uint32_t qd, uint64_t nblocks,
                     uint64_t duration_ns, uint64_t seed, uint64_t spin_ns, void *stamp,
@@ -145,8 +151,8 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
              * polling 50 us as hostlib does, 1.27-1.29x quiet but 0.44-0.46x beside four
              * CPU-bound processes (0.85-0.95x asleep: the poll took the CPU share the data
              * plane needed); polling by this rule, 1.19-1.26x quiet, 0.64-0.79x beside four. */
-            uint64_t spin = __atomic_load_n(&h->daemon_cpu, __ATOMIC_RELAXED) ? 0 : spin_ns;
-            int w = sde_cq_wait(mem, completion_fd, -1, -1, spin, 1000000000);
+            int w = sde_cq_wait(mem, completion_fd, -1, -1, sde_client_loop_spin(mem, spin_ns),
+                                1000000000);
             if (w < 0 || (w == 0 && now_ns() - t > 1000000000)) {
                 rc = w < 0 ? w : -ETIMEDOUT; /* nothing for a second */
                 break;

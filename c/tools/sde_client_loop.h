@@ -21,5 +21,8 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
                     uint32_t nsid, uint32_t buf, uint32_t bs, uint32_t qd, uint64_t nblocks,
                     uint64_t duration_ns, uint64_t seed, uint64_t spin_ns, void *stamp,
                     uint64_t *hist, uint64_t *out);
+/* How long the loop polls for a completion before it sleeps, by the ring header at mem:
+ * spin_ns while the data plane says the host has a CPU to spare (daemon_cpu 0), else 0. */
+uint64_t sde_client_loop_spin(const void *mem, uint64_t spin_ns);
 /* CDEF-END */
 #endif
