@@ -112,7 +112,8 @@ $(LMSTAMP): clients/python/pyproject.toml | system
 	    >>$(LMVENV)/install.log 2>&1; then \
 	  echo "LMCache 0.5.6 installed in $(LMVENV)"; \
 	else \
-	  echo "pip could not install lmcache 0.5.6 (see $(LMVENV)/install.log)" >$(LMVENV)/UNAVAILABLE; \
+	  echo "lmcache 0.5.6 could not be installed or imported (see $(LMVENV)/install.log)" \
+	    >$(LMVENV)/UNAVAILABLE; \
 	  cat $(LMVENV)/UNAVAILABLE; \
 	fi
 	@touch $@

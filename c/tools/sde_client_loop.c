@@ -146,11 +146,11 @@ int sde_client_loop(void *mem, int doorbell_fd, int completion_fd, uint8_t opcod
         if (n == 0) {
             /* Poll for the next completion only while the data plane tells its clients the
              * host has a CPU to spare (daemon_cpu 0, c/dev/dev_loop.c's client_on_my_cpu).
-             * QD32 4 KiB reads on memory media, interleaved runs: always asleep at once,
-             * 0.68-0.73x fio quiet, each batch of completions an eventfd write and a wake-up;
-             * polling 50 us as hostlib does, 1.27-1.29x quiet but 0.44-0.46x beside four
-             * CPU-bound processes (0.85-0.95x asleep: the poll took the CPU share the data
-             * plane needed); polling by this rule, 1.19-1.26x quiet, 0.64-0.79x beside four. */
+             * QD32 4 KiB reads on memory media (docs/measurements.md): always asleep at
+             * once, 0.65-0.80x fio quiet, each batch of completions an eventfd write and a
+             * wake-up; polling 50 us as hostlib does, 1.27-1.29x quiet but 0.44-0.46x beside
+             * four CPU-bound processes (0.75-0.95x asleep: the poll took the CPU share the
+             * data plane needed); by this rule, 1.19-1.32x quiet, 0.64-0.85x beside four. */
             int w = sde_cq_wait(mem, completion_fd, -1, -1, sde_client_loop_spin(mem, spin_ns),
                                 1000000000);
             if (w < 0 || (w == 0 && now_ns() - t > 1000000000)) {

@@ -836,7 +836,7 @@ class Daemon:
                 "spin_backoffs": st.spin_backoffs,
                 # sleeps at once, not after a spin: a client waited on the data plane's CPU
                 "spin_shared_cpu": st.spin_shared_cpu,
-                # completions whose client slept and was woken by its eventfd
+                # completion eventfd writes: a client asleep woken (one per batch posted)
                 "client_kicks": st.client_kicks,
                 # the data plane's scheduler slice asked for (0: the kernel's default)
                 "data_plane_slice_ns": st.slice_ns,
