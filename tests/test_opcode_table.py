@@ -1,7 +1,7 @@
 """The data plane's opcode table (c/dev/dev_ops.c), walked row by row: every opcode of the
 wire format has a row, every row the handlers its kind needs, and the rows say what the data
 plane does (the class counted, where it runs, which fault rules apply, whether it waits its
-turn on the virtual clock, whether it needs the store)."""
+turn on the virtual clock, whether it needs the store, whether it names a key)."""
 
 from ssdemu.device._device import ffi, lib
 
@@ -12,6 +12,10 @@ from ssdemu_wire.layout import OPCODES
 FIRMWARE_KERNELS = {"KV_STORE_QUANTIZED", "KV_RETRIEVE_DEQUANTIZED", "PREFIX_MATCH_TOKENS"}
 READS = {"READ", "KV_RETRIEVE", "KV_RETRIEVE_DEQUANTIZED"}
 WRITES = {"WRITE", "KV_STORE", "KV_STORE_QUANTIZED"}
+# the commands whose SQE names a key (lba, key_hi) that the index looks up as they start: a
+# fetched batch's lookups are prefetched together (dev_kv_prefetch), theirs and no others
+KEYED = {"KV_STORE", "KV_RETRIEVE", "KV_DELETE", "KV_EXIST", "KV_STORE_QUANTIZED",
+         "KV_RETRIEVE_DEQUANTIZED"}
 
 
 def row(op: int):
@@ -54,5 +58,6 @@ def test_the_rows_say_what_the_data_plane_does():
                   lib.SDE_FAULT_DIR_WRITE if name in WRITES else 0)
         assert r.fault_dir == expect, name
         assert bool(r.needs_store) == (r.cls == lib.SDE_CLASS_KV or name in ("PIN", "UNPIN")), name
+        assert bool(r.keyed) == (name in KEYED), name
         assert lib.sde_dev_opcode_class(op) == r.cls
         assert lib.sde_dev_opcode_where(op) == r.where

@@ -305,6 +305,7 @@ struct dev_op {
     uint8_t fault_dir;   /* the fault rules that can fail it: SDE_FAULT_DIR_*, 0 for none */
     uint8_t in_turn;     /* virtual time: waits behind compute commands fetched before it */
     uint8_t needs_store; /* refused with INTERNAL while no store is attached */
+    uint8_t keyed;       /* names a key in the SQE (lba, key_hi) that the index looks up */
     dev_start_fn start;
     dev_kernel_done_fn kernel_done; /* NULL: no firmware kernel */
     const char *name;
@@ -373,6 +374,8 @@ void dev_value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *mem
 void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
                          uint64_t len, int mode, int buf_index, int staged);
 void dev_kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+/* The index lookups of a fetched batch's keyed commands, prefetched before they start. */
+void dev_kv_prefetch(const sde_dev *dev, const sde_sqe *batch, int n);
 void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x);
 void dev_kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);

@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "dev_internal.h"
 
+#include <stddef.h>
+
 /* ---- KV commands, run here against the store (c/store) ----------------------------------------- */
 
 uint32_t dev_ctx_index(sde_dev *dev, struct dev_ctx *x) { return (uint32_t)(x - dev->ctx); }
@@ -46,6 +48,28 @@ uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
     memcpy(key, &c->lba, 8);
     memcpy(key + 8, &c->key_hi, 8);
     return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
+}
+
+_Static_assert(offsetof(sde_sqe, key_hi) == offsetof(sde_sqe, lba) + 8,
+               "a KV key is lba then key_hi, 16 bytes in a row");
+
+void dev_kv_prefetch(const sde_dev *dev, const sde_sqe *batch, int n)
+{
+    if (!dev->store || n < 2) /* one command: no misses to overlap */
+        return;
+    st_key_ref keys[FETCH_BATCH];
+    int m = 0;
+    for (int i = 0; i < n && m < FETCH_BATCH; i++) {
+        const sde_sqe *c = &batch[i];
+        const struct dev_op *op = dev_op(c->opcode);
+        if (!op || !op->keyed || c->param1 < 1 || c->param1 > SDE_KEY_MAX)
+            continue; /* its start refuses it: nothing it looks up */
+        /* the key's 16 bytes: lba and key_hi, side by side in the SQE (asserted below) */
+        keys[m++] = (st_key_ref){c->nsid, (uint32_t)c->param1, (const uint8_t *)&c->lba,
+                                 op->fault_dir == SDE_FAULT_DIR_WRITE};
+    }
+    if (m > 1)
+        st_prefetch_keys(dev->store, keys, m);
 }
 
 /* Fields every KV command shares: flags, namespace (0, the shared default, or one the

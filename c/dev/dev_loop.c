@@ -129,6 +129,7 @@ int dev_pass(sde_dev *dev)
         if (k < 0)
             goto broken;
         uint64_t t0 = now_ns();
+        dev_kv_prefetch(dev, batch, k);
         for (int i = 0; i < k; i++)
             dev_start_command(dev, qp, &batch[i], t0);
         work += k;

@@ -196,7 +196,7 @@ int sde_dev_opcode_class(uint32_t op);
 int sde_dev_opcode_where(uint32_t op);
 /* An opcode's row of the table (c/dev/dev_ops.c), for tests and docs: -ENOENT for none. */
 typedef struct sde_opcode_info {
-    uint8_t op, cls, where, fault_dir, in_turn, needs_store, has_start, has_kernel_done;
+    uint8_t op, cls, where, fault_dir, in_turn, needs_store, keyed, has_start, has_kernel_done;
     char name[32];
 } sde_opcode_info;
 int sde_dev_opcode_info(uint32_t op, sde_opcode_info *out);

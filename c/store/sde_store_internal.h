@@ -39,6 +39,18 @@ typedef struct st_put_plan {
     uint64_t res_entries;
 } st_put_plan;
 
+/* A key that a command about to start will look up (its bytes: klen of them). */
+typedef struct st_key_ref {
+    uint32_t nsid;
+    uint32_t klen;
+    const uint8_t *key;
+    int replaces; /* a put: the value the key holds now is to be replaced */
+} st_key_ref;
+#define ST_PREFETCH_MAX 64
+/* The cache lines the lookups of up to ST_PREFETCH_MAX keys will read, prefetched step by
+ * step across them (a batch's misses overlapped; nothing changes). */
+void st_prefetch_keys(const sde_store *st, const st_key_ref *keys, int n);
+
 /* value: the bytes (read for the content hash and, on a hash match, compared). */
 int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  const void *value, uint64_t len, int mode, st_put_plan *p);

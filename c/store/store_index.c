@@ -25,6 +25,34 @@ uint32_t store_ent_find(const sde_store *st, uint32_t nsid, const uint8_t *key, 
     return NIL;
 }
 
+/* Bring into the cache what finds of these keys read: every key's bucket head first, then
+ * every first entry of those buckets, then those entries' extents.  A find alone waits for
+ * each of its misses in turn (two or three, ~200 ns: 11-18% of the data plane's time per
+ * 4 KiB put or get at QD32); across a batch of commands, the misses of one step overlap.
+ * For a put, the dedup bucket its old value leaves is the fourth step. */
+void st_prefetch_keys(const sde_store *st, const st_key_ref *keys, int n)
+{
+    uint32_t at[ST_PREFETCH_MAX];
+    if (n > ST_PREFETCH_MAX)
+        n = ST_PREFETCH_MAX;
+    for (int k = 0; k < n; k++) {
+        at[k] = (uint32_t)(key_hash(keys[k].nsid, keys[k].key, keys[k].klen) & st->ent_mask);
+        __builtin_prefetch(&st->ent_heads[at[k]]);
+    }
+    for (int k = 0; k < n; k++) {
+        at[k] = st->ent_heads[at[k]];
+        if (at[k] != NIL)
+            __builtin_prefetch(&st->ents[at[k]]);
+    }
+    for (int k = 0; k < n; k++)
+        if (at[k] != NIL)
+            __builtin_prefetch(&st->exts[st->ents[at[k]].ext]);
+    /* a put's old value leaves the dedup index when the new one is applied (dd_remove) */
+    for (int k = 0; k < n; k++)
+        if (at[k] != NIL && keys[k].replaces)
+            __builtin_prefetch(&st->dd_heads[st->exts[st->ents[at[k]].ext].hash & st->dd_mask]);
+}
+
 uint32_t store_ent_insert(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
 {
     uint32_t i = st->ent_free;
