@@ -266,6 +266,27 @@ def test_completions_come_in_the_order_queued_and_writes_land_in_it(engine):
     assert ios["res"][5] == -errno.EINVAL and (np.delete(ios["res"], 5) == 4096).all()
 
 
+def test_a_write_waits_for_the_rings_writes_rather_than_running_inline(engine):
+    """On shared memory a write past the inline size goes to io_uring's worker, which holds
+    the file's lock while it copies: a small write queued behind it goes to the ring too
+    (run inline, it would stall the caller for every large write queued), and runs inline
+    again once the ring's writes are reaped.  Reads never wait: they take no such lock."""
+    if not engine.stats()["inline_io"]:
+        pytest.skip("the engine runs no I/O inline on this media")
+    big, small, back = alloc_aligned(1 << 20), alloc_aligned(4096), alloc_aligned(4096)
+    big[:], small[:] = 1, 2
+    before = engine.stats()["inline_ios"]
+    ios = _batch(OP_WRITE, [big, small], [0, 2 << 20])
+    reads = _batch(OP_READ, [back], [4 << 20])
+    assert engine.submit(ios) == 2 and engine.submit(reads) == 1
+    assert engine.stats()["inline_ios"] == before + 1  # the read alone
+    while engine.inflight:
+        engine.reap(1)
+    assert (ios["res"] == [1 << 20, 4096]).all() and reads["res"][0] == 4096
+    assert engine.pwrite(small, 3 << 20) == 4096
+    assert engine.stats()["inline_ios"] == before + 2  # no ring write in flight: inline
+
+
 def test_io_dtype_matches_c_layout():
     assert IO_DTYPE.itemsize == ffi.sizeof("sde_io") == 48
     for name, field in ffi.typeof("sde_io").fields:

@@ -39,6 +39,7 @@ struct sde_engine {
     int poll_armed;           /* a POLL_ADD on an outside fd (the daemon's doorbell) is set */
     int poll_fired;
     int inline_io;            /* shared-memory media: I/O in the caller's thread */
+    uint32_t ring_writes;     /* writes handed to the ring (io-wq) and not yet reaped */
     sde_stats stats;
 };
 

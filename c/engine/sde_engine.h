@@ -59,6 +59,7 @@ typedef struct sde_stats {
     uint64_t unregistered_fallback_ios; /* fixed-buffer I/Os that ran unregistered */
     uint64_t bytes_read;
     uint64_t bytes_written;
+    uint64_t inline_ios;                /* I/Os run in the caller's thread (inline_io) */
     int32_t buffers_registered;         /* number of registered fixed buffers */
     int32_t register_error;             /* -errno of the last failed buffer registration, or 0 */
     int32_t sqpoll;                     /* 1 if the ring runs with an SQ polling thread */
