@@ -109,6 +109,7 @@ struct dev_ctx {
     st_put_plan plan;
     uint32_t ext;
     uint64_t vlen, vhash;
+    uint8_t vhash_known; /* a put: vhash is its value's, made as its batch was fetched */
     uint8_t *copy_to;    /* a retrieve's bytes to copy out of the bounce, and how many */
     uint64_t copy_len;
     uint64_t copied;
@@ -261,6 +262,12 @@ struct sde_dev {
     sde_io **vwrites;
     uint32_t nvwrites;
     int hold_writes;
+    /* the batch being started (dev_kv_prefetch): the content hashes of its small puts'
+     * values, by position (pf_mask: which), valid only while its commands start */
+    uintptr_t pf_batch;
+    int pf_n;
+    uint64_t pf_mask;
+    uint64_t pf_hash[FETCH_BATCH];
     uint32_t fw_head, fw_tail; /* virtual time: compute commands in fetch order (NO_CTX),
                                 * and the commands fetched behind them (CTX_DEFERRED) */
     int resuming;              /* virtual time: starting a deferred command, submitted at */
@@ -374,8 +381,10 @@ void dev_value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *mem
 void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
                          uint64_t len, int mode, int buf_index, int staged);
 void dev_kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-/* The index lookups of a fetched batch's keyed commands, prefetched before they start. */
-void dev_kv_prefetch(const sde_dev *dev, const sde_sqe *batch, int n);
+/* The index lookups of a fetched batch's keyed commands (and its small puts' value hashes),
+ * prefetched before they start; dev_kv_prefetch_done once they have. */
+void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n);
+void dev_kv_prefetch_done(sde_dev *dev);
 void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x);
 void dev_kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);

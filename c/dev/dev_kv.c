@@ -53,23 +53,61 @@ uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
 _Static_assert(offsetof(sde_sqe, key_hi) == offsetof(sde_sqe, lba) + 8,
                "a KV key is lba then key_hi, 16 bytes in a row");
 
-void dev_kv_prefetch(const sde_dev *dev, const sde_sqe *batch, int n)
+/* a put's value hashed with its batch's lookups up to this size: past it the hash is the
+ * cost and the miss it saves nothing, and the batch's first command would wait for every
+ * value's hash */
+#define PREFETCH_HASH_MAX (16u << 10)
+
+void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n)
 {
+    dev->pf_mask = 0;
     if (!dev->store || n < 2) /* one command: no misses to overlap */
         return;
     st_key_ref keys[FETCH_BATCH];
     int m = 0;
-    for (int i = 0; i < n && m < FETCH_BATCH; i++) {
+    for (int i = 0; i < n && i < FETCH_BATCH; i++) {
         const sde_sqe *c = &batch[i];
         const struct dev_op *op = dev_op(c->opcode);
         if (!op || !op->keyed || c->param1 < 1 || c->param1 > SDE_KEY_MAX)
             continue; /* its start refuses it: nothing it looks up */
-        /* the key's 16 bytes: lba and key_hi, side by side in the SQE (asserted below) */
-        keys[m++] = (st_key_ref){c->nsid, (uint32_t)c->param1, (const uint8_t *)&c->lba,
-                                 op->fault_dir == SDE_FAULT_DIR_WRITE};
+        /* the key's 16 bytes: lba and key_hi, side by side in the SQE (asserted above) */
+        st_key_ref *k = &keys[m++];
+        *k = (st_key_ref){c->nsid, (uint32_t)c->param1, (const uint8_t *)&c->lba,
+                          op->fault_dir == SDE_FAULT_DIR_WRITE, NULL, 0, NULL};
+        const struct dev_buf *b;
+        if (c->opcode == SDE_CMD_KV_STORE && c->length && c->length <= PREFETCH_HASH_MAX &&
+            (b = dev_client_range(dev, &dev->qps[qp], c))) {
+            k->value = b->addr + c->buf_offset;
+            k->vlen = c->length;
+            k->vhash = &dev->pf_hash[i];
+            dev->pf_mask |= 1ull << i;
+        }
     }
     if (m > 1)
         st_prefetch_keys(dev->store, keys, m);
+    dev->pf_batch = (uintptr_t)batch;
+    dev->pf_n = n;
+}
+
+void dev_kv_prefetch_done(sde_dev *dev)
+{
+    dev->pf_batch = 0;
+    dev->pf_mask = 0;
+}
+
+/* The hash dev_kv_prefetch made of this command's value, if it is one of the batch being
+ * started and it made one. */
+static int prefetched_hash(const sde_dev *dev, const sde_sqe *c, uint64_t *hash)
+{
+    uintptr_t at = (uintptr_t)c;
+    if (!dev->pf_mask || at < dev->pf_batch ||
+        at >= dev->pf_batch + (uintptr_t)dev->pf_n * sizeof(*c))
+        return 0;
+    uint64_t i = (at - dev->pf_batch) / sizeof(*c);
+    if (!(dev->pf_mask >> i & 1))
+        return 0;
+    *hash = dev->pf_hash[i];
+    return 1;
 }
 
 /* Fields every KV command shares: flags, namespace (0, the shared default, or one the
@@ -271,8 +309,8 @@ void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t
         return;
     }
     x->parked = 0;
-    uint16_t st = st_put_begin(dev->store, x->nsid, x->key, x->klen, src, len, mode,
-                               &x->plan);
+    uint16_t st = st_put_begin_hashed(dev->store, x->nsid, x->key, x->klen, src, len, mode,
+                                      x->vhash_known ? &x->vhash : NULL, &x->plan);
     if (st) {
         dev_kv_finish(dev, x, st, 0);
         return;
@@ -330,6 +368,7 @@ void dev_kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
      * copied; the media I/O still goes straight from it (it is registered too) */
     if (b->flags & SDE_BUF_BOUNCE)
         x->copied += c->length;
+    x->vhash_known = (uint8_t)prefetched_hash(dev, c, &x->vhash);
     dev_kv_put_value(dev, x, c, b->addr + c->buf_offset, c->length, (int)c->param0,
                  (int)c->buf - 1, 0);
 }

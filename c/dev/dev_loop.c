@@ -129,9 +129,10 @@ int dev_pass(sde_dev *dev)
         if (k < 0)
             goto broken;
         uint64_t t0 = now_ns();
-        dev_kv_prefetch(dev, batch, k);
+        dev_kv_prefetch(dev, qp, batch, k);
         for (int i = 0; i < k; i++)
             dev_start_command(dev, qp, &batch[i], t0);
+        dev_kv_prefetch_done(dev);
         work += k;
         continue;
     check_broken:

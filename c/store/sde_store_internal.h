@@ -45,6 +45,11 @@ typedef struct st_key_ref {
     uint32_t klen;
     const uint8_t *key;
     int replaces; /* a put: the value the key holds now is to be replaced */
+    /* a put whose value is read now (NULL: none): its content hash goes to *vhash, and
+     * the dedup bucket it names is prefetched too (for st_put_begin_hashed) */
+    const void *value;
+    uint64_t vlen;
+    uint64_t *vhash;
 } st_key_ref;
 #define ST_PREFETCH_MAX 64
 /* The cache lines the lookups of up to ST_PREFETCH_MAX keys will read, prefetched step by
@@ -54,6 +59,10 @@ void st_prefetch_keys(const sde_store *st, const st_key_ref *keys, int n);
 /* value: the bytes (read for the content hash and, on a hash match, compared). */
 int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  const void *value, uint64_t len, int mode, st_put_plan *p);
+/* The same, with the value's content hash known already (st_prefetch_keys made it). */
+int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                        const void *value, uint64_t len, int mode, const uint64_t *hash,
+                        st_put_plan *p);
 /* The extent's pieces (1 for a value in one run; a value no free run could hold whole is
  * in several, in value order) and each one's place and allocated bytes (whole blocks). */
 uint32_t st_ext_pieces(const sde_store *st, uint32_t ext);

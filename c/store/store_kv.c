@@ -43,6 +43,13 @@ static int same_bytes(sde_store *st, const struct ext *e, const void *value, uin
 int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  const void *value, uint64_t len, int mode, st_put_plan *p)
 {
+    return st_put_begin_hashed(st, nsid, key, klen, value, len, mode, NULL, p);
+}
+
+int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                        const void *value, uint64_t len, int mode, const uint64_t *hash,
+                        st_put_plan *p)
+{
     if (!store_key_ok(klen))
         return SDE_SC_KV_INVALID_KEY_SIZE;
     if (!len || len > st->sb.max_value)
@@ -69,7 +76,7 @@ int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen
         return SDE_SC_KV_KEY_EXISTS;
     if (i == NIL && st->nkeys + st->early_new_keys >= st->sb.index_keys)
         return SDE_SC_CAPACITY_EXCEEDED;
-    p->hash = st_value_hash(value, len);
+    p->hash = hash ? *hash : st_value_hash(value, len);
     if (i != NIL) {
         struct ext *e = &st->exts[st->ents[i].ext];
         if (e->hash == p->hash && e->len == len && same_bytes(st, e, value, len)) {
