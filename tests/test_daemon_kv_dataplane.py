@@ -103,6 +103,46 @@ def test_async_batches_and_a_buffer_too_small(daemon):
         assert dev.kv_list() == []
 
 
+def test_a_batch_of_small_puts_hashes_each_value_as_its_own(daemon):
+    """A batch's small puts have their values hashed as the batch is fetched, beside the
+    index lookups it prefetches, and each put takes its hash by its place in the batch: so
+    each value reads back (a get checks the hash: a wrong one reads as MEDIA_ERROR) and a
+    put of bytes stored before is found by it (deduplicated), in batches of values of
+    several sizes (past 16 KiB: hashed by the put itself) at several buffer offsets."""
+    sizes = (1, 100, 4096, 5000, 16384, 16385, 40000)
+    n = 48
+    with hostlib.connect(daemon.socket_path, entries=128) as dev:
+        rng = np.random.default_rng(11)
+        buf = dev.alloc(2 * n * (64 << 10))
+        buf[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
+
+        def slot(i: int, size: int):  # slots of 64 KiB, values at odd offsets in them
+            at = i * (64 << 10) + (i * 97) % 1000
+            return buf[at:at + size]
+
+        first = [slot(i, sizes[i % len(sizes)]) for i in range(n)]
+        with dev.batch():
+            puts = [dev.kv_put_async(b"a%d" % i, v) for i, v in enumerate(first)]
+        assert [f.result() for f in puts] == [False] * n
+        expect = {b"a%d" % i: bytes(v) for i, v in enumerate(first)}
+        before = dev.log()["store"]["dedup_hits"]
+        values = []
+        for i in range(n):
+            if i % 2 == 0:  # the bytes of the first batch's put i, at another offset
+                v = slot(n + i, len(first[i]))
+                v[:] = first[i]
+            else:  # bytes stored nowhere (at least 100 of them: no 1-byte coincidence)
+                v = slot(n + i, sizes[1 + i % (len(sizes) - 1)])
+                v[:] = rng.integers(0, 256, v.size, dtype=np.uint8)
+            values.append(v)
+        with dev.batch():
+            puts = [dev.kv_put_async(b"b%d" % i, v) for i, v in enumerate(values)]
+        assert [f.result() for f in puts] == [False] * n
+        assert dev.log()["store"]["dedup_hits"] - before == n // 2
+        expect.update({b"b%d" % i: bytes(v) for i, v in enumerate(values)})
+        assert {k: dev.kv_get(k) for k in expect} == expect
+
+
 def test_changes_of_one_key_in_flight_together_land_in_order(daemon):
     """With the write cache on a put's record goes out with its value; the changes of a key
     sent together (puts of several sizes, deletes, conditional puts) are held back behind
