@@ -140,6 +140,18 @@ def test_a_batch_of_small_puts_hashes_each_value_as_its_own(daemon):
         assert [f.result() for f in puts] == [False] * n
         assert dev.log()["store"]["dedup_hits"] - before == n // 2
         expect.update({b"b%d" % i: bytes(v) for i, v in enumerate(values)})
+        # and batches with one put among other commands (no lookups to overlap: no hash
+        # made ahead, the put makes its own), each put's value new
+        nsid = dev.ns_create(1 << 20)
+        block = dev.alloc(4096)
+        for i in range(8):
+            v = slot(i, 100 + i)
+            v[:] = rng.integers(0, 256, v.size, dtype=np.uint8)
+            with dev.batch():
+                f = [dev.read_async(nsid, 0, block), dev.kv_put_async(b"c%d" % i, v),
+                     dev.read_async(nsid, 8, block)]
+            assert [x.result() for x in f][1] is False
+            expect[b"c%d" % i] = bytes(v)
         assert {k: dev.kv_get(k) for k in expect} == expect
 
 

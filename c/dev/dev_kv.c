@@ -83,8 +83,11 @@ void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n)
             dev->pf_mask |= 1ull << i;
         }
     }
-    if (m > 1)
-        st_prefetch_keys(dev->store, keys, m);
+    if (m < 2) { /* one lookup: nothing to overlap, and no hash made */
+        dev->pf_mask = 0;
+        return;
+    }
+    st_prefetch_keys(dev->store, keys, m);
     dev->pf_batch = (uintptr_t)batch;
     dev->pf_n = n;
 }
