@@ -43,11 +43,17 @@ void dev_ctx_put(sde_dev *dev, struct dev_ctx *x)
 }
 
 /* The key of a KV command: its length (1..16; 0 for any other, never truncated). */
+/* A KV command's key length (param1), or 0 when it is not 1..SDE_KEY_MAX. */
+static uint32_t key_len(const sde_sqe *c)
+{
+    return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
+}
+
 uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
 {
     memcpy(key, &c->lba, 8);
     memcpy(key + 8, &c->key_hi, 8);
-    return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
+    return key_len(c);
 }
 
 _Static_assert(offsetof(sde_sqe, key_hi) == offsetof(sde_sqe, lba) + 8,
@@ -68,11 +74,12 @@ void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n)
     for (int i = 0; i < n && i < FETCH_BATCH; i++) {
         const sde_sqe *c = &batch[i];
         const struct dev_op *op = dev_op(c->opcode);
-        if (!op || !op->keyed || c->param1 < 1 || c->param1 > SDE_KEY_MAX)
+        uint32_t klen = key_len(c);
+        if (!op || !op->keyed || !klen)
             continue; /* its start refuses it: nothing it looks up */
         /* the key's 16 bytes: lba and key_hi, side by side in the SQE (asserted above) */
         st_key_ref *k = &keys[m++];
-        *k = (st_key_ref){c->nsid, (uint32_t)c->param1, (const uint8_t *)&c->lba,
+        *k = (st_key_ref){c->nsid, klen, (const uint8_t *)&c->lba,
                           op->fault_dir == SDE_FAULT_DIR_WRITE, NULL, 0, NULL};
         const struct dev_buf *b;
         if (c->opcode == SDE_CMD_KV_STORE && c->length && c->length <= PREFETCH_HASH_MAX &&
