@@ -266,22 +266,13 @@ def test_completions_come_in_the_order_queued_and_writes_land_in_it(engine):
     assert ios["res"][5] == -errno.EINVAL and (np.delete(ios["res"], 5) == 4096).all()
 
 
-@pytest.fixture(params=SHARED_MEMORY_KINDS)
-def inline_engine(request):
-    with media_of_kind(request.param, request) as spec:
-        media = open_media(spec)
-        eng = Engine(media, queue_depth=16)
-        yield eng
-        eng.close()
-        media.close()
-
-
-def test_a_write_waits_for_the_rings_writes_rather_than_running_inline(inline_engine):
+@pytest.mark.parametrize("engine", [(kind, True) for kind in SHARED_MEMORY_KINDS],
+                         ids=list(SHARED_MEMORY_KINDS), indirect=True)
+def test_a_write_waits_for_the_rings_writes_rather_than_running_inline(engine):
     """On shared memory a write past the inline size goes to io_uring's worker, which holds
     the file's lock while it copies: a small write queued behind it goes to the ring too
     (run inline, it would stall the caller for every large write queued), and runs inline
     again once the ring's writes are reaped.  Reads never wait: they take no such lock."""
-    engine = inline_engine
     assert engine.stats()["inline_io"]
     big, small, back = alloc_aligned(1 << 20), alloc_aligned(4096), alloc_aligned(4096)
     big[:], small[:] = 1, 2
