@@ -1,15 +1,19 @@
 """--neighbours: the benches' reproducible busy machine (issue 34, item 3)."""
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from ssdemu.bench.neighbours import MARK, Neighbours
+
+SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def _running() -> list[int]:
@@ -52,10 +56,15 @@ def test_a_killed_bench_leaves_no_neighbour_spinning():
 
 
 @pytest.mark.slow
-def test_bench_replay_reports_its_neighbours():
+def test_bench_replay_reports_its_neighbours(tmp_path):
+    # the bundled trace's first 300 requests: the neighbours spin for the run's length, and
+    # on a two-core machine they take the cores the suite's other tests run on
+    trace = tmp_path / "short.jsonl"
+    with open(SAMPLE) as f:
+        trace.write_text("".join(itertools.islice(f, 300)))
     p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "replay", "--no-baseline",
-                        "--neighbours", "2", "--json"], capture_output=True, text=True,
-                       timeout=300)
+                        "--trace", str(trace), "--neighbours", "2", "--json"],
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["neighbours"] == 2
     assert _running() == []

@@ -196,7 +196,7 @@ def test_bench_kv_reports_plain_against_registered(tmp_path):
     import sys
 
     p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "kv",
-                        "--seconds", "0.6", "--json"], capture_output=True, text=True,
+                        "--seconds", "0.2", "--json"], capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
