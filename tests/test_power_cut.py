@@ -53,7 +53,7 @@ def back_up(sock: str, pid: int, d: DaemonProcess) -> hostlib.Device:
             return dev
         except hostlib.ConnectError:
             assert time.monotonic() < deadline, "the drive did not come back"
-            time.sleep(0.05)
+            time.sleep(0.005)  # a power-on takes ~0.16 s: a 50 ms poll added ~25 ms
 
 
 def scenario(tmp_path, name: str, seed: int):
