@@ -136,6 +136,13 @@ int64_t sde_ftl_victim(const sde_ftl *f)
 
 uint32_t sde_ftl_owner(const sde_ftl *f, uint32_t phys) { return f->p2l[phys]; }
 
+void sde_ftl_prefetch_owner(const sde_ftl *f, uint32_t phys)
+{
+    uint32_t u = f->p2l[phys];
+    if (u != SDE_FTL_UNMAPPED)
+        __builtin_prefetch(&f->l2p[u], 1);
+}
+
 void sde_ftl_erase(sde_ftl *f, uint32_t line)
 {
     f->state[line] = LINE_FREE;

@@ -42,6 +42,9 @@ int sde_ftl_gc_needed(const sde_ftl *f);
 int64_t sde_ftl_victim(const sde_ftl *f);
 /* The logical unit in a physical slot, or SDE_FTL_UNMAPPED when it holds nothing valid. */
 uint32_t sde_ftl_owner(const sde_ftl *f, uint32_t phys);
+/* Start loading the mapping entry of physical unit phys's owner (a GC relocation ahead):
+ * its logical unit's entry is a random one in a table of megabytes, a cache miss each. */
+void sde_ftl_prefetch_owner(const sde_ftl *f, uint32_t phys);
 /* A victim whose valid units have all been relocated becomes free (erased). */
 void sde_ftl_erase(sde_ftl *f, uint32_t line);
 /* Leave the next n slots of wp empty (padding of a row programmed partly full). */
