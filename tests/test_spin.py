@@ -328,3 +328,27 @@ def test_the_closed_loop_polls_for_completions_as_hostlib_does(tmp_path, apart):
         pytest.skip("the host had no CPU to spare: the loop slept by that rule")
     # measured here: asleep 1/32 (a wake-up per batch of completions), polling 0.010-0.011
     assert polling[-1] * 2 < asleep, (asleep, polling)
+
+
+def test_the_closed_loop_waits_out_a_slow_command_and_not_a_stuck_one(tmp_path):
+    """The closed loop ends with an error only when no command has completed for
+    SDE_CLIENT_LOOP_STALL_NS (a stuck daemon): four reads held 1.5 s each (a latency rule)
+    end it late, not failed (it gave up after a second before, and `bench kv` failed on a
+    host with more work than cores)."""
+    from ssdemu.bench import _client_loop, closed_loop
+
+    assert _client_loop.lib.SDE_CLIENT_LOOP_STALL_NS >= 10e9
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:64M")
+    try:
+        with hostlib.connect(d.socket_path, entries=8) as dev:
+            nsid = dev.ns_create(16 << 20)
+            buf = dev.alloc(4 * 4096)
+            handle, _ = dev._locate(buf)
+            dev.inject_fault("latency", nsid=nsid, latency_us=1_500_000, directions="read",
+                             count=4)
+            n, secs = closed_loop.run(dev, OPCODES["READ"], handle, 4096, 4,
+                                      (16 << 20) // 512, 0.1, nsid=nsid)
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    assert n >= 4 and secs >= 1.5, (n, secs)

@@ -8,6 +8,8 @@
 #include <stdint.h>
 
 /* CDEF-BEGIN */
+/* No completion for this long: the daemon is stuck, the loop ends with -ETIMEDOUT. */
+#define SDE_CLIENT_LOOP_STALL_NS 30000000000
 /* A closed-loop job through a queue pair, in C (the client side of `ssdemu bench queue` and
  * `bench kv`): keeps qd commands of `opcode` in flight, each `bs` bytes at a random
  * block-aligned lba below `nblocks` of namespace nsid (a KV opcode: on a random one of

@@ -3,6 +3,7 @@ drive through a connection's queue pair: QD commands kept in flight, Python out 
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -31,6 +32,9 @@ def run(dev, opcode: int, handle: int, bs: int, qd: int, span: int, seconds: flo
                             hostlib.client.SPIN_NS if spin_ns is None else spin_ns,
                             ffi.cast("void *", stamp) if stamp else ffi.NULL,
                             ffi.cast("uint64_t *", hist.ctypes.data), out)
+    if r == -errno.ETIMEDOUT:
+        raise RuntimeError(f"client loop failed: no command completed for "
+                           f"{lib.SDE_CLIENT_LOOP_STALL_NS / 1e9:.0f} s (the daemon is stuck)")
     if r < 0:
         raise RuntimeError(f"client loop failed: {os.strerror(-r)}")
     if out[1]:
