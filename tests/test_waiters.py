@@ -167,6 +167,7 @@ def _stress_test(tmp_path, rounds: int, seed: int) -> None:
         code, err = d.terminate()
         if hasattr(s, "threads"):
             s.close()
+        _value.cache_clear()  # ~46 MiB of values, not kept for the worker's later files
     assert not s.stuck, "; ".join(s.stuck) + f" (progress {s.progress})"
     assert not s.errors, s.errors[0]
     assert all(p == rounds for p in s.progress.values()), s.progress
