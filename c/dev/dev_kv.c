@@ -42,13 +42,13 @@ void dev_ctx_put(sde_dev *dev, struct dev_ctx *x)
     dev->free_ctx[dev->nfree++] = dev_ctx_index(dev, x);
 }
 
-/* The key of a KV command: its length (1..16; 0 for any other, never truncated). */
 /* A KV command's key length (param1), or 0 when it is not 1..SDE_KEY_MAX. */
 static uint32_t key_len(const sde_sqe *c)
 {
     return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
 }
 
+/* The key of a KV command: its length (1..16; 0 for any other, never truncated). */
 uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
 {
     memcpy(key, &c->lba, 8);
