@@ -7,13 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from ssdemu.bench.neighbours import MARK, Neighbours
-
-SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "mooncake_synthetic_trace.jsonl"
+from traces.mooncake import SAMPLE
 
 
 def _running() -> list[int]:
