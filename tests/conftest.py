@@ -8,7 +8,10 @@ import shutil
 import subprocess
 import tempfile
 
+import daemon_fork
 import pytest
+
+daemon_fork.install()  # DaemonProcess forks its daemons from a preloaded server
 
 MEDIA_BYTES = 64 << 20
 SHM = "/dev/shm"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -322,7 +323,10 @@ def test_a_firmware_that_cannot_load_fails_its_commands_and_nothing_else(tmp_pat
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
     log = tmp_path / "daemon.log"
-    d = DaemonProcess(str(tmp_path / "f.sock"), media="mem:64M", log_path=str(log))
+    # a new interpreter (python given: not a fork of the suite's server), which runs the
+    # sitecustomize
+    d = DaemonProcess(str(tmp_path / "f.sock"), media="mem:64M", log_path=str(log),
+                      python=sys.executable)
     try:
         with hostlib.connect(d.socket_path) as dev:
             x = block((16, 2, 1, 1, 64), seed=9)

@@ -9,8 +9,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 from ssdemu_wire.control import MAX_SOCKET_PATH
+
+# Starts `ssdemu ARGV` with stderr on a log file and gives the subprocess.Popen calls made
+# here and by DaemonProcess's users (poll, wait, communicate, send_signal, kill, pid,
+# returncode), in place of a new `python -m ssdemu` process; None: that process.  The test
+# suite sets it to fork its ~300 daemons from a server that imported the daemon once
+# (tests/daemon_fork.py).
+launcher = None
 
 
 def socket_dir(prefix: str, name: str = "s.sock") -> str:
@@ -23,12 +31,19 @@ def socket_dir(prefix: str, name: str = "s.sock") -> str:
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class DaemonProcess:
     def __init__(self, socket_path: str, media: str = "mem:64M", extra=(),
                  log_path: str | None = None, python: str | None = None):
         """log_path: the daemon's log goes to that file (a long run would fill a pipe no one
         reads); otherwise to a pipe that terminate() returns.  python: the interpreter to run
-        it with (default: this one's)."""
+        it with (default: this one's, or `launcher`'s when set)."""
         self.socket_path = socket_path
         self.log_path = log_path
         try:  # a socket left by a daemon that was killed: the wait below must see the new one
@@ -36,13 +51,22 @@ class DaemonProcess:
                 os.unlink(socket_path)
         except FileNotFoundError:
             pass
-        log = open(log_path, "a") if log_path else subprocess.PIPE  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", "ssdemu", "serve", "--media", media, "--socket",
-             socket_path, *extra],
-            stdout=subprocess.DEVNULL if log_path else subprocess.PIPE, stderr=log, text=True)
-        if log_path:
-            log.close()  # the child has its own
+        self._own_log = None  # a forked daemon's log when the caller named none
+        argv = ["serve", "--media", media, "--socket", socket_path, *extra]
+        if launcher is not None and python is None:
+            if not log_path:
+                fd, self._own_log = tempfile.mkstemp(prefix="ssdemu-daemon-", suffix=".log")
+                os.close(fd)
+                weakref.finalize(self, _unlink, self._own_log)
+            self.proc = launcher(argv, log_path or self._own_log)
+        else:
+            log = open(log_path, "a") if log_path else subprocess.PIPE  # noqa: SIM115
+            self.proc = subprocess.Popen(
+                [python or sys.executable, "-m", "ssdemu", *argv],
+                stdout=subprocess.DEVNULL if log_path else subprocess.PIPE, stderr=log,
+                text=True)
+            if log_path:
+                log.close()  # the child has its own
         deadline = time.monotonic() + 30
         while not os.path.exists(socket_path):
             if self.proc.poll() is not None:
@@ -65,8 +89,9 @@ class DaemonProcess:
 
     def log_tail(self, n: int = 2000) -> str:
         """The end of the daemon's log (once it has exited, when it goes to a pipe)."""
-        if self.log_path:
-            with open(self.log_path) as f:
+        path = self.log_path or self._own_log
+        if path:
+            with open(path) as f:
                 return f.read()[-n:]
         return self.proc.stderr.read()[-n:] if self.proc.poll() is not None else ""
 
