@@ -50,7 +50,6 @@ def _serve(argv: list[str], log_path: str, inherit: dict) -> None:
     os.close(fd)
     os.close(null)
     sys.argv = ["ssdemu", *argv]  # a power-on after a cut re-executes sys.argv[1:]
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
     from ssdemu.cli import main
 
     code = main(argv)
