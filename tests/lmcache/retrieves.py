@@ -62,7 +62,7 @@ kvs = [torch.randn(2, LAYERS, CHUNKS * CHUNK, HEADS * DIM).half() for _ in range
 chunk_bytes = 2 * LAYERS * CHUNK * HEADS * DIM * 2
 total_mb = SEQS * CHUNKS * chunk_bytes / 1e6
 
-writer = engine("writer", 2.0)
+writer = engine("writer", 0.1)
 t0 = time.perf_counter()
 for t, kv in zip(tokens, kvs, strict=True):
     writer.store(t, kvcaches=kv)
