@@ -210,6 +210,42 @@ def test_bench_kv_reports_plain_against_registered(tmp_path):
     assert r["bytes_copied_per_kv_put"] == 0 and r["bytes_copied_per_kv_get"] == 0
     # every put in those rows stored its value (a repeated value would only be hashed)
     assert r["plain_vs_registered_dedup_hits"] == 0
+    # the drive's rows against their baselines, each side the median of its slices
+    for row, unit, base in (("kv_put_4k", "ops_per_s", "block_write"),
+                            ("kv_get_4k", "ops_per_s", "block_read"),
+                            ("kv_put_2m", "bytes_per_s", "block_write"),
+                            ("kv_get_2m", "bytes_per_s", "block_read")):
+        x = r[row]
+        assert x[unit] > 0 and x[base] > 0
+        assert x["ratio_block"] == pytest.approx(x[unit] / x[base])
+    for row in ("kv_put_quantized", "kv_get_dequantized"):
+        x = r[row]
+        assert x["ratio_kernel"] == pytest.approx(x["bytes_per_s"] / x["kernel_bytes_per_s"])
+        assert x["kernel_in_cache_bytes_per_s"] > 0
+    assert r["kv_put_quantized"]["dedup_hits"] == 0
+
+
+def test_bench_kv_pairs_each_figure_with_its_baseline_in_abba_slices():
+    """bench kv's pairs: the drive and its baseline in turn, ABBA, a quarter of the time each
+    slice, and each side's median (a slow slice on one side moves neither figure)."""
+    from ssdemu.bench import kv
+
+    calls = []
+
+    def side(name, rates):
+        it = iter(rates)
+
+        def run(seconds):
+            calls.append((name, seconds))
+            r = next(it)
+            return {"ops_per_s": r, "bytes_per_s": 10 * r, "commands": 1}
+        return run
+
+    drive, base = kv._paired(side("d", [5, 1, 7, 6]), side("b", [3, 3, 100, 4]), 2.0)
+    assert [c[0] for c in calls] == ["d", "b", "b", "d", "d", "b", "b", "d"]
+    assert all(c[1] == 2.0 / kv.PAIR_SLICES for c in calls)
+    assert drive == {"ops_per_s": 5.5, "bytes_per_s": 55.0, "commands": 4}
+    assert base["ops_per_s"] == 3.5
 
 
 def test_past_the_buffer_quota_values_wait_for_the_bounce(tmp_path):

@@ -19,9 +19,13 @@ static int is_kv(uint8_t op)
 }
 
 /* Make the value at p differ from every other the loop stores: its first 8 bytes carry the
- * serial.  A quantized store's block is fp16 or bf16, where raw serial bits could be inf or
- * NaN (refused) or too close to the last to change a code: so the serial is mixed (a
- * bijection) and spread over four 14-bit fields, each a finite, small, positive value. */
+ * serial.  A quantized store's block is fp16 or bf16: the serial is mixed (a bijection) and
+ * each of its 64 bits sets the sign of one of the first 64 elements, +-2.0 (0x4000 and
+ * 0xC000, the same value in both formats).  Two serials then differ in at least one element
+ * by 4.0, more than a code's step in any group whose elements stay within +-127*2 (int8) or
+ * +-7*2 (int4): their compressed blocks differ, and no put is a dedup hit.  (Small values
+ * spread over 14-bit fields, as before, quantized alike in ~5% of puts, which were then
+ * hashed and never written.) */
 static void stamp_value(uint8_t *p, uint64_t serial, uint8_t opcode)
 {
     if (opcode != SDE_CMD_KV_STORE_QUANTIZED) {
@@ -29,8 +33,8 @@ static void stamp_value(uint8_t *p, uint64_t serial, uint8_t opcode)
         return;
     }
     uint64_t m = serial * 0x9E3779B97F4A7C15ull;
-    for (int k = 0; k < 4; k++) {
-        uint16_t v = (uint16_t)((m >> (14 * k + 8)) & 0x3FFF);
+    for (int k = 0; k < 64; k++) {
+        uint16_t v = (uint16_t)(0x4000u | (uint16_t)(((m >> k) & 1u) << 15));
         memcpy(p + 2 * k, &v, 2);
     }
 }

@@ -2,7 +2,8 @@
 
 One closed-loop client at QD32, in C (c/tools/sde_client_loop.c, as `bench queue`), so that the
 ratios measure the daemon and not Python in the client.  In one run, on one daemon (timing
-off), each KV figure beside the block figure it is held to:
+off), each KV figure beside the figure it is held to, the two measured in turn (PAIR_SLICES
+slices of each, ABBA, the median of each side):
 
 - 4 KiB kv_put / kv_get (ops/s) against 4 KiB block writes / reads;
 - 2 MiB kv_put / kv_get (bytes/s) against 1 MiB block writes / reads (a 2 MiB transfer as
@@ -45,12 +46,48 @@ def _key(i: int) -> bytes:
     return i.to_bytes(8, "little") + KEY_HI
 
 
+# each loop's seed: its offsets and keys, and the serials its stamps start from (seed << 32),
+# so that no loop of a run repeats another's values (a repeated value is a dedup hit: hashed,
+# never written)
+_LOOP_SEEDS = itertools.count(11)
+
+
 def _loop(dev, opcode: int, buf, bs: int, span: int, seconds: float, nsid: int = 0,
           stamp: bool = False, stamp_at: int = 0) -> dict:
     handle, _ = dev._locate(buf)
     n, secs = closed_loop.run(dev, opcode, handle, bs, QD, span, seconds, nsid=nsid,
+                              seed=next(_LOOP_SEEDS),
                               stamp=buf.ctypes.data + stamp_at if stamp else 0)
     return {"ops_per_s": n / secs, "bytes_per_s": n * bs / secs, "commands": n}
+
+
+# each drive figure and the baseline it is held to: PAIR_SLICES slices of each, in ABBA order, and
+# the median of each side: on a shared VM the host's speed drifts within a run (a third within
+# an hour here), and one figure measured after the other took that drift as the drive's
+PAIR_SLICES = 4
+
+
+def _rate_median(runs: list[dict]) -> dict:
+    return {"ops_per_s": float(np.median([r["ops_per_s"] for r in runs])),
+            "bytes_per_s": float(np.median([r["bytes_per_s"] for r in runs])),
+            "commands": sum(r["commands"] for r in runs)}
+
+
+def _paired(drive, baseline, seconds: float) -> tuple[dict, dict]:
+    """drive(s) and baseline(s), each a run of s seconds returning a rate dict, in ABBA
+    slices of seconds / PAIR_SLICES: the median of each side."""
+    sides: tuple[list, list] = ([], [])
+    for i in range(PAIR_SLICES):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for side in order:
+            fn = drive if side == 0 else baseline
+            sides[side].append(fn(seconds / PAIR_SLICES))
+    return _rate_median(sides[0]), _rate_median(sides[1])
+
+
+def _looper(dev, opcode: str, buf, bs: int, span: int, nsid: int = 0, **kw):
+    """_loop with everything but its seconds given: a side of _paired."""
+    return lambda seconds: _loop(dev, OPCODES[opcode], buf, bs, span, seconds, nsid, **kw)
 
 
 def _copied(dev, cls: str, fn, n: int) -> float:
@@ -133,37 +170,42 @@ def _plain_vs_registered(dev, seconds: float) -> dict:
     return out
 
 
-def _kernel_rate(block: np.ndarray, seconds: float) -> dict[str, float]:
-    """fp16 bytes/s of the firmware's quantize and dequantize called directly, one thread,
-    two ways: on the buffers QD commands in flight use (QD inputs and QD outputs in turn, as
-    the drive's commands read the client's slots and write their own buffers or the
-    client's: what the drive's kernels must do at QD32), and on one input and one output
-    (all in cache: a figure no queue of commands can reach).  The drive's ratios are held
-    to the first; the second is printed beside it."""
-    from firmware.quant import _block_shape as shape_of
-    from firmware.quant import compressed_nbytes, dequantize, quantize
+class _Kernels:
+    """The firmware's quantize and dequantize called directly, one thread, two ways: on the
+    buffers QD commands in flight use (QD inputs and QD outputs in turn, as the drive's
+    commands read the client's slots and write their own buffers or the client's: what the
+    drive's kernels must do at QD32), and on one input and one output (`*_in_cache`: all in
+    cache, a figure no queue of commands can reach).  The drive's ratios are held to the
+    first; the second is printed beside it."""
 
-    size = compressed_nbytes(shape_of(block), SCHEME, "fp16")
-    blocks = [block.copy() for _ in range(QD)]
-    packed = [np.empty(size, np.uint8) for _ in range(QD)]
-    raw = [np.empty_like(block) for _ in range(QD)]
-    for i in range(QD):
-        quantize(blocks[i], "fp16", SCHEME, out=packed[i])
-    dequantize(packed[0], out=raw[0])  # compiled before timing
-    runs = {
-        "quantize": lambda i: quantize(blocks[i], "fp16", SCHEME, out=packed[i]),
-        "dequantize": lambda i: dequantize(packed[i], out=raw[i]),
-        "quantize_in_cache": lambda i: quantize(blocks[0], "fp16", SCHEME, out=packed[0]),
-        "dequantize_in_cache": lambda i: dequantize(packed[0], out=raw[0]),
-    }
-    rates = {}
-    for name, fn in runs.items():
+    def __init__(self, block: np.ndarray):
+        from firmware.quant import _block_shape as shape_of
+        from firmware.quant import compressed_nbytes, dequantize, quantize
+
+        size = compressed_nbytes(shape_of(block), SCHEME, "fp16")
+        blocks = [block.copy() for _ in range(QD)]
+        packed = [np.empty(size, np.uint8) for _ in range(QD)]
+        raw = [np.empty_like(block) for _ in range(QD)]
+        for i in range(QD):
+            quantize(blocks[i], "fp16", SCHEME, out=packed[i])
+        dequantize(packed[0], out=raw[0])  # compiled before timing
+        self.nbytes = block.nbytes
+        self.runs = {
+            "quantize": lambda i: quantize(blocks[i], "fp16", SCHEME, out=packed[i]),
+            "dequantize": lambda i: dequantize(packed[i], out=raw[i]),
+            "quantize_in_cache": lambda i: quantize(blocks[0], "fp16", SCHEME, out=packed[0]),
+            "dequantize_in_cache": lambda i: dequantize(packed[0], out=raw[0]),
+        }
+
+    def rate(self, name: str, seconds: float) -> dict:
+        """fp16 bytes/s of one way for `seconds` (a rate dict, as _loop's)."""
+        fn = self.runs[name]
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             fn(n % QD)
             n += 1
-        rates[name] = n * block.nbytes / (time.perf_counter() - t0)
-    return rates
+        secs = time.perf_counter() - t0
+        return {"ops_per_s": n / secs, "bytes_per_s": n * self.nbytes / secs, "commands": n}
 
 
 def run_bench(socket_path: str, seconds: float) -> dict:
@@ -173,6 +215,16 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         ns_bytes = min(256 << 20, dev.log()["quotas"]["namespace_bytes"] >> 20 << 20)
         nsid = dev.ns_create(ns_bytes)
         rng = np.random.default_rng(5)
+        # the namespace written whole first, as bench queue's: the block baselines then neither
+        # read holes (the zero page) nor pay for the media's first touch of a page (on memory
+        # media, a page allocated and zeroed; on these VMs a host fault too), which the
+        # single 2 s write loop before measured in its first ~0.3 s (4 KiB puts 0.72-0.78 of
+        # it, against 0.65-0.72 of writes to written blocks)
+        fill = dev.alloc(1 << 20)
+        fill[:] = rng.integers(0, 256, fill.size, dtype=np.uint8)
+        for f in [dev.write_async(nsid, off // 512, fill) for off in range(0, ns_bytes, 1 << 20)]:
+            f.result()
+        dev.free(fill)
         for name, bs in SIZES.items():
             buf = dev.alloc(QD * bs)
             buf[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
@@ -186,10 +238,10 @@ def run_bench(socket_path: str, seconds: float) -> dict:
                     f.result()
             blk = min(bs, 1 << 20)
             span = ns_bytes // 512
-            w = _loop(dev, OPCODES["WRITE"], buf, blk, span, seconds, nsid, stamp=True)
-            p = _loop(dev, OPCODES["KV_STORE"], buf, bs, nkeys, seconds, stamp=True)
-            r = _loop(dev, OPCODES["READ"], buf, blk, span, seconds, nsid)
-            g = _loop(dev, OPCODES["KV_RETRIEVE"], buf, bs, nkeys, seconds)
+            p, w = _paired(_looper(dev, "KV_STORE", buf, bs, nkeys, stamp=True),
+                           _looper(dev, "WRITE", buf, blk, span, nsid, stamp=True), seconds)
+            g, r = _paired(_looper(dev, "KV_RETRIEVE", buf, bs, nkeys),
+                           _looper(dev, "READ", buf, blk, span, nsid), seconds)
             unit = "ops_per_s" if name == "4k" else "bytes_per_s"
             out[f"kv_put_{name}"] = {unit: p[unit], "block_write": w[unit],
                                      "ratio_block": p[unit] / w[unit]}
@@ -221,12 +273,17 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         before = dev.log()["store"]["dedup_hits"]
         # stamped after the request: every block differs, so every put is quantized and
         # written (the loop keeps the stamps finite)
-        qp_ = _loop(dev, OPCODES["KV_STORE_QUANTIZED"], qbuf, slot, nq, seconds, stamp=True,
-                    stamp_at=QUANT_REQUEST.size)
+        kernel = _Kernels(block)
+        qp_, kq = _paired(_looper(dev, "KV_STORE_QUANTIZED", qbuf, slot, nq, stamp=True,
+                                  stamp_at=QUANT_REQUEST.size),
+                          lambda s: kernel.rate("quantize", s), seconds)
         dedup = dev.log()["store"]["dedup_hits"] - before
         dbuf = dev.alloc(QD * block.nbytes)
-        qg = _loop(dev, OPCODES["KV_RETRIEVE_DEQUANTIZED"], dbuf, block.nbytes, nq, seconds)
-        k = _kernel_rate(block, seconds)
+        qg, kd = _paired(_looper(dev, "KV_RETRIEVE_DEQUANTIZED", dbuf, block.nbytes, nq),
+                         lambda s: kernel.rate("dequantize", s), seconds)
+        k = {"quantize": kq["bytes_per_s"], "dequantize": kd["bytes_per_s"],
+             **{n: kernel.rate(n, seconds / 2)["bytes_per_s"]
+                for n in ("quantize_in_cache", "dequantize_in_cache")}}
         put_bps = qp_["ops_per_s"] * block.nbytes
         get_bps = qg["ops_per_s"] * block.nbytes
         out["kv_put_quantized"] = {
