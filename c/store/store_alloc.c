@@ -29,6 +29,29 @@ uint64_t store_alloc_blocks(sde_store *st, uint64_t n)
 {
     if (!n || n > st->free_blocks)
         return UINT64_MAX;
+    if (n == 1) {
+        /* a 4 KiB value's block (every small put): the first clear bit from the cursor, a
+         * word at a time; the loop below walked the used blocks after the cursor bit by bit
+         * (store_alloc_blocks was ~4% of a 4 KiB put's data-plane time, at QD32) */
+        for (uint64_t b = st->cursor; b < st->nbits; b = (b | 63) + 1) {
+            uint64_t clear = ~st->bitmap[b >> 6] & (UINT64_MAX << (b & 63));
+            uint64_t next = (b | 63) + 1;
+            if (!clear) {
+                /* every block up to here is used */
+                st->cursor = next < st->nbits ? next : st->nbits;
+                continue;
+            }
+            uint64_t f = (b & ~63ull) + (uint64_t)__builtin_ctzll(clear);
+            if (f >= st->nbits) {
+                st->cursor = st->nbits;
+                break;
+            }
+            store_set_bits(st, f, 1, 1);
+            st->cursor = f + 1;
+            return f;
+        }
+        return UINT64_MAX;
+    }
     uint64_t b = st->cursor, end = st->nbits, run = 0, start = b;
     int moved = 0; /* the first free block seen so far lies past the cursor */
     while (b < end) {
