@@ -535,3 +535,33 @@ def test_a_value_no_free_run_holds_is_stored_in_pieces(drive):
         s.put(b"too-big", b"x" * (free + hole))
     s.close()
     m.close()
+
+
+def test_one_block_values_fill_every_block_and_reuse_the_lowest_freed(drive):
+    """A one-block value's block is the lowest free one (first fit, a bitmap word at a
+    time): small values fill the store to its last block, the blocks freed in the middle
+    and at the end are taken again lowest first, and the store is full again after as many
+    puts."""
+    m, s = fresh(drive, "4M")  # 733 blocks of 4 KiB, 1,024 keys
+
+    def value(tag: bytes, i: int) -> bytes:  # a block each: distinct, and too large to lie
+        return (tag + b"%06d" % i) * 300  # in its journal record
+
+    offsets = []
+    with pytest.raises(StoreFull):
+        while True:
+            n = len(offsets)
+            offsets.append(s.put_ex(b"s%d" % n, value(b"s", n))["offset"])
+    n = len(offsets)
+    assert n > 130 and s.info()["free_bytes"] == 0  # the blocks ran out, not the keys
+    assert len(set(offsets)) == n
+    gone = [7, 64, 65, 130, n - 1]  # across bitmap words, and the last block taken
+    for i in gone[::-1]:
+        s.delete(b"s%d" % i)
+    got = [s.put_ex(b"t%d" % j, value(b"t", j))["offset"] for j in range(len(gone))]
+    assert got == sorted(offsets[i] for i in gone)
+    with pytest.raises(StoreFull):
+        s.put(b"one-more", value(b"o", 0))
+    assert all(s.get(b"s%d" % i) == value(b"s", i) for i in range(n) if i not in gone)
+    s.close()
+    m.close()
