@@ -562,6 +562,14 @@ def test_one_block_values_fill_every_block_and_reuse_the_lowest_freed(drive):
     assert got == sorted(offsets[i] for i in gone)
     with pytest.raises(StoreFull):
         s.put(b"one-more", value(b"o", 0))
+    # a two-block value takes the lowest run of two freed blocks, not a lone lower one
+    unit = offsets[21] - offsets[20]
+    assert unit == s.info()["block"]
+    for i in (3, 40, 41):
+        s.delete(b"s%d" % i)
+    assert s.put_ex(b"two", value(b"w", 0) * 2)["offset"] == offsets[40]
+    assert s.put_ex(b"one", value(b"n", 0))["offset"] == offsets[3]
+    gone += [3, 40, 41]
     assert all(s.get(b"s%d" % i) == value(b"s", i) for i in range(n) if i not in gone)
     s.close()
     m.close()
