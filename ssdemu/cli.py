@@ -714,7 +714,9 @@ def _print_replay(r: dict) -> None:
         print(f"data: {d['blocks_verified']:,} blocks read back and verified, "
               f"{d['data_errors']} wrong, {d['match_mismatches']} match mismatches; "
               f"{d['logical_bytes'] / 1e9:.2f} GB stored ({d['physical_bytes'] / 1e9:.2f} GB "
-              "on media)")
+              f"on media); drive tier {r['capacity_blocks']['drive']:,} blocks, "
+              f"{r['evictions']['drive']:,} evicted (the drive had room for "
+              f"{d['drive_room_blocks']:,})")
     print(f"hits on KV not computed yet: {r['hits_on_uncomputed_kv']:,} "
           f"({r['uncomputed_hit_fraction']:.1%} of hits, stores at {r['store_when']}); "
           f"stores dropped: {r['stores_dropped']:,}")

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import hostlib
-from ssdemu.replay.data_mode import DataModeError, replay_data
+from ssdemu.replay.data_mode import DataModeError, drive_capacity, replay_data
 from ssdemu.replay.model_mode import replay_model
 from ssdemu.replay.serving import ModelConfig, model_config, parse_capacities
 from ssdemu.sim.profile import load
@@ -217,6 +217,48 @@ def test_data_mode_refuses_what_it_cannot_do(tmp_path, daemon):
         assert fixed.terminate()[0] == 0
 
 
+def test_the_drive_tier_is_what_the_drive_has_room_for():
+    caps = {"hbm": 0, "dram": 5, "drive": None}
+    assert drive_capacity(caps, room=500, most=40) == {"hbm": 0, "dram": 5, "drive": 460}
+    assert drive_capacity({**caps, "drive": 460}, 500, 40)["drive"] == 460  # as given
+    with pytest.raises(DataModeError, match=r"capacity is 461 blocks.*room for 500.*up to "
+                       r"40.*drive=blocks:460 or less"):
+        drive_capacity({**caps, "drive": 461}, 500, 40)
+    with pytest.raises(DataModeError, match="room for 40 blocks.*bigger media"):
+        drive_capacity(caps, room=40, most=40)
+
+
+def test_data_mode_on_media_smaller_than_the_trace(tmp_path):
+    """A drive whose media holds fewer blocks than the trace names: the drive tier (unbounded
+    asked) is the drive's room less one request's stores, its LRU evicts through kv_delete,
+    and the replay's accounting is model mode's at that capacity.  Before, the drive's store
+    failed part way (CAPACITY_EXCEEDED).  A larger capacity asked is refused up front."""
+    trace = generate(90, seed=7, share=0.5, prefixes=6, prefix_blocks=6,
+                     mean_input_tokens=3000)
+    distinct = len({b for r in trace for b in r.hash_ids})
+    most = max(len(set(r.hash_ids)) for r in trace)
+    d = DaemonProcess(str(tmp_path / "small.sock"), media="mem:64M",
+                      extra=["--clock", "virtual"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            with pytest.raises(DataModeError, match="drive=blocks:"):
+                replay_data(dev, trace, PROFILE, TINY, "int8_g64",
+                            _caps("drive=unbounded", "int8_g64") | {"drive": distinct})
+            assert dev.log()["store"]["keys"] == 0  # refused before anything was stored
+            data = replay_data(dev, trace, PROFILE, TINY, "int8_g64",
+                               _caps("drive=unbounded", "int8_g64"))
+    finally:
+        assert d.terminate()[0] == 0
+    room, tier = data["data"]["drive_room_blocks"], data["capacity_blocks"]["drive"]
+    assert tier == room - most and tier < distinct
+    assert data["evictions"]["drive"] > 0
+    assert data["data"]["data_errors"] == 0 and data["data"]["match_mismatches"] == 0
+    model = replay_model(trace, PROFILE, TINY, "int8_g64",
+                         _caps(f"drive=blocks:{tier}", "int8_g64"), dram=False)
+    for key in ("block_hit_ratio", "tier_hit_ratio", "evictions", "prefill_tokens_saved"):
+        assert data[key] == model[key], key
+
+
 def _cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "ssdemu", "replay", *args],
                           capture_output=True, text=True, timeout=timeout)
@@ -266,6 +308,8 @@ def _holders(path: str) -> list[str]:
     (["--mode", "data", "--model", "llama-3-8b", "--media", "mem:64M", "--profile",
       str(SMALL_VALUES)], "value limit"),
     (["--requests", "0"], "must be positive"),
+    (["--mode", "data", "--model", "tiny", "--media", "mem:64M", "--capacity",
+      "drive=blocks:100000"], "give --capacity drive=blocks:"),
 ])
 def test_cli_data_mode_errors_are_one_line(args, msg):
     p = _cli(SAMPLE, *args)

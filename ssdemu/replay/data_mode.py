@@ -18,6 +18,14 @@ the media is written while the client reads and checks.  The drive books command
 order it fetched them whatever the host's timing (c/dev, the virtual clock's FIFO),
 so the modelled times are those of a client that waits for each command.
 
+The drive tier holds what the drive's media holds: with `--capacity drive=unbounded` (the
+default) its capacity is the drive's room when the replay starts (free bytes in whole stored
+blocks, and free index keys) less the most blocks one request stores, since a request's
+stores reach the drive before the deletes of the blocks they evict; a larger capacity given
+is refused before anything is replayed, where it would otherwise fail a store with
+CAPACITY_EXCEEDED part way.  Each request's stores wait for the deletes sent before them, so
+the room those deletes free is the drive's again when the stores need it.
+
 Every block read back is checked, two ways.  All of them: a sample of elements (the first
 SAMPLE_RUN of every SAMPLE_EVERY bytes) must lie within the scheme's error bound of the
 block stored (the host's own quantization error on block 0, with margin); another block's
@@ -115,6 +123,7 @@ class DataDrive:
         self._next = 0
         self._in_flight: deque = deque()  # quantized stores, oldest first (at most STORES)
         self._pending: dict = {}  # block id -> its last store or delete, maybe in flight
+        self._deletes: list = []  # deletes sent since the last store
         self.track_stores = False  # admission control on: stores_in_flight is asked
         self._stores: list = []  # stores whose completion time is not read yet
         self._store_done: list = []  # completion times of stores (drive clock, ns), a heap
@@ -129,6 +138,13 @@ class DataDrive:
         self.verified_exact = 0
         self.match_mismatches = 0
         self._base = self._counters_now()
+
+    def room_blocks(self) -> int:
+        """How many more of this replay's blocks the drive has room for: its free bytes in
+        whole stored blocks (each rounded up to the store's unit) and its free index keys."""
+        st = self.dev.log()["store"]
+        per = -(-self._stored // st["block"]) * st["block"]
+        return max(0, min(st["free_bytes"] // per, st["index_keys"] - st["keys"]))
 
     def _error_bound(self) -> float:
         """How far a dequantized element may lie from the stored one: four times the host's
@@ -244,6 +260,10 @@ class DataDrive:
         return crc
 
     def store(self, t_ns: int, ids) -> None:
+        # the room the evictions before these stores free is the drive's once their deletes
+        # complete (a freed extent is reused only after its record is committed)
+        while self._deletes:
+            self._deletes.pop().result()
         self._stamp(t_ns)
         for b in ids:
             key = drive_key(b)
@@ -280,7 +300,9 @@ class DataDrive:
         self._settle(ids)  # a block stored in this request may be among them
         with self.dev.batch():
             for b in ids:
-                self._track(b, self.dev.kv_delete_async(drive_key(b)))
+                f = self.dev.kv_delete_async(drive_key(b))
+                self._track(b, f)
+                self._deletes.append(f)
                 self.expected.pop(b, None)
 
     def _counters_now(self) -> dict:
@@ -322,6 +344,9 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
     t0 = time.perf_counter()
     ids = max(1, len({b for r in requests for b in r.hash_ids}))
     drives = [DataDrive(dev, profile, model, quant, dequant, ids) for dev in devs]
+    room = min(d.room_blocks() for d in drives)
+    capacities = drive_capacity(capacities, room,
+                                max((len(set(r.hash_ids)) for r in requests), default=0))
     first_ns = requests[0].timestamp_ms * 1e6 if requests else 0.0
     for dev in devs:
         # the trace's times stamp the drive's commands: a drive whose virtual clock is past
@@ -342,6 +367,27 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
                    "blocks_verified_exact": sum(d.verified_exact for d in drives),
                    "data_errors": sum(d.data_errors for d in drives),
                    "match_mismatches": sum(d.match_mismatches for d in drives),
+                   "drive_room_blocks": room,
                    "logical_bytes": sum(c["logical_bytes"] for c in cs),
                    "physical_bytes": sum(c["physical_bytes"] for c in cs)}
     return out
+
+
+def drive_capacity(capacities: dict, room: int, most: int) -> dict:
+    """The capacities with the drive tier's in blocks (see the module's doc): room, the
+    blocks the drive has room for at the start; most, the most blocks one request names."""
+    fits = room - most
+    asked = capacities["drive"]
+    if asked is None:
+        if fits < 1:
+            raise DataModeError(
+                f"the drive has room for {room:,} blocks of this model, and one request "
+                f"stores up to {most:,} before its evictions: give it bigger media")
+        return {**capacities, "drive": fits}
+    if asked > fits:
+        raise DataModeError(
+            f"the drive tier's capacity is {asked:,} blocks, but the drive has room for "
+            f"{room:,} of this model's blocks and one request stores up to {most:,} before "
+            f"its evictions: give --capacity drive=blocks:{max(fits, 0)} or less, "
+            "or bigger media")
+    return capacities
