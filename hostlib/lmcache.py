@@ -13,6 +13,7 @@ LMCache's own configuration, with no code from the user:
       remote_storage_plugin.ssdemu.quant: none     # or int8_g64, int4_g64, kivi4_g32_r128, ...
       remote_storage_plugin.ssdemu.queue_pairs: 4
       remote_storage_plugin.ssdemu.owner_key_file: ~/.config/ssdemu/lmcache.key  # default
+      remote_storage_plugin.ssdemu.evict: lru      # default; none: a put fails when full
 
 How it maps LMCache onto the drive:
 - Each chunk is one value (up to the drive's max_value_bytes: 64 MiB on the shipped
@@ -27,6 +28,12 @@ How it maps LMCache onto the drive:
 - Batched lookups are one PREFIX_MATCH command (the drive's index), not one exists each.
 - The coroutines run on LMCache's event loop through hostlib.aio, spread over `queue_pairs`
   connections; LMCache's synchronous calls use a connection of their own under a lock.
+- A full drive (CAPACITY_EXCEEDED: its data region or its index) evicts, as LMCache's own
+  local-disk backend does, a chunk at a time (its name record first) until the put fits:
+  first the chunks this engine has not put or retrieved (stored before it started, or by
+  another engine: older than all it touched; found by walking the names namespace once),
+  then its own, least recently put or retrieved first.  `evict: none` leaves the drive full
+  and the put failing, which LMCache counts and logs.
 - Bytes: LMCache's memory objects are not memory the daemon can map, so a chunk is copied
   once into a registered staging buffer (and out of one on a retrieve); from there the
   drive moves it with no copy.  With `quant` set, the drive's quantizer takes the chunk in
@@ -42,6 +49,7 @@ import itertools
 import os
 import struct
 import threading
+from collections import OrderedDict
 from typing import List
 
 import numpy as np
@@ -108,6 +116,17 @@ class SsdemuConnector(RemoteConnector):
             except owner_key.OwnerKeyError:
                 pass  # another engine made it meanwhile: load it below
         self.owner_key = owner_key.load(self.owner_key_file)
+        self.evict = str(_setting(config, plugin_name, "evict", "lru"))
+        if self.evict not in ("lru", "none"):
+            raise ValueError(f"remote_storage_plugin.{plugin_name}.evict: {self.evict!r}, "
+                             "expected lru or none")
+        # this engine's chunks (LMCache's key strings), least recently put or retrieved first
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._touched: set[bytes] = set()  # their name records' drive keys
+        self._in_put: dict[str, int] = {}  # chunks being put: how many puts of each
+        self._recent_lock = threading.Lock()  # remove_sync comes from other threads
+        self._walk: bytes | None = b""  # where the walk for untouched chunks goes on
+        self.evictions = 0
         # synchronous calls (exists_sync, remove_sync, batched_contains) come from other
         # threads: one connection, one at a time
         self._sync = hostlib.connect(self.socket, owner_key=self.owner_key)
@@ -188,6 +207,85 @@ class SsdemuConnector(RemoteConnector):
     def _name_record(self, key: CacheEngineKey, meta: bytes) -> bytes:
         return NAME_HEADER.pack(len(meta)) + meta + key.to_string().encode()
 
+    # -- eviction: chunks this engine has not touched first, then its own, least recent first --
+    def _touch(self, k: str) -> None:
+        with self._recent_lock:
+            self._recent[k] = None
+            self._recent.move_to_end(k)
+            self._touched.add(drive_key("name:" + k))
+
+    def _storing(self, k: str, now: bool) -> None:
+        """A put of k begins (now) or ends: while it runs its chunk is never evicted (its name
+        record, once written, is not an untouched chunk's to the walk)."""
+        with self._recent_lock:
+            if now:
+                self._in_put[k] = self._in_put.get(k, 0) + 1
+                self._touched.add(drive_key("name:" + k))
+            else:
+                self._in_put[k] -= 1
+                if not self._in_put[k]:
+                    del self._in_put[k]
+                    if k not in self._recent:
+                        self._touched.discard(drive_key("name:" + k))
+
+    def _forget(self, k: str) -> None:
+        with self._recent_lock:
+            self._recent.pop(k, None)
+            self._touched.discard(drive_key("name:" + k))
+
+    async def _stored(self, dev: hostlib.aio.AsyncDevice, k: str, put) -> None:
+        """await put(), evicting a chunk at a time while the drive is full (and something is
+        left to evict)."""
+        while True:
+            try:
+                return await put()
+            except hostlib.CapacityError:
+                if self.evict == "none" or not await self._evict_one(dev, k):
+                    raise
+
+    async def _untouched(self, dev: hostlib.aio.AsyncDevice, keep: str) -> str | None:
+        """The next chunk in the names namespace this engine has not put or retrieved (older
+        than all it has: stored before it started, or by another engine), or None once the
+        namespace has been walked to its end (the walk resumes where it stopped)."""
+        skip = drive_key("name:" + keep)
+        while self._walk is not None:
+            with self._sync_lock:
+                page = [n for n in self._sync.kv_list(self._walk, 64, nsid=self.names_ns)
+                        if n != self._walk]
+            if not page:
+                self._walk = None
+                break
+            for name in page:
+                self._walk = name
+                with self._recent_lock:
+                    if name in self._touched or name == skip:
+                        continue
+                try:
+                    return self._parse_name(await dev.kv_get(name, nsid=self.names_ns))[1]
+                except hostlib.KeyNotFoundError:
+                    continue  # evicted or removed meanwhile
+        return None
+
+    async def _evict_one(self, dev: hostlib.aio.AsyncDevice, keep: str) -> bool:
+        """Evict one chunk, never `keep`.  Whether one went."""
+        victim = await self._untouched(dev, keep)
+        if victim is None:
+            with self._recent_lock:
+                victim = next((k for k in self._recent if k != keep and k not in self._in_put),
+                              None)
+        if victim is None:
+            return False
+        self._forget(victim)
+        for key, nsid in ((drive_key("name:" + victim), self.names_ns),  # never listed
+                          (drive_key(victim), self.data_ns)):             # without its value
+            try:
+                await dev.kv_delete(key, nsid=nsid)
+            except hostlib.KeyNotFoundError:
+                pass  # gone already (another engine's eviction, a remove)
+        self.evictions += 1
+        logger.debug("drive full: %s evicted (%d in all)", victim, self.evictions)
+        return True
+
     @staticmethod
     def _parse_name(record: bytes) -> tuple[bytes, str]:
         (n,) = NAME_HEADER.unpack_from(record)
@@ -218,17 +316,22 @@ class SsdemuConnector(RemoteConnector):
 
             async def store() -> None:
                 if self.quant == "none":
-                    await dev.kv_put(drive_key(k), stage[:len(src)], nsid=self.data_ns)
+                    await self._stored(dev, k, lambda: dev.kv_put(
+                        drive_key(k), stage[:len(src)], nsid=self.data_ns))
                 else:
-                    await dev.kv_put_quantized(drive_key(k), block, self.quant_dtype,
-                                               self.quant, nsid=self.data_ns, layout="2lt")
+                    await self._stored(dev, k, lambda: dev.kv_put_quantized(
+                        drive_key(k), block, self.quant_dtype, self.quant,
+                        nsid=self.data_ns, layout="2lt"))
                 # the name record last: a key is listed only once its value is stored
-                await dev.kv_put(drive_key("name:" + k), self._name_record(key, meta),
-                                 nsid=self.names_ns)
+                await self._stored(dev, k, lambda: dev.kv_put(
+                    drive_key("name:" + k), self._name_record(key, meta), nsid=self.names_ns))
+                self._touch(k)
 
             # shielded: a put whose caller is cancelled still stores both records (never a
             # value without its name), and holds its staging buffer until then
+            self._storing(k, True)
             task = asyncio.ensure_future(store())
+            task.add_done_callback(lambda _: self._storing(k, False))
             await asyncio.shield(task)
         finally:
             self._give_when_done(dev, stage, task)
@@ -263,6 +366,7 @@ class SsdemuConnector(RemoteConnector):
                                                                     nsid=self.data_ns))
                 await asyncio.shield(task)
                 self._from_block(block, memory_obj)
+            self._touch(k)
             return memory_obj
         except hostlib.KeyNotFoundError:
             memory_obj.ref_count_down()
@@ -312,6 +416,7 @@ class SsdemuConnector(RemoteConnector):
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
         k = key.to_string()
+        self._forget(k)
         with self._sync_lock:
             try:
                 self._sync.kv_delete(drive_key("name:" + k), nsid=self.names_ns)

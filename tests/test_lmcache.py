@@ -95,3 +95,34 @@ def test_lmcache_concurrent_and_cancelled_retrieves(tmp_path):
         assert "garbage collected" not in p.stderr
     finally:
         assert d.terminate()[0] == 0
+
+
+def test_lmcache_on_a_full_drive_evicts_least_recent_chunks(tmp_path):
+    """48 chunks of 1 MiB into a drive that holds fewer: every put lands (the plug-in evicts
+    one least recently used chunk each time the drive says CAPACITY_EXCEEDED; LMCache counted
+    19 failed puts without it, `evict: none`), the oldest sequences go and the newest come
+    back bit-exact; then an engine that touched nothing stores two sequences and evicts the
+    chunks it never touched, not its own."""
+    _lmcache_or_skip()
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:32M", extra=["--timing", "off"])
+    try:
+        p = subprocess.run([str(PY), str(ROOT / "tests" / "lmcache" / "full_drive.py"),
+                            d.socket_path, "lru", "12"], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path,
+                           env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "p"),
+                                             "XDG_CONFIG_HOME": str(tmp_path)})
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        with hostlib.connect(d.socket_path) as dev:
+            free = dev.log()["store"]["free_bytes"]
+    finally:
+        assert d.terminate()[0] == 0
+    assert r["put_failed"] == 0 and r["evictions"] > 0, r
+    kept = 48 - r["evictions"]
+    assert free < 1 << 20  # a chunk at a time: no more evicted than the puts needed
+    # least recent first: the first sequences went, the last ones stayed (a sequence is
+    # found only from its first chunk on)
+    assert r["lookups"][0] == 0 and r["lookups"][-(kept // 4):] == [256] * (kept // 4), r
+    assert r["retrieved_last"] == 256 and r["exact_last"]
+    assert r["late_put_failed"] == 0 and r["late_evictions"] == 8 and \
+        r["late_lookups"] == [256, 256], r

@@ -34,9 +34,10 @@ class CPUConnector(GPUConnectorInterface):
 
 
 def engine(name: str, sock: str, *, layers: int, heads: int, dim: int, chunk: int,
-           cpu_gib: float, quant: str = "none", **more):
-    """An engine of a tiny fp16 model whose chunks the drive keeps (`more`: other LMCache
-    settings, e.g. blocking_timeout_secs)."""
+           cpu_gib: float, quant: str = "none", plugin: dict | None = None, **more):
+    """An engine of a tiny fp16 model whose chunks the drive keeps (`plugin`: more of the
+    plug-in's settings, e.g. {"evict": "none"}; `more`: other LMCache settings, e.g.
+    blocking_timeout_secs)."""
     cfg = LMCacheEngineConfig.from_dict({
         "chunk_size": chunk, "local_cpu": True, "max_local_cpu_size": cpu_gib,
         "remote_storage_plugins": ["ssdemu"], **more,
@@ -46,6 +47,7 @@ def engine(name: str, sock: str, *, layers: int, heads: int, dim: int, chunk: in
             "remote_storage_plugin.ssdemu.socket": sock,
             "remote_storage_plugin.ssdemu.quant": quant,
             "remote_storage_plugin.ssdemu.queue_pairs": 2,
+            **{f"remote_storage_plugin.ssdemu.{k}": v for k, v in (plugin or {}).items()},
         }})
     md = LMCacheMetadata(model_name="tiny", world_size=1, local_world_size=1, worker_id=0,
                          local_worker_id=0, kv_dtype=torch.float16,
