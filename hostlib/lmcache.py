@@ -276,14 +276,17 @@ class SsdemuConnector(RemoteConnector):
         if victim is None:
             return False
         self._forget(victim)
+        deleted = 0
         for key, nsid in ((drive_key("name:" + victim), self.names_ns),  # never listed
                           (drive_key(victim), self.data_ns)):             # without its value
             try:
                 await dev.kv_delete(key, nsid=nsid)
+                deleted += 1
             except hostlib.KeyNotFoundError:
-                pass  # gone already (another engine's eviction, a remove)
-        self.evictions += 1
-        logger.debug("drive full: %s evicted (%d in all)", victim, self.evictions)
+                pass  # gone already (another put's eviction of it, a remove): room all the same
+        if deleted:
+            self.evictions += 1
+            logger.debug("drive full: %s evicted (%d in all)", victim, self.evictions)
         return True
 
     @staticmethod
