@@ -122,7 +122,7 @@ class SsdemuConnector(RemoteConnector):
                              "expected lru or none")
         # this engine's chunks (LMCache's key strings), least recently put or retrieved first
         self._recent: OrderedDict[str, None] = OrderedDict()
-        self._touched: set[bytes] = set()  # their name records' drive keys
+        self._touched: set[bytes] = set()  # the name records' keys of those and _in_put's
         self._in_put: dict[str, int] = {}  # chunks being put: how many puts of each
         self._recent_lock = threading.Lock()  # remove_sync comes from other threads
         self._walk: bytes | None = b""  # where the walk for untouched chunks goes on
@@ -208,30 +208,35 @@ class SsdemuConnector(RemoteConnector):
         return NAME_HEADER.pack(len(meta)) + meta + key.to_string().encode()
 
     # -- eviction: chunks this engine has not touched first, then its own, least recent first --
+    def _mark(self, k: str) -> None:
+        """k's name record is a touched one's while k is in _recent or being put (the caller
+        holds _recent_lock): the walk for untouched chunks skips it."""
+        name = drive_key("name:" + k)
+        if k in self._recent or k in self._in_put:
+            self._touched.add(name)
+        else:
+            self._touched.discard(name)
+
     def _touch(self, k: str) -> None:
         with self._recent_lock:
             self._recent[k] = None
             self._recent.move_to_end(k)
-            self._touched.add(drive_key("name:" + k))
+            self._mark(k)
 
-    def _storing(self, k: str, now: bool) -> None:
-        """A put of k begins (now) or ends: while it runs its chunk is never evicted (its name
-        record, once written, is not an untouched chunk's to the walk)."""
+    def _putting(self, k: str, delta: int) -> None:
+        """A put of k begins (+1) or ends (-1): while one runs, k is never evicted."""
         with self._recent_lock:
-            if now:
-                self._in_put[k] = self._in_put.get(k, 0) + 1
-                self._touched.add(drive_key("name:" + k))
+            n = self._in_put.get(k, 0) + delta
+            if n:
+                self._in_put[k] = n
             else:
-                self._in_put[k] -= 1
-                if not self._in_put[k]:
-                    del self._in_put[k]
-                    if k not in self._recent:
-                        self._touched.discard(drive_key("name:" + k))
+                self._in_put.pop(k, None)
+            self._mark(k)
 
     def _forget(self, k: str) -> None:
         with self._recent_lock:
             self._recent.pop(k, None)
-            self._touched.discard(drive_key("name:" + k))
+            self._mark(k)
 
     async def _stored(self, dev: hostlib.aio.AsyncDevice, k: str, put) -> None:
         """await put(), evicting a chunk at a time while the drive is full (and something is
@@ -332,9 +337,9 @@ class SsdemuConnector(RemoteConnector):
 
             # shielded: a put whose caller is cancelled still stores both records (never a
             # value without its name), and holds its staging buffer until then
-            self._storing(k, True)
+            self._putting(k, +1)
             task = asyncio.ensure_future(store())
-            task.add_done_callback(lambda _: self._storing(k, False))
+            task.add_done_callback(lambda _: self._putting(k, -1))
             await asyncio.shield(task)
         finally:
             self._give_when_done(dev, stage, task)
