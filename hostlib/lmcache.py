@@ -104,6 +104,10 @@ class SsdemuConnector(RemoteConnector):
                              "ssdemu daemon's socket path")
         self.quant = str(_setting(config, plugin_name, "quant", "none"))
         self.queue_pairs = max(1, int(_setting(config, plugin_name, "queue_pairs", 4)))
+        self.evict = str(_setting(config, plugin_name, "evict", "lru"))
+        if self.evict not in ("lru", "none"):
+            raise ValueError(f"remote_storage_plugin.{plugin_name}.evict: {self.evict!r}, "
+                             "expected lru or none")
         if _setting(config, plugin_name, "owner") is not None:
             raise ValueError(f"remote_storage_plugin.{plugin_name}.owner: an owner is a key "
                              "now, not a name: set owner_key_file (a file `ssdemu owner-key` "
@@ -116,10 +120,6 @@ class SsdemuConnector(RemoteConnector):
             except owner_key.OwnerKeyError:
                 pass  # another engine made it meanwhile: load it below
         self.owner_key = owner_key.load(self.owner_key_file)
-        self.evict = str(_setting(config, plugin_name, "evict", "lru"))
-        if self.evict not in ("lru", "none"):
-            raise ValueError(f"remote_storage_plugin.{plugin_name}.evict: {self.evict!r}, "
-                             "expected lru or none")
         # this engine's chunks (LMCache's key strings), least recently put or retrieved first
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._touched: set[bytes] = set()  # the name records' keys of those and _in_put's

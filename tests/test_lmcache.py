@@ -102,7 +102,7 @@ def test_lmcache_on_a_full_drive_evicts_least_recent_chunks(tmp_path):
     one least recently used chunk each time the drive says CAPACITY_EXCEEDED; LMCache counted
     19 failed puts without it, `evict: none`), the oldest sequences go and the newest come
     back bit-exact; then an engine that touched nothing stores two sequences and evicts the
-    chunks it never touched, not its own."""
+    chunks it never touched, not its own.  An `evict` the plug-in does not know is refused."""
     _lmcache_or_skip()
     d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:32M", extra=["--timing", "off"])
     try:
@@ -124,5 +124,7 @@ def test_lmcache_on_a_full_drive_evicts_least_recent_chunks(tmp_path):
     # found only from its first chunk on)
     assert r["lookups"][0] == 0 and r["lookups"][-(kept // 4):] == [256] * (kept // 4), r
     assert r["retrieved_last"] == 256 and r["exact_last"]
+    assert r["bad_evict"] == ("remote_storage_plugin.ssdemu.evict: 'fifo', expected lru or "
+                              "none")
     assert r["late_put_failed"] == 0 and r["late_evictions"] == 8 and \
         r["late_lookups"] == [256, 256], r

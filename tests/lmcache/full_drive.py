@@ -9,6 +9,9 @@ import time
 import torch
 from engines import engine, remote
 from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.config import LMCacheEngineConfig
+
+from hostlib.lmcache import SsdemuConnector
 
 SOCK, EVICT, SEQS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 LAYERS, HEADS, DIM, CHUNK = 4, 8, 128, 64  # a chunk is 1 MiB of fp16
@@ -31,8 +34,15 @@ for s, kv in zip(seqs, kvs, strict=True):
     deadline = time.monotonic() + 60
     while backend.put_tasks and time.monotonic() < deadline:  # in the drive's order
         time.sleep(0.01)
-out = {"put_failed": backend._put_failed_count,
-       "evictions": backend.connection._connector.evictions}  # inside LMCache's wrapper
+conn = backend.connection._connector  # the plug-in, inside LMCache's wrapper
+out = {"put_failed": backend._put_failed_count, "evictions": conn.evictions}
+try:  # a setting the plug-in does not know: refused when LMCache makes the connector
+    SsdemuConnector(conn.loop, conn.local_cpu_backend, LMCacheEngineConfig.from_dict(
+        {"extra_config": {"remote_storage_plugin.ssdemu.socket": SOCK,
+                          "remote_storage_plugin.ssdemu.evict": "fifo"}}))
+    out["bad_evict"] = "accepted"
+except ValueError as e:
+    out["bad_evict"] = str(e)
 LMCacheEngineBuilder.destroy("writer")
 
 reader = make("reader")  # a cold local CPU cache: everything comes from the drive
