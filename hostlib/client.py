@@ -1172,6 +1172,30 @@ class Device:
         Admin only."""
         self._request({"op": "fault", "action": "power-cut", "seed": seed})
 
+    def counters_async(self, qp: QueuePair | None = None) -> Future:
+        """The drive model's books at the command's turn (COUNTERS): a dict of its busy
+        times (ns, summed), the latest time booked, bytes over the link and on NAND.  On the
+        virtual clock it waits behind the compute commands fetched before it, so it holds
+        what every command sent before it on this queue pair booked, and nothing sent
+        after: sample the books without waiting for the commands to complete.  Admin only."""
+        from ssdemu_wire.layout import COUNTERS_DTYPE
+
+        qp = qp or self.qp
+        out = np.zeros(1, COUNTERS_DTYPE)
+        fields, bounced, copy, release = self._staged_out(out.view(np.uint8), qp, kv=True)
+
+        def books(n):
+            if copy is not None:
+                copy(n)
+            return {name: out[0][name].item() for name in COUNTERS_DTYPE.names
+                    if name != "reserved"}
+
+        return self.submit(OPCODES["COUNTERS"], "counters", qp=qp, bounce=bounced,
+                           after=books, release=release, **fields)
+
+    def counters(self, qp: QueuePair | None = None) -> dict:
+        return self.counters_async(qp).result()
+
     def log(self, page: int = 1) -> dict:
         return self._admin_json(OPCODES["GET_LOG"], f"log page {page}", param0=page)
 

@@ -13,7 +13,7 @@ ffi, lib = _ring.ffi, _ring.lib
 
 _NUMPY_OF_C = {"uint64_t": np.uint64, "int64_t": np.int64, "uint32_t": np.uint32,
                "int32_t": np.int32, "uint16_t": np.uint16, "int16_t": np.int16,
-               "uint8_t": np.uint8, "int8_t": np.int8}
+               "uint8_t": np.uint8, "int8_t": np.int8, "double": np.float64}
 
 
 def dtype_of_struct(ctype: str, of_ffi=None) -> np.dtype:
@@ -37,6 +37,8 @@ CQE_DTYPE = dtype_of_struct("sde_cqe")
 RING_HDR_DTYPE = dtype_of_struct("sde_ring_hdr")
 # TOPK_PAGES and ATTEND's request header (c/wire/sde_queue.h)
 REQUEST_DTYPE = dtype_of_struct("sde_retrieval_req")
+# COUNTERS' output: the drive model's books at the command's turn
+COUNTERS_DTYPE = dtype_of_struct("sde_counters")
 RETRIEVAL_MAGIC = lib.SDE_RETRIEVAL_MAGIC
 RETRIEVAL_INT8 = lib.SDE_RETRIEVAL_INT8
 PROTOCOL_VERSION = lib.SDE_PROTOCOL_VERSION

@@ -215,27 +215,38 @@ def _mixed_commands(dev, wait_each: bool) -> list:
     return times
 
 
-def test_virtual_clock_times_do_not_depend_on_how_the_client_waits(tmp_path):
-    """The model books commands in fetch order: a client that keeps many in flight (its
-    retrieves fetched while the quantized stores before them are still in the firmware)
-    gets the times of one that waits for each, command for command."""
+def _waiting_and_not(tmp_path, run, then=None) -> dict:
+    """run(dev, wait_each) on a fresh virtual-clock daemon each way, then(dev) after it;
+    {wait_each: what run returned}."""
     got = {}
     for wait_each in (True, False):
         d = DaemonProcess(str(tmp_path / f"v{wait_each}.sock"), media="mem:256M",
                           extra=["--clock", "virtual"])
         try:
             with hostlib.connect(d.socket_path) as dev:
-                got[wait_each] = _mixed_commands(dev, wait_each)
+                got[wait_each] = run(dev, wait_each)
+                if then is not None:
+                    then(dev)
                 if not wait_each:
                     assert dev.log()["deferred"] > 0  # commands did wait for their turn
         finally:
             assert d.terminate()[0] == 0
+    return got
+
+
+def test_virtual_clock_times_do_not_depend_on_how_the_client_waits(tmp_path):
+    """The model books commands in fetch order: a client that keeps many in flight (its
+    retrieves fetched while the quantized stores before them are still in the firmware)
+    gets the times of one that waits for each, command for command."""
+    got = _waiting_and_not(tmp_path, _mixed_commands)
     assert got[False] == got[True]
 
 
 def test_a_client_that_dies_with_commands_waiting_their_turn(tmp_path):
-    """Virtual clock: commands deferred behind compute commands belong to a client that
-    exits without waiting; the daemon drops them and serves the next client."""
+    """Virtual clock: commands deferred behind compute commands (dequantized retrieves
+    booked from their headers with their kernels still out among them, and COUNTERS)
+    belong to a client that exits without waiting; the daemon drops them and serves the
+    next client, whose own commands are booked in their turn."""
     import subprocess
     import sys
 
@@ -246,10 +257,14 @@ block = np.random.default_rng(0).standard_normal((64, 2, 2, 2, 64)).astype(
     np.float16).view(np.uint16)
 dev.kv_put_quantized(b"old", block, "fp16", "int8_g64")
 out = dev.alloc(block.nbytes)
+outs = [dev.alloc(block.nbytes).view(np.uint16).reshape(block.shape) for _ in range(40)]
 for i in range(40):
     dev.kv_put_quantized_async(b"new%d" % i, block, "fp16", "int8_g64")
     dev.kv_get_async(b"old", out)
+    dev.kv_get_dequantized_async(b"old", outs[i])
     dev.kv_delete_async(b"new%d" % i)
+    if i % 8 == 0:
+        dev.counters_async()
 os._exit(0)
 '''
     d = DaemonProcess(str(tmp_path / "v.sock"), media="mem:128M", extra=["--clock", "virtual"])
@@ -261,5 +276,104 @@ os._exit(0)
             assert dev.log()["deferred"] > 0  # some did wait in the FIFO
             dev.kv_put(b"alive", b"yes")
             assert dev.kv_get(b"alive") == b"yes"
+            import numpy as np
+
+            out = dev.alloc(64 * 2 * 2 * 2 * 64 * 2).view(np.uint16).reshape(64, 2, 2, 2, 64)
+            before = dev.counters()["kernel_calls"]
+            f = dev.kv_get_dequantized_async(b"old", out)
+            assert dev.counters()["kernel_calls"] == before + 1  # booked in its turn
+            f.result()
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def _books_around(dev, wait_each: bool) -> list:
+    """_mixed_commands's stores and retrieves in two rounds, the drive's books (COUNTERS)
+    asked after each round without waiting for it; the books and the last command's time."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    shape = (64, 2, 2, 2, 64)
+    blocks = [rng.standard_normal(shape).astype(np.float16).view(np.uint16) for _ in range(24)]
+    for i in range(8):
+        dev.kv_put_quantized(b"old%02d" % i, blocks[i], "fp16", "int8_g64")
+    outs = dev.alloc(8 * blocks[0].nbytes).view(np.uint16).reshape((8, *shape))
+    books, futures = [], []
+    for r in range(2):
+        for i in range(4 * r, 4 * r + 4):
+            dev.submit_time_ns = 10_000_000 + 300_000 * i
+            fs = [dev.kv_put_quantized_async(b"new%02d" % i, blocks[8 + i], "fp16", "int8_g64"),
+                  dev.kv_get_dequantized_async(b"old%02d" % i, outs[i]),
+                  dev.kv_delete_async(b"old%02d" % (7 - i)) if r else
+                  dev.kv_put_async(b"raw%02d" % i, bytes([i]) * 8192)]  # none alike
+            for f in fs if wait_each else ():
+                f.result()
+            futures += fs
+        books.append(dev.counters_async())
+    books = [b.result() for b in books]
+    for f in futures:
+        f.result()
+    return books + [[f.device_ns for f in futures]]
+
+
+def test_counters_read_the_books_at_their_turn(tmp_path):
+    """COUNTERS waits its turn behind the compute commands fetched before it: asked at once
+    behind quantized stores and dequantized retrieves still in the firmware, it reads the
+    books a client that waited for each of them would read, and nothing booked after it;
+    reading them books nothing."""
+    def then(dev):
+        last = dev.counters()
+        assert dev.counters() == last  # a read of the books books nothing
+        model = dev.log()["model"]
+        keys = ("link_busy_ns", "channel_busy_ns", "nand_bytes_written", "busy_until_ns")
+        assert {k: model[k] for k in keys} == {k: last[k] for k in keys}
+
+    got = _waiting_and_not(tmp_path, _books_around, then)
+    first, second, _ = got[False]
+    assert got[False] == got[True]
+    assert second["kernel_calls"] == first["kernel_calls"] + 8  # 4 stores, 4 retrieves
+    assert second["compute_busy_ns"] > first["compute_busy_ns"] > 0
+    assert second["nand_bytes_written"] > first["nand_bytes_written"] > 0
+
+
+def test_counters_are_an_admins_and_checked(tmp_path):
+    """The whole drive's books are an admin's (as the log page's), and the command is
+    checked like any: its buffer, its length, namespace 0, no flags."""
+    import secrets
+
+    from ssdemu_wire.layout import COUNTERS_DTYPE, STATUS
+
+    admin_file = tmp_path / "admin.key"
+    admin = hostlib.owner_key.new(str(admin_file))
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--admin-key", str(admin_file)])
+    op = OPCODES["COUNTERS"]
+
+    def status(dev, **fields):
+        f = dev.submit(op, "raw counters", **fields)
+        while not f.done():
+            f.qp.wait(None)
+        return f.status
+
+    try:
+        with hostlib.connect(d.socket_path, owner_key=secrets.token_hex(32)) as owner, \
+                hostlib.connect(d.socket_path, owner_key=admin) as root:
+            with pytest.raises(hostlib.DeviceError, match="ACCESS_DENIED"):
+                owner.counters()
+            buf = root.alloc(4096)
+            h, off = root._locate(buf)
+            n = COUNTERS_DTYPE.itemsize
+            assert status(root, buf=h, buf_offset=off, length=n) == STATUS["SUCCESS"]
+            for fields, want in (({"length": n - 8}, "INVALID_FIELD"),
+                                 ({"flags": 1}, "INVALID_FIELD"),
+                                 ({"nsid": 1}, "INVALID_NAMESPACE"),
+                                 ({"buf": h + 1}, "INVALID_BUFFER"),
+                                 ({"buf_offset": off + 4096 - 8}, "INVALID_BUFFER")):
+                args = {"buf": h, "buf_offset": off, "length": n, **fields}
+                assert status(root, **args) == STATUS[want], fields
+            oh, ooff = owner._locate(owner.alloc(4096))  # another client's buffer
+            assert status(root, buf=oh, buf_offset=ooff, length=n) == STATUS["INVALID_BUFFER"]
+            assert root.counters()["kernel_calls"] == 0
+            root.kv_put(b"still", b"serving")
+            assert owner.kv_get(b"still") == b"serving"
     finally:
         assert d.terminate()[0] == 0

@@ -420,3 +420,40 @@ def test_entry_point_survives_any_request(req, keep_magic, src_len):
     n = fn(r.ctypes.data, src.ctypes.data, src_len, out.ctypes.data, 4096, info.ctypes.data)
     assert n in (B.E_REQUEST, B.E_SCHEME, B.E_OUT_SMALL, B.E_VALUE_SIZE) or 64 <= n <= 4096
     assert (out[4096:] == 0xAB).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(scheme=st.sampled_from(["int8_g64", "int4_g32_sym", "fp8_head", "kivi4_g32_r16", "plain"]),
+       tokens=st.integers(1, 40), flip=st.integers(-1, 200))
+@example(scheme="int8_g64", tokens=16, flip=-1)
+def test_dequantize_entry_reads_the_header_alone(scheme, tokens, flip):
+    """fw_dequantize with a negative capacity (the data plane books a dequantized retrieve
+    from it): the sizes a full dequantize gives, from the header alone, so a flipped body
+    byte passes (the kernel's checksum catches it later) and a header that does not hold
+    is refused with the code open_header gives; nothing is written."""
+    import ctypes
+
+    from firmware import blockops as B
+    from firmware import entry
+
+    fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                          ctypes.c_int64, ctypes.c_void_p)(entry.fw_dequantize.address)
+    rng = np.random.default_rng(tokens)
+    block = rng.standard_normal((tokens, 2, 2, 2, 32)).astype(np.float16).view(np.uint16)
+    blob = np.frombuffer(quantize(block, "fp16", scheme), np.uint8).copy()
+    if 0 <= flip < len(blob):
+        blob[flip] ^= 0x5A
+    full, peek = np.zeros(8, np.int64), np.zeros(8, np.int64)
+    out = np.zeros(block.nbytes, np.uint8)
+    n = fn(blob.ctypes.data, len(blob), out.ctypes.data, out.nbytes, full.ctypes.data)
+    r = fn(blob.ctypes.data, len(blob), 0, -1, peek.ctypes.data)
+    p = np.zeros(B.NPARAM, np.int64)
+    header_holds = B.peek_header(blob, p) == 0
+    if flip < 0:
+        assert r == 0 and n == peek[entry.INFO_RAW] == block.nbytes and (peek == full).all()
+    elif header_holds:
+        assert r == 0
+        if n > 0:  # the kernel agrees with the header (a body flip fails only the kernel)
+            assert n == peek[entry.INFO_RAW] and (peek == full).all()
+    else:
+        assert r < 0 and n < 0

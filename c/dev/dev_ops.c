@@ -22,6 +22,7 @@ static const struct dev_op op_table[] = {
     {SDE_CMD_FLUSH, SDE_CLASS_FLUSH, DP, 0, 1, 0, 0, dev_block_io_start, NULL, "FLUSH"},
     {SDE_CMD_WRITE_ZEROES, SDE_CLASS_ZERO, DP, 0, 1, 0, 0, dev_zero_start, NULL, "WRITE_ZEROES"},
     {SDE_CMD_DEALLOCATE, SDE_CLASS_ZERO, DP, 0, 1, 0, 0, dev_zero_start, NULL, "DEALLOCATE"},
+    {SDE_CMD_COUNTERS, SDE_CLASS_NOP, DP, 0, 1, 0, 0, dev_counters_start, NULL, "COUNTERS"},
     /* admin commands: the control plane runs them (ssdemu/device/admin.py); not timed */
     {SDE_CMD_IDENTIFY, SDE_CLASS_ADMIN, SDE_RUN_HOST, 0, 0, 0, 0, dev_admin_start, NULL,
      "IDENTIFY"},

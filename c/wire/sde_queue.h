@@ -35,6 +35,13 @@
 #define SDE_CMD_FLUSH 3
 #define SDE_CMD_WRITE_ZEROES 4
 #define SDE_CMD_DEALLOCATE 5
+/* COUNTERS: the drive model's books as they stand at the command's turn, written to the
+ * buffer as an sde_counters (result: its size).  On the virtual clock it waits behind the
+ * compute commands fetched before it, as every command does, so it reads what every command
+ * fetched before it booked and nothing fetched after: a client learns what its commands
+ * cost without waiting for them to complete.  It books nothing itself.  An admin's (the whole
+ * drive's books, as GET_LOG's counters page); namespace 0. */
+#define SDE_CMD_COUNTERS 6
 #define SDE_CMD_IDENTIFY 16
 #define SDE_CMD_NS_CREATE 17
 #define SDE_CMD_NS_DELETE 18
@@ -81,7 +88,7 @@
 #define SDE_CMD_TOPK_PAGES 46
 #define SDE_CMD_ATTEND 47
 #define SDE_CMD_LAST 48
-#define SDE_CMD_COUNT 24 /* opcodes defined above: the data plane's table has a row each */
+#define SDE_CMD_COUNT 25 /* opcodes defined above: the data plane's table has a row each */
 
 /* completion status */
 #define SDE_SC_SUCCESS 0
@@ -125,6 +132,22 @@
 /* ring flags */
 #define SDE_SQF_NEED_WAKEUP 1 /* daemon: asleep, kick the doorbell */
 #define SDE_SQF_DEAD 2        /* daemon: shut down, nothing more will complete */
+
+/* COUNTERS' output (GET_LOG's counters page names the same fields). */
+typedef struct sde_counters {
+    double horizon_ns;       /* the latest submission booked */
+    double busy_until_ns;    /* the latest time a resource (a compute unit too) is booked to */
+    double link_busy_ns;     /* device to host */
+    double link_in_busy_ns;  /* host to device */
+    double channel_busy_ns;  /* summed over channels */
+    double die_busy_ns;      /* summed over dies */
+    double compute_busy_ns;  /* the kernels' device time, summed over kernels */
+    uint64_t link_bytes;
+    uint64_t nand_bytes_read;
+    uint64_t nand_bytes_written;
+    uint64_t kernel_calls;
+    uint64_t reserved;
+} sde_counters;
 
 /* TOPK_PAGES and ATTEND's request (64 bytes), at the start of the command's buffer. */
 #define SDE_RETRIEVAL_MAGIC 0x51525253u /* "SRRQ" */
