@@ -87,6 +87,40 @@ def test_data_mode_agrees_with_model_mode(daemon, quant, capacity):
         assert _close(data["drive_utilization"][k], model["drive_utilization"][k]), k
 
 
+def test_data_mode_figures_do_not_depend_on_when_the_client_waits(tmp_path, monkeypatch):
+    """A request is accounted once its reads are back, while the next requests' commands
+    go out (model_mode.LOOKAHEAD), and a utilization sample reads the drive's books at a
+    COUNTERS command's turn: the report is that of a client that waits for each request's
+    reads and for every command before each sample, to the last digit (its series too)."""
+    from ssdemu.replay import model_mode
+    from ssdemu.replay.data_mode import DataDrive
+
+    trace = generate(120, seed=7, share=0.8, prefixes=6, prefix_blocks=6,
+                     mean_input_tokens=3000)
+    caps = _caps("drive=blocks:150", "int8_g64")
+
+    def run(name):
+        d = DaemonProcess(str(tmp_path / f"{name}.sock"), media="mem:1G",
+                          extra=["--clock", "virtual"])
+        try:
+            with hostlib.connect(d.socket_path) as dev:
+                out = replay_data(dev, trace, PROFILE, TINY, "int8_g64", caps)
+        finally:
+            assert d.terminate()[0] == 0
+        for k in ("wall_seconds", "requests_per_s", "blocks_per_s", "host_lag"):
+            out.pop(k)
+        return out
+
+    ahead = run("ahead")
+    monkeypatch.setattr(model_mode, "LOOKAHEAD", 0)
+    monkeypatch.setattr(DataDrive, "books", DataDrive.counters)  # every command complete
+    waiting = run("waiting")
+    assert ahead["evictions"]["drive"] > 0 and ahead["data"]["blocks_verified"] > 100
+    assert len(ahead["series"]["utilization"]) > 50
+    assert ahead["data"]["data_errors"] == 0
+    assert ahead == waiting
+
+
 def test_host_dequantization_in_data_mode_agrees_with_model_mode(daemon):
     """--dequant host: the drive returns each block as stored, this host dequantizes it and
     checks it; the model books a plain read of the compressed bytes and the GPU's time."""
@@ -166,8 +200,28 @@ def test_a_block_changed_on_the_drive_is_caught(daemon):
         drive.store(0, [7, 8])
         other = drive.kv.block(drive._at(9))  # 9's bytes under 8's key
         dev.kv_put_quantized(drive_key(8), other, "fp16", "int8_g64")
-        drive.load(1000, [7, 8])
+        load = drive.load(1000, [7, 8])
+        assert drive.verified == 0  # the reads are checked when they are waited for
+        assert load.result() >= 1000
         assert drive.verified == 2 and drive.data_errors == 1
+
+
+def test_a_block_missing_from_the_drive_is_caught(daemon):
+    """The drive's prefix match is compared with the host's mirror of the drive when it is
+    back (the replay goes on with the mirror's), and a block the mirror says the drive holds
+    but it lacks is a wrong block read back: both are counted, and the replay goes on."""
+    from ssdemu.replay.data_mode import DataDrive
+    from ssdemu.replay.serving import drive_key
+
+    with hostlib.connect(daemon.socket_path) as dev:
+        drive = DataDrive(dev, PROFILE, TINY, "int8_g64")
+        drive.store(0, [1, 2, 3])
+        dev.kv_delete(drive_key(2))  # behind the replay's back
+        assert drive.match(1000, [1, 2, 3], 3) == 3
+        assert drive.load(1000, [1, 2, 3]).result() >= 1000
+        drive.counters()  # every command back: the match compared
+        assert drive.match_mismatches == 1
+        assert drive.verified == 3 and drive.data_errors == 1
 
 
 def test_hash_ids_of_any_size_take_one_block_each(daemon):

@@ -44,6 +44,7 @@ from collections import deque
 import numpy as np
 
 from firmware.quant import dequantize, quantize
+from hostlib.errors import KeyNotFoundError
 from ssdemu.errors import SsdemuError
 from ssdemu.replay.model_mode import (
     DEFAULT_GPU_DEQUANT_BYTES_PER_S,
@@ -65,11 +66,18 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return x.view(np.float16).astype(np.float32)
 
 
-SLOTS = 16  # registered buffers for blocks read back (or, unquantized, stored)
+# registered buffers for blocks read back (or, unquantized, stored): enough for a request's
+# reads to go out together and stay out while the next requests' commands are sent (the
+# replay accounts a request once its reads are back: model_mode.LOOKAHEAD), in at most
+# SLOT_BYTES, and never fewer than MIN_SLOTS
+SLOTS = 64
+MIN_SLOTS = 16
+SLOT_BYTES = 32 << 20
 # quantized stores in flight (their blocks are views of the sequence: no buffer each); more
 # than SLOTS keeps the media written while the client reads and checks (the demo's rate,
 # interleaved runs: 16 -> 154-163, 32 -> 158-169, 64 -> 167-182 requests/s)
 STORES = 64
+MATCHES = 64  # prefix matches in flight, compared with the host's answers when back
 # of every block read back, the first SAMPLE_RUN elements of every SAMPLE_EVERY bytes are
 # checked (every 4 KiB store unit of a plain block is looked at; 8 elements per 64-byte line:
 # the lines were just written by the drive's thread, and one every 194 bytes, as before,
@@ -77,6 +85,59 @@ STORES = 64
 SAMPLE_EVERY = 4096
 SAMPLE_RUN = 8
 EXACT_EVERY = 16  # ...and one block in 16 is checked bit for bit
+
+
+class _Read:
+    """A block read back into a slot: waited for and checked once, by whoever needs it
+    first (the request's accounting, or the next command that wants the slot)."""
+
+    __slots__ = ("drive", "b", "i", "future", "device_ns")
+
+    def __init__(self, drive: DataDrive, b: int, i: int, future):
+        self.drive, self.b, self.i, self.future = drive, b, i, future
+        self.device_ns = None
+
+    def result(self) -> int:
+        if self.device_ns is None:
+            try:
+                self.future.result()
+            except KeyNotFoundError:  # the drive lacks a block its prefix match is to hold
+                self.device_ns = 0
+                self.drive.verified += 1
+                self.drive.data_errors += 1
+                return 0
+            self.device_ns = self.future.device_ns
+            self.drive._check(self.b, self.drive.slots[self.i])
+        return self.device_ns
+
+
+class _Load:
+    """A request's reads: result() is when the last of them completed on the drive's
+    clock (from t_ns, the request's arrival)."""
+
+    __slots__ = ("t_ns", "reads")
+
+    def __init__(self, t_ns: int, reads: list):
+        self.t_ns, self.reads = t_ns, reads
+
+    def result(self) -> int:
+        return max([self.t_ns] + [r.result() for r in self.reads])
+
+
+_BOOKS = ("link_busy_ns", "link_in_busy_ns", "channel_busy_ns", "compute_busy_ns")
+
+
+class _Books:
+    """The drive's busy books at a COUNTERS command's turn, less the replay's start."""
+
+    __slots__ = ("future", "base")
+
+    def __init__(self, future, base: dict):
+        self.future, self.base = future, base
+
+    def result(self) -> dict:
+        c = self.future.result()
+        return {k: c[k] - self.base[k] for k in _BOOKS}
 
 
 class DataDrive:
@@ -116,10 +177,13 @@ class DataDrive:
         self._sequence = dev.alloc(self.kv.values.nbytes)
         self.kv.place(self._sequence.view(np.uint16))
         bb = model.block_bytes
-        self._mem = dev.alloc(SLOTS * bb)
+        self.nslots = max(MIN_SLOTS, min(SLOTS, SLOT_BYTES // bb))
+        self._mem = dev.alloc(self.nslots * bb)
         self.slots = [self._mem[i * bb:(i + 1) * bb].view(np.uint16).reshape(self.kv.shape)
-                      for i in range(SLOTS)]
-        self._busy: list = [None] * SLOTS  # the command using each slot
+                      for i in range(self.nslots)]
+        # the command using each slot: a store's Future, or a _Read (checked when it is
+        # waited for)
+        self._busy: list = [None] * self.nslots
         self._next = 0
         self._in_flight: deque = deque()  # quantized stores, oldest first (at most STORES)
         self._pending: dict = {}  # block id -> its last store or delete, maybe in flight
@@ -137,6 +201,7 @@ class DataDrive:
         self.verified = 0
         self.verified_exact = 0
         self.match_mismatches = 0
+        self._matches: deque = deque()  # (prefix match in flight, the host's answer)
         self._base = self._counters_now()
 
     def room_blocks(self) -> int:
@@ -170,7 +235,7 @@ class DataDrive:
     def _slot(self) -> int:
         """A free registered block buffer (waiting for the command that used it last)."""
         i = self._next
-        self._next = (i + 1) % SLOTS
+        self._next = (i + 1) % self.nslots
         if self._busy[i] is not None:
             self._busy[i].result()
             self._busy[i] = None
@@ -186,12 +251,14 @@ class DataDrive:
 
     def _track(self, b: int, f) -> None:
         self._pending[b] = f
-        if len(self._pending) > 64 * SLOTS:  # forget the finished ones now and then
+        if len(self._pending) > 64 * self.nslots:  # forget the finished ones now and then
             for k in [k for k, f in self._pending.items() if f.done()]:
                 self._pending.pop(k).result()
 
     def _drain(self) -> None:
         """Wait for every command in flight."""
+        while self._matches:
+            self._compare_match()
         self._settle(list(self._pending))
         for i, f in enumerate(self._busy):
             if f is not None:
@@ -201,30 +268,39 @@ class DataDrive:
             self._in_flight.popleft().result()
 
     def match(self, t_ns: int, ids, expected: int) -> int:
-        """The drive's own answer, once the stores and deletes of these blocks sent before
-        have completed; where it differs from the host's LRU mirror of the drive (it must
-        not), it is counted."""
+        """The drive's own prefix match goes out, once the stores and deletes of these
+        blocks sent before have completed, and the replay goes on with the host's LRU mirror
+        of the drive (expected); the drive's answer is compared with it when it is back,
+        and a difference (there must be none) counted.  Waiting for the answer here would
+        wait for every compute command sent before it (the virtual clock books in fetch
+        order): the media sat idle while the next stores waited for this host."""
         self._settle(ids)
         self._stamp(t_ns)
-        run = self.dev.prefix_match([drive_key(b) for b in ids])
-        self.match_mismatches += run != expected
-        return run
+        self._matches.append((self.dev.prefix_match_async([drive_key(b) for b in ids]),
+                              expected))
+        while self._matches and (len(self._matches) > MATCHES or self._matches[0][0].done()):
+            self._compare_match()
+        return expected
 
-    def load(self, t_ns: int, ids) -> int:
+    def _compare_match(self) -> None:
+        f, expected = self._matches.popleft()
+        self.match_mismatches += f.result() != expected
+
+    def load(self, t_ns: int, ids) -> _Load:
+        """The blocks read back, at once (in batches of the free slots); the result is their
+        last completion on the drive's clock, known when the reads are back (each block is
+        checked then, or when its slot is wanted again)."""
         self._settle(ids)
         self._stamp(t_ns)
-        done = t_ns
         ids = list(ids)
-        for at in range(0, len(ids), SLOTS):
-            part = ids[at:at + SLOTS]
+        reads = []
+        for at in range(0, len(ids), self.nslots):
             with self.dev.batch():
-                reads = [(b, self._slot()) for b in part]
-                futures = [self._get_async(b, i) for b, i in reads]
-            for (b, i), f in zip(reads, futures, strict=True):
-                f.result()
-                done = max(done, f.device_ns)
-                self._check(b, self.slots[i])
-        return done
+                for b in ids[at:at + self.nslots]:
+                    i = self._slot()
+                    r = self._busy[i] = _Read(self, b, i, self._get_async(b, i))
+                    reads.append(r)
+        return _Load(t_ns, reads)
 
     def _get_async(self, b: int, i: int):
         key = drive_key(b)
@@ -317,6 +393,13 @@ class DataDrive:
                                                    for k in page["compute"].values()),
                 "logical_bytes": page["logical_bytes"], "physical_bytes": page["physical_bytes"],
                 "busy_until_ns": max(m["busy_until_ns"], page["compute_busy_until_ns"])}
+
+    def books(self) -> _Books:
+        """The busy books once every command sent so far has booked them, less the
+        replay's start: pending (result()).  The drive reads them at the command's turn in
+        fetch order (COUNTERS), so a utilization sample waits for no command to complete
+        (waiting for all of them, as counters() does, emptied the media's queue each time)."""
+        return _Books(self.dev.counters_async(), self._base)
 
     def counters(self) -> dict:
         """The daemon's counters since this replay began (it may have served others)."""

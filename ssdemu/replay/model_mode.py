@@ -39,6 +39,7 @@ import dataclasses
 import gc
 import heapq
 import time
+from collections import deque
 
 import numpy as np
 
@@ -55,6 +56,17 @@ from ssdemu.sim.timing import DeviceModel, budget_of
 
 DEFAULT_HOST_LINK_BYTES_PER_S = 50e9  # DRAM -> GPU over PCIe 5.0 x16
 UTILIZATION_SAMPLES = 100  # points of the utilization-over-time series
+# Requests whose drive loads may still be out while later requests' commands are sent: a
+# request is accounted (its first token, when its KV exists) once its loads' completion
+# times are known.  A data drive's reads then overlap the next requests' stores, as a
+# serving engine's would (waiting for each request's reads left the media idle between
+# requests).  Stores when computed, and pooled drives, need each load's time at once.
+LOOKAHEAD = 64
+
+
+def _now(t):
+    """A value known (a number, a dict), or pending (its result())."""
+    return t if isinstance(t, (int, float, dict)) else t.result()
 
 
 ffi, lib = _model.ffi, _model.lib
@@ -179,6 +191,10 @@ class ModelDrive:
                 "busy_until_ns": max(st["busy_until_ns"], *self.budget.busy_until_ns),
                 "host_lag": 0}  # virtual time in this process: the host never lags
 
+    def books(self) -> dict:
+        """The busy books now (for a utilization sample)."""
+        return self.counters()
+
     def ftl_report(self) -> dict | None:
         """The FTL of a bounded drive: its scale, write amplification, GC time, erases."""
         if not self.bounded:
@@ -253,15 +269,24 @@ class UtilizationSeries:
                         window_ns)
 
 
-def _counters(drives) -> dict:
-    """The drives' counters summed (times on the clock: the latest)."""
-    if len(drives) == 1:
-        return drives[0].counters()
+def _summed(parts) -> dict:
+    """Drives' counters summed (times on the clock: the latest)."""
+    if len(parts) == 1:
+        return parts[0]
     out: dict = {}
-    for c in (d.counters() for d in drives):
+    for c in parts:
         for k, v in c.items():
             out[k] = max(out.get(k, v), v) if k == "busy_until_ns" else out.get(k, 0) + v
     return out
+
+
+def _counters(drives) -> dict:
+    """The drives' counters summed, every command complete."""
+    return _summed([d.counters() for d in drives])
+
+
+# utilization samples whose books may still be out (a data drive's COUNTERS commands)
+BOOKS_AHEAD = 8
 
 
 class _Pool:
@@ -327,12 +352,14 @@ class _Pool:
                 run = min(run, pos[got])
         return run
 
-    def load(self, k: int, t_ns: int, ids) -> int:
+    def load(self, k: int, t_ns: int, ids):
+        """When the request's blocks have arrived: a time, or pending (a private drive's
+        reads still out: its result())."""
         if not self.pooled:
             return self.drives[k].load(t_ns, ids)
         done = t_ns
         for j, (sub, _) in self.split(ids).items():
-            d = self.drives[j].load(t_ns, sub)
+            d = _now(self.drives[j].load(t_ns, sub))
             done = max(done, self.fabric.move(j, k, d, len(sub) * self.drives[j].delivered_bytes))
         return int(done)
 
@@ -446,58 +473,15 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
             submitted_ns = at_ns
             enter(k, at_ns, ids)
 
-    raw = model.block_bytes
-    gpu_free = [0.0] * K
-    hits = {t: 0 for t in TIERS}
-    blocks_total = hit_blocks = tokens_saved = 0
-    ttft, load_ns, timeline = [], [], []
-    util = UtilizationSeries(profile, K)
-    per = [{"requests": 0, "blocks": 0, "hit_blocks": 0, "ttft": []} for _ in range(K)]
-    span_ns = (requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6 if requests else 0
-    window = max(span_ns / UTILIZATION_SAMPLES, 1.0)
-    t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
-    next_sample = t0_ns + window
-    t_ns = t0_ns
-    evictions = {t: 0 for t in TIERS}
-    for i, req in enumerate(requests):
-        t = req.timestamp_ms / 1000.0
-        t_ns = req.timestamp_ms * 1_000_000
-        if pending:
-            enter_pending(t_ns)
-        submitted_ns = t_ns
-        if store is not None and t_ns >= next_sample:
-            util.sample(t, _counters(drives), t_ns - (next_sample - window))
-            next_sample = t_ns + window
-        ids = req.hash_ids
-        k = i % K
-        if route == "prefix" and K > 1:
-            k = _route_prefix(tiers, store, ids, i, K)
-        inst = tiers[k]
-        runs = {name: inst[name].leading_run(ids) for name in ("hbm", "dram")}
-        runs["drive"] = store.match(k, t_ns, ids) if store is not None else 0
-        served = 0
-        load_s = dequant_s = last_dequant_s = 0.0
-        for name in TIERS:  # fastest first
-            n = runs[name] - served
-            if n <= 0:
-                continue
-            if name == "dram":
-                load_s = max(load_s, n * raw / host_link_bytes_per_s)
-            elif name == "drive":
-                done = store.load(k, t_ns, ids[served:runs[name]])
-                load_ns.append(done - t_ns)
-                load_s = max(load_s, (done - t_ns) / 1e9)
-                if gpu_dequant_bytes_per_s:
-                    last_dequant_s = raw / gpu_dequant_bytes_per_s
-                    dequant_s = n * last_dequant_s
-            hits[name] += n
-            served = runs[name]
-        h = served
-        blocks_total += len(ids)
-        hit_blocks += h
-        saved = min(h * BLOCK_TOKENS, req.input_length)
-        tokens_saved += saved
-        prefill_s = (req.input_length - saved) / model.prefill_tokens_per_s
+    def account(k, t, t_ns, ids, h, prefill_s, load_s, drive_done, dequant_s,
+                last_dequant_s) -> None:
+        """A request's first token and its KV's time, in arrival order, once its loads'
+        completion is known."""
+        nonlocal uncomputed_hits
+        if drive_done is not None:
+            done = _now(drive_done)
+            load_ns.append(done - t_ns)
+            load_s = max(load_s, (done - t_ns) / 1e9)
         # the loads began at arrival (the drive was asked then), the prefill when the GPU
         # is free; the first token needs both.  Blocks that arrive compressed are dequantized
         # on the GPU as they arrive (its time added to the prefill's), the last one after it
@@ -518,9 +502,77 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         for b in ids[h:]:
             c = computed_at.get(b)
             computed_at[b] = gpu_free[k] if c is None or c <= t else min(c, gpu_free[k])
+
+    samples: deque = deque()  # utilization samples taken, not yet fed to util (in order)
+
+    def take_sample() -> None:
+        t_s, parts, window_ns = samples.popleft()
+        util.sample(t_s, _summed([_now(p) for p in parts]), window_ns)
+
+    # requests issued, not yet accounted (store when computed: none; see LOOKAHEAD)
+    unaccounted: deque = deque()
+    lookahead = LOOKAHEAD if store_when == "arrival" else 0
+    raw = model.block_bytes
+    gpu_free = [0.0] * K
+    hits = {t: 0 for t in TIERS}
+    blocks_total = hit_blocks = tokens_saved = 0
+    ttft, load_ns, timeline = [], [], []
+    util = UtilizationSeries(profile, K)
+    per = [{"requests": 0, "blocks": 0, "hit_blocks": 0, "ttft": []} for _ in range(K)]
+    span_ns = (requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6 if requests else 0
+    window = max(span_ns / UTILIZATION_SAMPLES, 1.0)
+    t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
+    next_sample = t0_ns + window
+    t_ns = t0_ns
+    evictions = {t: 0 for t in TIERS}
+    for i, req in enumerate(requests):
+        t = req.timestamp_ms / 1000.0
+        t_ns = req.timestamp_ms * 1_000_000
+        if pending:
+            enter_pending(t_ns)
+        submitted_ns = t_ns
+        if store is not None and t_ns >= next_sample:
+            samples.append((t, [d.books() for d in drives], t_ns - (next_sample - window)))
+            if len(samples) > BOOKS_AHEAD:
+                take_sample()
+            next_sample = t_ns + window
+        ids = req.hash_ids
+        k = i % K
+        if route == "prefix" and K > 1:
+            k = _route_prefix(tiers, store, ids, i, K)
+        inst = tiers[k]
+        runs = {name: inst[name].leading_run(ids) for name in ("hbm", "dram")}
+        runs["drive"] = store.match(k, t_ns, ids) if store is not None else 0
+        served = 0
+        load_s = dequant_s = last_dequant_s = 0.0
+        drive_done = None
+        for name in TIERS:  # fastest first
+            n = runs[name] - served
+            if n <= 0:
+                continue
+            if name == "dram":
+                load_s = max(load_s, n * raw / host_link_bytes_per_s)
+            elif name == "drive":
+                drive_done = store.load(k, t_ns, ids[served:runs[name]])
+                if gpu_dequant_bytes_per_s:
+                    last_dequant_s = raw / gpu_dequant_bytes_per_s
+                    dequant_s = n * last_dequant_s
+            hits[name] += n
+            served = runs[name]
+        h = served
+        blocks_total += len(ids)
+        hit_blocks += h
+        saved = min(h * BLOCK_TOKENS, req.input_length)
+        tokens_saved += saved
+        prefill_s = (req.input_length - saved) / model.prefill_tokens_per_s
+        unaccounted.append((k, t, t_ns, ids, h, prefill_s, load_s, drive_done, dequant_s,
+                            last_dequant_s))
         if store_when == "arrival":
+            if len(unaccounted) > lookahead:
+                account(*unaccounted.popleft())
             enter(k, t_ns, ids)
         else:
+            account(*unaccounted.popleft())
             for name in ("hbm", "dram"):
                 inst[name].refresh(ids)
             if store is not None:
@@ -529,6 +581,8 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         timeline.append((t, h, len(ids)))  # arrival (s), blocks hit, blocks
         if progress is not None and (i & 63) == 63:
             progress(i + 1)
+    while unaccounted:
+        account(*unaccounted.popleft())
     enter_pending(None)  # the last requests' KV, computed after the last arrival
     out = {
         "blocks": blocks_total, "hit_blocks": hit_blocks,
@@ -543,6 +597,8 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         "fabric_bytes": store.fabric.bytes if store is not None else 0,
     }
     if store is not None:
+        while samples:
+            take_sample()
         c = _counters(drives)
         util.sample(t_ns / 1e9, c, t_ns - (next_sample - window))
         util.drain(t_ns / 1e9, window, UTILIZATION_SAMPLES)
