@@ -88,18 +88,10 @@ def fw_quantize(req, src, src_len, out, out_cap, info):
 @cfunc(types.int64(u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
 def fw_dequantize(blob, blob_len, out, out_cap, info):
     """Dequantize the compressed block at blob into out.  out_cap 0: verify the block only
-    and give its sizes in info.  out_cap < 0: read its header alone (no checksum: cheap
-    enough for the data plane) and give its sizes, or the header's failure; returns 0 then.
-    Returns the bytes written."""
+    and give its sizes in info.  Returns the bytes written."""
     p = np.zeros(NPARAM, np.int64)
     inf = carray(info, 8)
     b = carray(blob, blob_len)
-    if out_cap < 0:
-        e = peek_header(b, p)
-        if e:
-            return e
-        _info(p, inf, blob_len)
-        return 0
     # the checksum is verified by dequantize_block in its own pass; open_header's separate
     # pass runs only when there is nothing to dequantize into, or to name what is wrong
     e = peek_header(b, p)

@@ -244,9 +244,9 @@ def test_virtual_clock_times_do_not_depend_on_how_the_client_waits(tmp_path):
 
 def test_a_client_that_dies_with_commands_waiting_their_turn(tmp_path):
     """Virtual clock: commands deferred behind compute commands (dequantized retrieves
-    booked from their headers with their kernels still out among them, and COUNTERS)
-    belong to a client that exits without waiting; the daemon drops them and serves the
-    next client, whose own commands are booked in their turn."""
+    with their kernels still out among them, and COUNTERS) belong to a client that exits
+    without waiting; the daemon drops them and serves the next client, whose own commands
+    are booked in their turn."""
     import subprocess
     import sys
 

@@ -218,17 +218,6 @@ void dev_dq_read_done(sde_dev *dev, struct dev_ctx *x)
         compute_fail(dev, x, st);
         return;
     }
-    /* virtual time: the block's header says what its kernel costs, so the retrieve is
-     * booked at its turn without waiting for the kernel (fw_next), and the commands behind
-     * it in the FIFO (the next stores' media writes) go on meanwhile.  A header that does
-     * not hold, or a buffer too small, takes the kernel's path: its failure at its turn. */
-    int64_t info[8] = {0};
-    if (dev->virtual_time && sde_fw_ensure(&dev->fw_entry) == 0 &&
-        dev->fw_entry.dequantize(x->bounce, (int64_t)x->vlen, NULL, -1, info) == 0 &&
-        (uint64_t)info[SDE_FW_INFO_RAW] <= x->copy_len) {
-        memcpy(x->hdr, info, sizeof(info));
-        x->hdr_ok = 1;
-    }
     fw_submit(dev, x, SDE_FW_DEQUANTIZE, x->bounce, (int64_t)x->vlen, x->copy_to,
               (int64_t)x->copy_len, NULL, 0);
 }
@@ -325,36 +314,6 @@ void dev_qstore_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
     dev_kv_put_value(dev, x, NULL, x->bounce, (uint64_t)j->ret, SDE_KV_STORE_ANY, -1, 1);
 }
 
-/* Virtual time: a dequantized retrieve booked from its block's header (dev_dq_read_done),
- * whether its kernel is back or not, so that the books do not depend on which came first;
- * it completes when its kernel is back (dq_booked_done). */
-static void dq_book(sde_dev *dev, struct dev_ctx *x)
-{
-    const int64_t *h = x->hdr;
-    double before = dev->budget.kernels[SDE_KERNEL_DEQUANTIZE].device_ns;
-    double done = sde_recipe_dq_finish(
-        dev->model, &dev->budget, x->ready, x->sensed, x->pieces,
-        sde_cost_dequantize((uint64_t)h[SDE_FW_INFO_ELEMENTS],
-                            (uint32_t)h[SDE_FW_INFO_ELEMENT_BYTES], (int)h[SDE_FW_INFO_KIND],
-                            (uint32_t)h[SDE_FW_INFO_GROUP], x->vlen),
-        0.0, (uint64_t)h[SDE_FW_INFO_RAW]);
-    x->kernel_ns = dev->budget.kernels[SDE_KERNEL_DEQUANTIZE].device_ns - before;
-    dev_model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
-}
-
-/* ... and its kernel is back: the kernel's status (a block whose header held can still fail
- * its checksum), its host time counted against the time booked. */
-static void dq_booked_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
-{
-    sde_budget_note_host(&dev->budget, SDE_KERNEL_DEQUANTIZE, x->kernel_ns, (double)j->host_ns);
-    if (j->ret < 0) {
-        dev_kv_finish(dev, x, fw_status(j->ret), 0);
-        return;
-    }
-    x->result = (uint64_t)j->ret;
-    dev_kv_finish(dev, x, SDE_SC_SUCCESS, (uint64_t)j->ret);
-}
-
 /* KV_RETRIEVE_DEQUANTIZED's kernel is back: the result is in the client's buffer. */
 void dev_dq_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
 {
@@ -399,11 +358,6 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
     struct dev_ctx *x = &dev->ctx[j->owner];
     if (dev->model && dev->virtual_time) /* its turn: fetch order */
         book_input(dev, x);
-    if (x->hdr_ok) { /* booked from its header, as it is when its turn comes first */
-        dq_book(dev, x);
-        dq_booked_done(dev, x, j);
-        return;
-    }
     if (j->ret < 0) {
         if (j->ret == SDE_FW_E_OUT_SMALL && x->kind == CTX_DQ_GET)
             x->result = (uint64_t)j->info[SDE_FW_INFO_RAW]; /* how large a buffer it needs */
@@ -438,28 +392,18 @@ int dev_reap_firmware(sde_dev *dev)
     int n = 0;
     for (sde_fw_job *j = sde_fw_take_done(dev->fw), *next; j; j = next, n++) {
         next = j->next;
-        struct dev_ctx *x = &dev->ctx[j->owner];
-        if (!dev->virtual_time)
-            fw_job_done(dev, j);
-        else if (x->fw_state == FW_BOOKED) /* its turn came first: it completes now */
-            dq_booked_done(dev, x, j);
+        if (dev->virtual_time)
+            dev->ctx[j->owner].fw_state = FW_DONE;
         else
-            x->fw_state = FW_DONE;
+            fw_job_done(dev, j);
     }
-    /* virtual time: go on in fetch order, as far as the commands are back (or, a dequantized
-     * retrieve, as far as its block's header is known) */
-    while (dev->fw_head != NO_CTX && (dev->ctx[dev->fw_head].fw_state != FW_WAITING ||
-                                      dev->ctx[dev->fw_head].hdr_ok)) {
+    /* virtual time: go on in fetch order, as far as the commands are back */
+    while (dev->fw_head != NO_CTX && dev->ctx[dev->fw_head].fw_state != FW_WAITING) {
         struct dev_ctx *x = &dev->ctx[dev->fw_head];
         dev->fw_head = x->next_fw;
         if (dev->fw_head == NO_CTX)
             dev->fw_tail = NO_CTX;
-        if (x->fw_state == FW_WAITING) { /* hdr_ok: booked now, completed by its kernel */
-            if (dev->model)
-                book_input(dev, x);
-            dq_book(dev, x);
-            x->fw_state = FW_BOOKED;
-        } else if (x->fw_state == FW_DONE)
+        if (x->fw_state == FW_DONE)
             fw_job_done(dev, &x->job);
         else if (x->fw_state == FW_DEFERRED)
             start_deferred(dev, x);

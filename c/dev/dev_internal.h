@@ -143,14 +143,8 @@ struct dev_ctx {
     uint64_t in_off, in_len; /* virtual time: what the input's booking needs at its turn (a
                               * retrieve: the value's place; a store: the block's bytes) */
     uint32_t next_fw;    /* virtual time: FIFO of compute commands in fetch order */
-    uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status),
-                          * FW_BOOKED */
+    uint8_t fw_state;    /* FW_WAITING, FW_DONE (its job is back), FW_FAILED (fw_status) */
     uint16_t fw_status;
-    /* virtual time, a dequantized retrieve: its block's header read (hdr_ok) once the value
-     * is back, what it says (SDE_FW_INFO_*), and its kernel's booked device time */
-    uint8_t hdr_ok;
-    int64_t hdr[8];
-    double kernel_ns;
     uint64_t flush_id;   /* a FLUSH under power-cut emulation: what it covers */
     /* a value's I/O, piece by piece (a value no free run could hold whole is in several):
      * the memory it moves from or to, its registered buffer (-1: none), whether that
@@ -167,9 +161,8 @@ struct dev_ctx {
     uint64_t cover;
 };
 
-/* virtual time: FW_DEFERRED, a command to start at its turn (CTX_DEFERRED); FW_BOOKED, a
- * dequantized retrieve booked at its turn from its block's header, its kernel still out */
-enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2, FW_DEFERRED = 3, FW_BOOKED = 4 };
+/* virtual time: FW_DEFERRED, a command to start at its turn (CTX_DEFERRED) */
+enum { FW_WAITING = 0, FW_DONE = 1, FW_FAILED = 2, FW_DEFERRED = 3 };
 
 #define NO_CTX UINT32_MAX
 /* a journal group's write (or its sync), slot k: UD_JOURNAL - k */

@@ -243,15 +243,6 @@ double sde_budget_charge(sde_budget *b, int kernel, sde_kernel_cost c, double su
     return done;
 }
 
-void sde_budget_note_host(sde_budget *b, int kernel, double device_ns, double host_ns)
-{
-    if (kernel < 0 || kernel >= SDE_NKERNELS)
-        return;
-    b->kernels[kernel].host_ns += host_ns;
-    if (host_ns > device_ns)
-        b->kernels[kernel].host_lag_calls++;
-}
-
 double sde_budget_utilization(const sde_budget *b, double elapsed_ns)
 {
     if (elapsed_ns <= 0)

@@ -113,9 +113,6 @@ double sde_budget_device_ns(const sde_budget *b, sde_kernel_cost c);
 double sde_budget_charge(sde_budget *b, int kernel, sde_kernel_cost c, double submit_ns,
                          double host_ns, double *start);
 /* Busy unit-time over available unit-time since the clock's origin. */
-/* A kernel booked before it ran (host_ns 0 then): its host time, once it has run, counted as
- * sde_budget_charge counts it (host_lag_calls: over device_ns, the time booked). */
-void sde_budget_note_host(sde_budget *b, int kernel, double device_ns, double host_ns);
 double sde_budget_utilization(const sde_budget *b, double elapsed_ns);
 /* CDEF-END */
 
