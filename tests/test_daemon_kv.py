@@ -173,8 +173,9 @@ def test_daemon_killed_during_writes_loses_nothing_flushed(drive, tmp_path):
         again.kill()
 
 
-def test_a_corrupted_block_on_the_media_reads_as_an_error(drive):
-    value = os.urandom(8192)
+@pytest.mark.parametrize("size", [8192, 1 << 20])
+def test_a_corrupted_block_on_the_media_reads_as_an_error(drive, size):
+    value = os.urandom(size)
     with hostlib.connect(drive.socket_path) as dev:
         dev.kv_put(b"precious", value)
         dev.flush()
@@ -191,7 +192,8 @@ def test_a_corrupted_block_on_the_media_reads_as_an_error(drive):
 
 
 def test_a_corrupted_quantized_block_does_not_dequantize(drive):
-    """A dequantized retrieve checks the stored block's hash before its kernel runs."""
+    """A dequantized retrieve checks the stored block's hash before its kernel runs, and
+    the kernel does not run on a block that fails it (the client's buffer is untouched)."""
     import numpy as np
 
     block = np.random.default_rng(1).standard_normal((32, 2, 2, 2, 64)).astype(
@@ -208,8 +210,10 @@ def test_a_corrupted_quantized_block_does_not_dequantize(drive):
             assert where > 0
             f.seek(where + len(stored) // 2)  # a byte among the int8 values
             f.write(bytes([data[where + len(stored) // 2] ^ 0x01]))
+        out[...] = 0x1234
         with pytest.raises(hostlib.MediaError):
             dev.kv_get_dequantized(b"q", out)
+        assert (out == 0x1234).all()  # the kernel never ran on it
         dev.kv_put_quantized(b"q2", block, "fp16", "int8_g64")  # the device carries on
         dev.kv_get_dequantized(b"q2", out)
 
