@@ -47,6 +47,7 @@ from firmware.quant import dequantize, quantize
 from hostlib.errors import KeyNotFoundError
 from ssdemu.errors import SsdemuError
 from ssdemu.replay.model_mode import (
+    BUSY_COUNTERS,
     DEFAULT_GPU_DEQUANT_BYTES_PER_S,
     DEFAULT_HOST_LINK_BYTES_PER_S,
     check_dequant,
@@ -124,9 +125,6 @@ class _Load:
         return max([self.t_ns] + [r.result() for r in self.reads])
 
 
-_BOOKS = ("link_busy_ns", "link_in_busy_ns", "channel_busy_ns", "compute_busy_ns")
-
-
 class _Books:
     """The drive's busy books at a COUNTERS command's turn, less the replay's start."""
 
@@ -137,7 +135,7 @@ class _Books:
 
     def result(self) -> dict:
         c = self.future.result()
-        return {k: c[k] - self.base[k] for k in _BOOKS}
+        return {k: c[k] - self.base[k] for k in BUSY_COUNTERS}
 
 
 class DataDrive:
@@ -382,17 +380,17 @@ class DataDrive:
                 self.expected.pop(b, None)
 
     def _counters_now(self) -> dict:
+        """The drive's books (COUNTERS: summed by the drive, as books() reads them) and,
+        from the log page, this host's lag and the store's bytes."""
+        c = self.dev.counters()
         page = self.dev.log()
-        m = page["model"]
-        return {"link_busy_ns": m["link_busy_ns"], "link_in_busy_ns": m["link_in_busy_ns"],
-                "channel_busy_ns": m["channel_busy_ns"],
-                "compute_busy_ns": float(sum(k["device_ns"] for k in page["compute"].values())),
-                "host_link_bytes": m["link_bytes"],
-                "nand_bytes": m["nand_bytes_read"] + m["nand_bytes_written"],
+        return {**{k: c[k] for k in BUSY_COUNTERS},
+                "host_link_bytes": c["link_bytes"],
+                "nand_bytes": c["nand_bytes_read"] + c["nand_bytes_written"],
                 "host_lag": page["host_lag"] + sum(k["host_lag_calls"]
                                                    for k in page["compute"].values()),
                 "logical_bytes": page["logical_bytes"], "physical_bytes": page["physical_bytes"],
-                "busy_until_ns": max(m["busy_until_ns"], page["compute_busy_until_ns"])}
+                "busy_until_ns": c["busy_until_ns"]}
 
     def books(self) -> _Books:
         """The busy books once every command sent so far has booked them, less the

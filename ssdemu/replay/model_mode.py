@@ -62,6 +62,8 @@ UTILIZATION_SAMPLES = 100  # points of the utilization-over-time series
 # serving engine's would (waiting for each request's reads left the media idle between
 # requests).  Stores when computed, and pooled drives, need each load's time at once.
 LOOKAHEAD = 64
+# utilization samples whose books may still be out (a data drive's COUNTERS commands)
+BOOKS_AHEAD = 8
 
 
 def _now(t):
@@ -207,6 +209,7 @@ class ModelDrive:
 
 _BUSY = {"link_to_host": "link_busy_ns", "link_to_device": "link_in_busy_ns",
          "nand_channels": "channel_busy_ns", "compute": "compute_busy_ns"}
+BUSY_COUNTERS = tuple(_BUSY.values())  # the counters a utilization sample reads
 
 
 def _capacities(profile: Profile) -> dict:
@@ -284,9 +287,6 @@ def _counters(drives) -> dict:
     """The drives' counters summed, every command complete."""
     return _summed([d.counters() for d in drives])
 
-
-# utilization samples whose books may still be out (a data drive's COUNTERS commands)
-BOOKS_AHEAD = 8
 
 
 class _Pool:
