@@ -269,6 +269,16 @@ def test_data_mode_refuses_what_it_cannot_do(tmp_path, daemon):
                 replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
     finally:
         assert fixed.terminate()[0] == 0
+    key = tmp_path / "admin.key"
+    hostlib.owner_key.new(str(key))
+    owned = DaemonProcess(str(tmp_path / "owned.sock"), media="mem:64M",
+                          extra=["--clock", "virtual", "--admin-key", str(key)])
+    try:  # a client that is no admin: the drive's books are not its to read
+        with hostlib.connect(owned.socket_path, owner_key="ab" * 32) as dev:
+            with pytest.raises(DataModeError, match="connect as the daemon's admin"):
+                replay_data(dev, reqs, PROFILE, TINY, "int8_g64", caps)
+    finally:
+        assert owned.terminate()[0] == 0
 
 
 def test_the_drive_tier_is_what_the_drive_has_room_for():

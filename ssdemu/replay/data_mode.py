@@ -44,7 +44,7 @@ from collections import deque
 import numpy as np
 
 from firmware.quant import dequantize, quantize
-from hostlib.errors import KeyNotFoundError
+from hostlib.errors import AccessDeniedError, KeyNotFoundError
 from ssdemu.errors import SsdemuError
 from ssdemu.replay.model_mode import (
     BUSY_COUNTERS,
@@ -161,6 +161,12 @@ class DataDrive:
             raise DataModeError(
                 f"a {model.name} block is {stored:,} bytes stored, over the drive's "
                 f"{limit:,}-byte value limit (the profile's kv.max_value_bytes)")
+        try:
+            dev.counters()
+        except AccessDeniedError:
+            raise DataModeError("data mode reads the drive's books (COUNTERS), which are an "
+                                "admin's: connect as the daemon's admin (its uid, or the key "
+                                "its --admin-key names)") from None
         if any(k.endswith(b"mooncake") for k in dev.kv_list(max_keys=1024)):
             raise DataModeError("the drive already holds trace blocks from an earlier replay: "
                                 "start from a fresh drive (ssdemu format, or serve --format)")
