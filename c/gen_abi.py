@@ -1,5 +1,8 @@
 """Writes firmware/abi.py: the constants the firmware's Numba kernels share with the C data
-plane, taken from the C headers (their one definition).  Numba needs them as module-level
+plane, taken from the C headers (their one definition): #defines, and the byte offsets of the
+wire structs the kernels parse (laid out by cffi from the header's CDEF block, which is what
+the compiled modules are built from; tests/test_constants.py checks them against the
+compiler's).  Numba needs them as module-level
 Python ints at compile time, and the firmware must not load a compiled module of the layers
 above it, so they are generated, committed, and checked: tests/test_constants.py fails when
 the headers and the file disagree.  Run after changing one of GROUPS' headers:
@@ -19,8 +22,32 @@ GROUPS = [
     ("fw/sde_fw.h", "SDE_FW_INFO_", "INFO_"),   # what a kernel call reports for its cost
     ("fw/sde_fw.h", "SDE_FW_E_", "E_"),         # the kernels' request-level failures
     ("model/sde_kinds.h", "SDE_SCHEME_", "SCHEME_"),  # quantization kinds (firmware/kinds.py)
+    ("wire/sde_queue.h", "SDE_QUANT_", "QUANT_"),  # KV_STORE_QUANTIZED's magic and layouts
 ]
-DEFINE = re.compile(r"^#define\s+(\w+)\s+(-?\d+)\b", re.M)
+DEFINE = re.compile(r"^#define\s+(\w+)\s+(-?\d+|0x[0-9a-fA-F]+)u?\b", re.M)
+# (header, struct, Python prefix): each field's byte offset becomes PREFIX + FIELD, and the
+# struct's size PREFIX + "BYTES"
+STRUCTS = [
+    ("wire/sde_queue.h", "sde_quant_req", "QREQ_"),  # KV_STORE_QUANTIZED's request
+]
+
+
+def _layouts() -> list[tuple[str, int, str]]:
+    from cffi import FFI  # the build's own dependency; cffi lays a struct out as gcc does
+
+    sys.path.insert(0, str(C))
+    from cffi_common import cdef_block
+
+    out = []
+    for header, struct, pypre in STRUCTS:
+        ffi = FFI()
+        ffi.cdef(cdef_block((C / header).read_text()))
+        for field, _ in ffi.typeof(struct).fields:
+            if not field.startswith("reserved"):
+                out.append((pypre + field.upper(), ffi.offsetof(struct, field),
+                            f"offsetof({struct}, {field}) (c/{header})"))
+        out.append((pypre + "BYTES", ffi.sizeof(struct), f"sizeof({struct}) (c/{header})"))
+    return out
 
 
 def constants() -> list[tuple[str, int, str]]:
@@ -28,8 +55,8 @@ def constants() -> list[tuple[str, int, str]]:
     for header, cpre, pypre in GROUPS:
         for name, value in DEFINE.findall((C / header).read_text()):
             if name.startswith(cpre):
-                out.append((pypre + name[len(cpre):], int(value), f"{name} (c/{header})"))
-    return out
+                out.append((pypre + name[len(cpre):], int(value, 0), f"{name} (c/{header})"))
+    return out + _layouts()
 
 
 def render() -> str:

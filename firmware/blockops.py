@@ -9,7 +9,7 @@ points in firmware/entry.py.  firmware/quant.py is the Python API over the same 
 (its error messages are made from the codes returned here).
 
 A scheme and a block shape travel as an int64 array (`P_*`, firmware/blockparams.py).  The
-wire form of a quantized-store request (64 bytes, `SQRQ`; ssdemu_wire/layout.py) is parsed
+wire form of a quantized-store request (an sde_quant_req, `SQRQ`; c/wire/sde_queue.h) is parsed
 here too.  Failures are negative return codes (`E_*`), never exceptions: nothing raised
 inside a C callback can reach a caller (hence numpy's error model: no ZeroDivisionError
 path).
@@ -20,6 +20,16 @@ from numba import njit
 
 from firmware import kind_int
 from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for them)
+    QREQ_BYTES,
+    QREQ_DTYPE,
+    QREQ_HEAD_DIM,
+    QREQ_HEADS,
+    QREQ_LAYERS,
+    QREQ_LAYOUT,
+    QREQ_MAGIC,
+    QREQ_SCHEME,
+    QREQ_SUMMARY_PAGE,
+    QREQ_TOKENS,
     SCHEME_FP8,
     SCHEME_INT,
     SCHEME_KIVI,
@@ -254,24 +264,27 @@ def _summarize(p, residual, body, section):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def parse_request(req, p):
-    """A 64-byte quantized-store request (magic SQRQ, dtype, scheme name, shape) into p.
-    Returns 0, E_REQUEST or E_SCHEME."""
-    if req.shape[0] < 64 or _get(req, 0, 4) != REQUEST_MAGIC:
+    """A quantized-store request (an sde_quant_req, c/wire/sde_queue.h: magic SQRQ, dtype,
+    layout, scheme name, shape, summary page) into p.  Returns 0, E_REQUEST or E_SCHEME."""
+    if req.shape[0] < QREQ_BYTES or _get(req, QREQ_MAGIC, 4) != REQUEST_MAGIC:
         return E_REQUEST
-    p[P_DTYPE] = req[4]
-    e = parse_scheme_name(req[8:40], p)
+    p[P_DTYPE] = req[QREQ_DTYPE]
+    e = parse_scheme_name(req[QREQ_SCHEME:QREQ_TOKENS], p)
     if e:
         return e
-    p[P_LAYOUT] = req[5]
-    if p[P_LAYOUT] > LAYOUT_2LT:
-        return E_REQUEST  # an unknown layout
-    p[P_TOKENS] = _get(req, 40, 4)
-    p[P_LAYERS] = _get(req, 44, 4)
-    p[P_HEADS] = _get(req, 48, 4)
-    p[P_HDIM] = _get(req, 52, 4)
-    p[P_SUMMARY_PAGE] = _get(req, 56, 2)
-    if p[P_SUMMARY_PAGE] > MAX_PAGE or _get(req, 58, 2) or _get(req, 60, 4):
-        return E_REQUEST  # a page past MAX_PAGE, or reserved bytes set
+    p[P_LAYOUT] = req[QREQ_LAYOUT]
+    if p[P_LAYOUT] > LAYOUT_2LT or req[QREQ_LAYOUT + 1] or req[QREQ_LAYOUT + 2]:
+        return E_REQUEST  # an unknown layout, or the reserved bytes after it set
+    p[P_TOKENS] = _get(req, QREQ_TOKENS, 4)
+    p[P_LAYERS] = _get(req, QREQ_LAYERS, 4)
+    p[P_HEADS] = _get(req, QREQ_HEADS, 4)
+    p[P_HDIM] = _get(req, QREQ_HEAD_DIM, 4)
+    p[P_SUMMARY_PAGE] = _get(req, QREQ_SUMMARY_PAGE, 2)
+    for i in range(QREQ_SUMMARY_PAGE + 2, QREQ_BYTES):
+        if req[i]:
+            return E_REQUEST  # reserved bytes set
+    if p[P_SUMMARY_PAGE] > MAX_PAGE:
+        return E_REQUEST  # a page past MAX_PAGE
     return check_shape(p)
 
 

@@ -12,13 +12,16 @@ from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for
     E_REQUEST,
     E_SCHEME,
     E_VALUE_SIZE,
+    QUANT_LAYOUT_2LT,
+    QUANT_LAYOUT_T2L,
+    QUANT_MAGIC,
 )
 from firmware.convert import bf16_to_f32, fp16_to_f32
 
 HEADER_BYTES = 64
 MAGIC = 0x564B4453  # b"SDKV" little-endian
 VERSION = 1
-REQUEST_MAGIC = 0x51525153  # b"SQRQ"
+REQUEST_MAGIC = QUANT_MAGIC  # b"SQRQ": sde_quant_req (c/wire/sde_queue.h)
 FLAG_SYMMETRIC = 1
 FLAG_PER_HEAD = 2
 # the block is (2, layers, tokens, heads, head_dim), LMCache's KV_2LTD, not the drive's
@@ -28,7 +31,7 @@ FLAG_PER_HEAD = 2
 # block's rows in that order first (inside the drive: the host sends and gets its own
 # layout either way)
 FLAG_LAYOUT_2LT = 4
-LAYOUT_T2L, LAYOUT_2LT = 0, 1
+LAYOUT_T2L, LAYOUT_2LT = QUANT_LAYOUT_T2L, QUANT_LAYOUT_2LT
 CHECKSUM_WORD = 5  # the checksum's 8 bytes at offset 40
 MAX_DIM = 1 << 31  # a shape field past this is refused (products then fit an int64)
 MAX_ELEMENTS = 1 << 40

@@ -886,7 +886,7 @@ class Device:
         the block from them rather than reading and summarizing it; True: the page the
         drive's profile gives (identify's page_tokens); 0: none."""
         from ssdemu_wire.codes import dtype_code
-        from ssdemu_wire.layout import QUANT_REQUEST, pack_quant_request
+        from ssdemu_wire.layout import QUANT_REQUEST_BYTES, pack_quant_request
 
         qp = qp or self.qp
         kf = _key_fields(key)
@@ -905,11 +905,11 @@ class Device:
         request = np.frombuffer(pack_quant_request(dtype_code(dtype), scheme, t, layers, heads,
                                                    dim, layout, summary_page), np.uint8)
         handle, off = self._locate(block)
-        if handle is None and QUANT_REQUEST.size + block.nbytes <= qp.bounce.nbytes:
+        if handle is None and QUANT_REQUEST_BYTES + block.nbytes <= qp.bounce.nbytes:
             # small and not registered: request and block together in one bounce share
-            boff, share = qp.bounce_take(QUANT_REQUEST.size + block.nbytes)
-            share[:QUANT_REQUEST.size] = request
-            copy_bytes(share[QUANT_REQUEST.size:], _as_bytes_array(block))
+            boff, share = qp.bounce_take(QUANT_REQUEST_BYTES + block.nbytes)
+            share[:QUANT_REQUEST_BYTES] = request
+            copy_bytes(share[QUANT_REQUEST_BYTES:], _as_bytes_array(block))
             return self.submit(OPCODES["KV_STORE_QUANTIZED"], what, qp=qp, bounce=True,
                                buf=qp.bounce_handle, buf_offset=boff, length=share.nbytes,
                                nsid=nsid, **kf)
@@ -918,7 +918,7 @@ class Device:
             stage, tmp = self._staging_take(block.nbytes)
             copy_bytes(stage, _as_bytes_array(block))
             handle, off = tmp, 0
-        roff, rshare = qp.bounce_take(QUANT_REQUEST.size)
+        roff, rshare = qp.bounce_take(QUANT_REQUEST_BYTES)
         rshare[:] = request
         return self.submit(OPCODES["KV_STORE_QUANTIZED"], what, qp=qp, bounce=True,
                            release=None if tmp is None else (lambda: self._staging_give(tmp)),

@@ -138,7 +138,18 @@ def _prefill_rate(text: str) -> float | str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ssdemu", description="An emulated AI SSD.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    serve = _add_serve(sub)
+    _add_serve_limits(serve)
+    _add_format(sub)
+    _add_ctl(sub)
+    _add_tools(sub)
+    _add_replay(sub)
+    _add_bench(sub)
+    return p
 
+
+def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`serve`: the drive, its media, socket and access."""
     serve = sub.add_parser("serve", help="run the emulated drive (the device process)")
     serve.add_argument("--profile", default="star2000d",
                        help="a profile name from ssdemu/sim/profiles/ or a YAML path")
@@ -196,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "flush makes it durable, so that 'ctl fault power-cut' can lose it "
                        "(costs a read and a copy per write; needs the profile's write cache "
                        "and file or block media)")
+    return serve
+
+
+def _add_serve_limits(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s quotas, metrics, power cuts and data-plane options."""
     serve.add_argument("--max-queue-pairs-per-uid", "--max-queue-pairs-per-client",
                        dest="max_queue_pairs", type=_positive_int,
                        help="queue pairs one uid may hold (default: 3/4 of the profile's "
@@ -218,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default about 1%% of the media)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
 
+
+def _add_format(sub: argparse._SubParsersAction):
+    """`format`."""
     fmt = sub.add_parser("format", help="create a fresh ssdemu device on the media")
     fmt.add_argument("--media", required=True,
                      help="file:PATH[:SIZE], block:/dev/NAME or mem:SIZE")
@@ -227,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="journal length in logical blocks (default: about 1%% of the "
                      "media); a checkpoint reclaims it whenever it fills")
 
+
+def _add_ctl(sub: argparse._SubParsersAction):
+    """`ctl` and its admin commands, faults among them."""
     ctl = sub.add_parser("ctl", help="admin commands against a running daemon")
     ctl.add_argument("--socket", required=True)
     ctl.add_argument("--json", action="store_true", help="print one JSON object")
@@ -283,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     fpc.add_argument("--seed", type=_nonnegative_int, default=0,
                      help="which writes are lost: the same seed, the same outcome")
 
+
+def _add_tools(sub: argparse._SubParsersAction):
+    """`owner-key`, `stat`, `torture` and `sweep`."""
     ok = sub.add_parser("owner-key", help="write a new owner key (mode 0600): what a client "
                         "presents to own namespaces, in place of a name anyone could claim")
     ok.add_argument("file", help="where to write it (must not exist)")
@@ -314,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_replay(sub: argparse._SubParsersAction):
+    """`replay`."""
     rp = sub.add_parser("replay", help="replay a Mooncake KV-cache trace through the serving "
                         "model and the drive, in virtual time")
     rp.add_argument("trace", help="a Mooncake JSONL trace")
@@ -375,9 +403,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """`bench` and its benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    _add_bench_io(bsub)
+    _add_bench_model(bsub)
 
+
+def _add_bench_io(bsub: argparse._SubParsersAction):
+    """The benchmarks of the I/O path: io, queue, kv, lmcache, hops."""
     io = bsub.add_parser("io", help="the io_uring engine against fio on the same media")
     io.add_argument("--media", required=True, help="file:PATH[:SIZE], block:/dev/NAME, mem:SIZE")
     io.add_argument("--rw", default="randread",
@@ -433,6 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     hb.add_argument("--rounds", type=_positive_int, default=20)
     hb.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_bench_model(bsub: argparse._SubParsersAction):
+    """The benchmarks of the model and the firmware: device, replay, retrieval,
+    firmware."""
     dv = bsub.add_parser("device", help="the timing model in virtual time against the "
                          "figures its profile is calibrated to (fresh and steady state)")
     dv.add_argument("--profile", default="star2000d")
@@ -473,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="KV data per kernel call, MiB of fp16")
     fw.add_argument("--prefix-chains", type=_positive_int, default=1024,
                     help="chains of 1,024 keys in the prefix-match index")
-    return p
+
 
 
 def _cmd_bench_io(args) -> int:

@@ -3,8 +3,6 @@ the one definition), and the names of opcodes and status codes."""
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from ssdemu_wire import _ring
@@ -62,22 +60,30 @@ def new_sqes(n: int) -> np.ndarray:
     return np.zeros(n, dtype=SQE_DTYPE)
 
 
-# KV_STORE_QUANTIZED's request header, at the start of the command's buffer (the raw KV
-# block follows it) or apart: magic, element dtype code (ssdemu_wire.codes), the block's
+# KV_STORE_QUANTIZED's request (sde_quant_req), at the start of the command's buffer (the raw
+# KV block follows it) or apart: magic, element dtype code (ssdemu_wire.codes), the block's
 # layout, scheme name, block shape, tokens per page of its page summaries (0: none).
-QUANT_REQUEST = struct.Struct("<4sBB2x32s4IH6x")
-QUANT_REQUEST_MAGIC = b"SQRQ"
-assert QUANT_REQUEST.size == 64
+QUANT_REQUEST_DTYPE = dtype_of_struct("sde_quant_req")
+QUANT_REQUEST_BYTES = QUANT_REQUEST_DTYPE.itemsize
 # the block's layout: the drive's (tokens, 2, layers, heads, head_dim), or LMCache's
 # KV_2LTD (2, layers, tokens, heads, head_dim), which integer schemes take as it is
-LAYOUTS = {"t2l": 0, "2lt": 1}
+LAYOUTS = {"t2l": lib.SDE_QUANT_LAYOUT_T2L, "2lt": lib.SDE_QUANT_LAYOUT_2LT}
 
 
 def pack_quant_request(dtype_code: int, scheme: str, tokens: int, layers: int, heads: int,
                        head_dim: int, layout: str = "t2l", summary_page: int = 0) -> bytes:
-    return QUANT_REQUEST.pack(QUANT_REQUEST_MAGIC, dtype_code, LAYOUTS[layout],
-                              scheme.encode("ascii"), tokens, layers, heads, head_dim,
-                              summary_page)
+    name = scheme.encode("ascii")
+    if len(name) > QUANT_REQUEST_DTYPE["scheme"].shape[0]:
+        raise ValueError(f"a scheme name is at most {QUANT_REQUEST_DTYPE['scheme'].shape[0]} "
+                         f"bytes: {scheme!r}")
+    h = np.zeros(1, QUANT_REQUEST_DTYPE)
+    h["scheme"][0, :len(name)] = np.frombuffer(name, np.uint8)
+    for field, v in (("magic", lib.SDE_QUANT_MAGIC), ("dtype", dtype_code),
+                     ("layout", LAYOUTS[layout]), ("tokens", tokens), ("layers", layers),
+                     ("heads", heads), ("head_dim", head_dim),
+                     ("summary_page", summary_page)):
+        h[field] = v
+    return h.tobytes()
 
 
 def pack_retrieval_request(*, dtype_code: int, layer: int, layers: int, kv_heads: int,

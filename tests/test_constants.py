@@ -24,17 +24,26 @@ def test_the_firmware_abi_module_is_what_the_headers_generate():
     without regenerating it fails here."""
     gen = _gen_abi()
     assert (ROOT / "firmware" / "abi.py").read_text() == gen.render()
-    assert len(gen.constants()) == 18  # 8 INFO_, 6 E_, 4 SCHEME_: none dropped by the parser
+    # 8 INFO_, 6 E_, 4 SCHEME_, 3 QUANT_, 10 QREQ_: none dropped by the parser
+    assert len(gen.constants()) == 31
 
 
 def test_the_firmware_uses_the_compiled_headers_values():
     """What the kernels compile with is what the data plane was compiled with."""
-    names = [n for n in dir(abi) if n.isupper()]
+    names = [n for n in dir(abi) if n.isupper() and not n.startswith("QREQ_")]
     assert names
     for n in names:
-        c_name = {"INFO_": "SDE_FW_INFO_", "E_": "SDE_FW_E_", "SCHEME_": "SDE_SCHEME_"}
+        c_name = {"INFO_": "SDE_FW_INFO_", "E_": "SDE_FW_E_", "SCHEME_": "SDE_SCHEME_",
+                  "QUANT_": "SDE_QUANT_"}
         prefix = next(p for p in c_name if n.startswith(p))
         assert getattr(_device.lib, c_name[prefix] + n[len(prefix):]) == getattr(abi, n), n
+    # the quantized-store request's offsets as the compiler laid the struct out
+    ffi = _device.ffi
+    fields = [f for f, _ in ffi.typeof("sde_quant_req").fields if not f.startswith("reserved")]
+    assert len(fields) == 9
+    for f in fields:
+        assert getattr(abi, "QREQ_" + f.upper()) == ffi.offsetof("sde_quant_req", f), f
+    assert abi.QREQ_BYTES == ffi.sizeof("sde_quant_req") == 64
     assert blockops.SCHEME_KIVI == _model.lib.SDE_SCHEME_KIVI
     from ssdemu.device import retrieval
     assert retrieval.BLOCK_MAGIC == blockfmt.MAGIC

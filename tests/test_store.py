@@ -573,3 +573,34 @@ def test_one_block_values_fill_every_block_and_reuse_the_lowest_freed(drive):
     assert all(s.get(b"s%d" % i) == value(b"s", i) for i in range(n) if i not in gone)
     s.close()
     m.close()
+
+
+def test_every_keyed_entry_point_checks_key_size_then_namespace_then_the_key(drive):
+    """The six keyed openings (put, get, exists, lookup, delete, pin) share one check, in one
+    order: the key's size, its namespace, then the key.  Before, lookup and pin skipped the
+    namespace and answered KEY_NOT_EXIST for a namespace that does not exist."""
+    from ssdemu.device._device import ffi, lib
+
+    m, s = fresh(drive)
+    u64, u32 = ffi.new("uint64_t *"), ffi.new("uint32_t *")
+    buf = ffi.new("uint8_t[16]")
+    res = ffi.new("sde_kv_put_result *")
+    st = s._st
+
+    def calls(nsid, key):
+        return {
+            "get": lib.sde_store_get(st, nsid, key, len(key), buf, 16, u64),
+            "exists": lib.sde_store_exists(st, nsid, key, len(key)),
+            "lookup": lib.sde_store_lookup(st, nsid, key, len(key), u64, u64),
+            "delete": lib.sde_store_delete(st, nsid, key, len(key)),
+            "pin": lib.sde_store_pin(st, nsid, key, len(key), 1, u32),
+            "put": lib.sde_store_put(st, nsid, key, len(key), b"v", 1, 0, res),  # last
+        }
+
+    assert set(calls(7, b"k").values()) == {lib.SDE_SC_INVALID_NAMESPACE}
+    assert set(calls(7, b"x" * 300).values()) == {lib.SDE_SC_KV_INVALID_KEY_SIZE}
+    got = calls(0, b"missing")
+    del got["put"]  # a put creates it
+    assert set(got.values()) == {lib.SDE_SC_KV_KEY_NOT_EXIST}
+    s.close()
+    m.close()

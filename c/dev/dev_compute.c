@@ -105,8 +105,8 @@ static void book_input(sde_dev *dev, struct dev_ctx *x)
                                        &x->sensed, &x->pieces);
 }
 
-/* KV_STORE_QUANTIZED: the request (64 bytes) leads the block in the command's range, or
- * (param0 != 0) lies in a buffer of the client's own: handle << 40 | offset, so that a block
+/* KV_STORE_QUANTIZED: the request (an sde_quant_req) leads the block in the command's range,
+ * or (param0 != 0) lies in a buffer of the client's own: handle << 40 | offset, so that a block
  * in a registered buffer needs no room before it.  The block crosses the link as it is, is
  * quantized into a staging buffer of the drive's, and that is stored as a put stores. */
 void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
@@ -120,16 +120,17 @@ void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     uint64_t src_len;
     uint8_t *base = b->addr + c->buf_offset;
     if (!c->param0) {
-        if (c->length < 64) {
+        if (c->length < sizeof(sde_quant_req)) {
             dev_finish(dev, qp, cls, c->cid, SDE_SC_INVALID_FIELD, 0, 0, t0);
             return;
         }
         req = base;
-        src = base + 64;
-        src_len = c->length - 64;
+        src = base + sizeof(sde_quant_req);
+        src_len = c->length - sizeof(sde_quant_req);
     } else {
         sde_sqe r = {.buf = (uint32_t)(c->param0 >> 40),
-                     .buf_offset = c->param0 & ((1ull << 40) - 1), .length = 64};
+                     .buf_offset = c->param0 & ((1ull << 40) - 1),
+                     .length = sizeof(sde_quant_req)};
         struct dev_buf *rb = dev_client_range(dev, &dev->qps[qp], &r);
         if (!rb) {
             dev_finish(dev, qp, cls, c->cid, SDE_SC_INVALID_BUFFER, 0, 0, t0);

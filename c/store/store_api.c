@@ -112,25 +112,17 @@ int sde_store_failed(const sde_store *st) { return st->failed; }
 
 int sde_store_exists(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen)
 {
-    if (!store_key_ok(klen))
-        return SDE_SC_KV_INVALID_KEY_SIZE;
-    if (!store_ns_present(st, nsid))
-        return SDE_SC_INVALID_NAMESPACE;
-    if (st->failed)
-        return SDE_SC_MEDIA_ERROR;
-    return store_ent_find(st, nsid, key, klen) == NIL ? SDE_SC_KV_KEY_NOT_EXIST : SDE_SC_SUCCESS;
+    uint32_t i;
+    return store_entry_existing(st, nsid, key, klen, &i);
 }
 
 int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                      uint64_t *offset, uint64_t *len)
 {
-    if (!store_key_ok(klen))
-        return SDE_SC_KV_INVALID_KEY_SIZE;
-    if (st->failed)
-        return SDE_SC_MEDIA_ERROR;
-    uint32_t i = store_ent_find(st, nsid, key, klen);
-    if (i == NIL)
-        return SDE_SC_KV_KEY_NOT_EXIST;
+    uint32_t i;
+    int s = store_entry_existing(st, nsid, key, klen, &i);
+    if (s)
+        return s;
     *offset = st->exts[st->ents[i].ext].off;
     *len = st->exts[st->ents[i].ext].len;
     return SDE_SC_SUCCESS;
@@ -181,13 +173,10 @@ int sde_store_list(sde_store *st, uint32_t nsid, const uint8_t *start, uint32_t 
 int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, int delta,
                   uint32_t *count)
 {
-    if (!store_key_ok(klen))
-        return SDE_SC_KV_INVALID_KEY_SIZE;
-    if (st->failed)
-        return SDE_SC_MEDIA_ERROR;
-    uint32_t i = store_ent_find(st, nsid, key, klen);
-    if (i == NIL)
-        return SDE_SC_KV_KEY_NOT_EXIST;
+    uint32_t i;
+    int s = store_entry_existing(st, nsid, key, klen, &i);
+    if (s)
+        return s;
     struct ent *e = &st->ents[i];
     if (delta < 0 && !e->pins)
         return SDE_SC_INVALID_FIELD; /* not pinned */

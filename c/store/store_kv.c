@@ -6,6 +6,30 @@
 
 int store_key_ok(uint32_t klen) { return klen >= 1 && klen <= SDE_KEY_MAX; }
 
+/* Every keyed entry point opens through here, in one order: the key's size, its namespace,
+ * a failed store (whose index holds changes the media may not: sde_store_failed), then the
+ * key's entry (*idx, NIL when absent).  One check, so no entry point can skip a step. */
+int store_entry_open(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                     uint32_t *idx)
+{
+    if (!store_key_ok(klen))
+        return SDE_SC_KV_INVALID_KEY_SIZE;
+    if (!store_ns_present(st, nsid))
+        return SDE_SC_INVALID_NAMESPACE;
+    if (st->failed)
+        return SDE_SC_MEDIA_ERROR;
+    *idx = store_ent_find(st, nsid, key, klen);
+    return SDE_SC_SUCCESS;
+}
+
+/* store_entry_open for a key that must exist. */
+int store_entry_existing(const sde_store *st, uint32_t nsid, const uint8_t *key,
+                         uint32_t klen, uint32_t *idx)
+{
+    int s = store_entry_open(st, nsid, key, klen, idx);
+    return s ? s : *idx == NIL ? SDE_SC_KV_KEY_NOT_EXIST : SDE_SC_SUCCESS;
+}
+
 /* Whether the index (its checkpoint slot: index_keys entries) can take key i (NIL: a new
  * key) naming extent x: a value in pieces takes an entry per piece too. */
 static int entries_fit(const sde_store *st, uint32_t i, uint32_t x)
@@ -50,17 +74,17 @@ int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
                         const void *value, uint64_t len, int mode, const uint64_t *hash,
                         st_put_plan *p)
 {
-    if (!store_key_ok(klen))
+    if (!store_key_ok(klen)) /* before the value's checks, as the other openings */
         return SDE_SC_KV_INVALID_KEY_SIZE;
     if (!len || len > st->sb.max_value)
         return SDE_SC_KV_INVALID_VALUE_SIZE;
     if (mode != SDE_KV_STORE_ANY && mode != SDE_KV_STORE_IF_EXISTS &&
         mode != SDE_KV_STORE_IF_NOT_EXISTS)
         return SDE_SC_INVALID_FIELD;
-    if (!store_ns_present(st, nsid))
-        return SDE_SC_INVALID_NAMESPACE;
-    if (st->failed)
-        return SDE_SC_MEDIA_ERROR;
+    uint32_t i;
+    int s = store_entry_open(st, nsid, key, klen, &i);
+    if (s)
+        return s;
     memset(p, 0, sizeof(*p));
     p->nsid = nsid;
     p->ns_gen = nsid ? st->ns_gen[nsid] : 0;
@@ -68,7 +92,6 @@ int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
     memcpy(p->key, key, klen);
     p->mode = mode;
     p->len = len;
-    uint32_t i = store_ent_find(st, nsid, key, klen);
     p->existed = i != NIL;
     if (mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;
@@ -342,15 +365,10 @@ void store_early_after_checkpoint(sde_store *st)
 int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  uint32_t *ext, uint64_t *offset, uint64_t *len, uint64_t *hash)
 {
-    if (!store_key_ok(klen))
-        return SDE_SC_KV_INVALID_KEY_SIZE;
-    if (!store_ns_present(st, nsid))
-        return SDE_SC_INVALID_NAMESPACE;
-    if (st->failed) /* the index holds changes the media may not: sde_store_failed */
-        return SDE_SC_MEDIA_ERROR;
-    uint32_t i = store_ent_find(st, nsid, key, klen);
-    if (i == NIL)
-        return SDE_SC_KV_KEY_NOT_EXIST;
+    uint32_t i;
+    int s = store_entry_existing(st, nsid, key, klen, &i);
+    if (s)
+        return s;
     struct ext *e = &st->exts[st->ents[i].ext];
     *ext = st->ents[i].ext;
     *offset = e->off;
@@ -371,15 +389,10 @@ int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
               uint64_t *group)
 {
     *group = 0;
-    if (!store_key_ok(klen))
-        return SDE_SC_KV_INVALID_KEY_SIZE;
-    if (!store_ns_present(st, nsid))
-        return SDE_SC_INVALID_NAMESPACE;
-    if (st->failed)
-        return SDE_SC_MEDIA_ERROR;
-    uint32_t i = store_ent_find(st, nsid, key, klen);
-    if (i == NIL)
-        return SDE_SC_KV_KEY_NOT_EXIST;
+    uint32_t i;
+    int s = store_entry_existing(st, nsid, key, klen, &i);
+    if (s)
+        return s;
     if (st->ents[i].pins)
         return SDE_SC_KV_KEY_PINNED; /* in use by in-flight work: unpin it first */
     struct rec r = {.op = OP_DELETE, .klen = (uint8_t)klen, .nsid = nsid};

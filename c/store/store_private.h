@@ -312,6 +312,10 @@ int store_value_on_media(sde_store *st, uint32_t x);
 
 /* store_kv.c */
 int store_key_ok(uint32_t klen);
+int store_entry_open(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                     uint32_t *idx);
+int store_entry_existing(const sde_store *st, uint32_t nsid, const uint8_t *key,
+                         uint32_t klen, uint32_t *idx);
 int store_ext_pio(sde_store *st, const struct ext *e, int write, uint8_t *buf);
 void store_early_remove(sde_store *st, st_put_plan *p);
 void store_early_after_checkpoint(sde_store *st);

@@ -57,9 +57,9 @@
 #define SDE_CMD_KV_EXIST 35
 #define SDE_CMD_KV_LIST 36
 /* Compute commands, run by the in-drive firmware under the TOPS budget:
- * KV_STORE_QUANTIZED: the buffer holds a 64-byte request (magic SQRQ, element dtype, scheme
- *   name, block shape, and the tokens per page of the page summaries to keep with it, 0 for
- *   none) and the raw KV block; the drive quantizes it and stores the compressed block, with
+ * KV_STORE_QUANTIZED: the buffer holds an sde_quant_req (64 bytes: magic SQRQ, element
+ *   dtype, layout, scheme name, block shape, and the tokens per page of the page summaries to
+ *   keep with it, 0 for none) and the raw KV block; the drive quantizes it and stores the compressed block, with
  *   its page summaries after the body, under the key (KV_RETRIEVE returns that block).
  * KV_RETRIEVE_DEQUANTIZED: the drive dequantizes the stored block into the buffer.
  * PREFIX_MATCH: the buffer holds N 16-byte keys; result = the leading run present.
@@ -148,6 +148,26 @@ typedef struct sde_counters {
     uint64_t kernel_calls;
     uint64_t reserved;
 } sde_counters;
+
+/* KV_STORE_QUANTIZED's request (64 bytes): at the start of the command's buffer with the raw
+ * block after it, or apart in a buffer of the client's (param0).  The firmware parses it
+ * (firmware/blockops.py, at the offsets c/gen_abi.py writes into firmware/abi.py). */
+#define SDE_QUANT_MAGIC 0x51525153u /* "SQRQ" */
+#define SDE_QUANT_LAYOUT_T2L 0      /* the drive's (tokens, 2, layers, heads, head_dim) */
+#define SDE_QUANT_LAYOUT_2LT 1      /* LMCache's KV_2LTD (2, layers, tokens, heads, head_dim) */
+typedef struct sde_quant_req {
+    uint32_t magic;
+    uint8_t dtype;          /* element type of the raw block (ssdemu_wire.codes) */
+    uint8_t layout;         /* SDE_QUANT_LAYOUT_* */
+    uint8_t reserved0[2];
+    uint8_t scheme[32];     /* the scheme's name, ASCII, zero-padded (firmware/kinds.py) */
+    uint32_t tokens;        /* the block's shape */
+    uint32_t layers;
+    uint32_t heads;
+    uint32_t head_dim;
+    uint16_t summary_page;  /* tokens per page of the summaries kept with it; 0: none */
+    uint8_t reserved1[6];   /* zero */
+} sde_quant_req;
 
 /* TOPK_PAGES and ATTEND's request (64 bytes), at the start of the command's buffer. */
 #define SDE_RETRIEVAL_MAGIC 0x51525253u /* "SRRQ" */

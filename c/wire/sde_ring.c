@@ -25,6 +25,7 @@
 _Static_assert(sizeof(sde_sqe) == 64, "SQE is 64 bytes");
 _Static_assert(sizeof(sde_cqe) == 32, "CQE is 32 bytes");
 _Static_assert(sizeof(sde_retrieval_req) == 64, "a retrieval request is 64 bytes");
+_Static_assert(sizeof(sde_quant_req) == 64, "a quantized-store request is 64 bytes");
 _Static_assert(offsetof(sde_ring_hdr, sq_tail) % 64 == 0, "indices on their own lines");
 _Static_assert(sizeof(sde_ring_hdr) % 64 == 0, "header is whole cache lines");
 

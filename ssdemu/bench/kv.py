@@ -33,7 +33,7 @@ import numpy as np
 import hostlib
 from ssdemu.bench import closed_loop
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
-from ssdemu_wire.layout import OPCODES, QUANT_REQUEST, pack_quant_request
+from ssdemu_wire.layout import OPCODES, QUANT_REQUEST_BYTES, pack_quant_request
 
 QD = 32
 KEY_HI = b"skv00000"  # the keys the C loop sends: index in bytes 0-7, this in 8-15
@@ -262,11 +262,11 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         block = np.ascontiguousarray(kv.block(1))
         t, _, layers, heads, dim = block.shape
         req = np.frombuffer(pack_quant_request(0, SCHEME, t, layers, heads, dim), np.uint8)
-        slot = QUANT_REQUEST.size + block.nbytes
+        slot = QUANT_REQUEST_BYTES + block.nbytes
         qbuf = dev.alloc(QD * slot)
         for i in range(QD):
-            qbuf[i * slot:i * slot + QUANT_REQUEST.size] = req
-            qbuf[i * slot + QUANT_REQUEST.size:(i + 1) * slot] = block.reshape(-1).view(np.uint8)
+            qbuf[i * slot:i * slot + QUANT_REQUEST_BYTES] = req
+            qbuf[i * slot + QUANT_REQUEST_BYTES:(i + 1) * slot] = block.reshape(-1).view(np.uint8)
         nq = 64
         for k in range(nq):
             dev.kv_put_quantized(_key(k), block, "fp16", SCHEME)
@@ -275,7 +275,7 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         # written (the loop keeps the stamps finite)
         kernel = _Kernels(block)
         qp_, kq = _paired(_looper(dev, "KV_STORE_QUANTIZED", qbuf, slot, nq, stamp=True,
-                                  stamp_at=QUANT_REQUEST.size),
+                                  stamp_at=QUANT_REQUEST_BYTES),
                           lambda s: kernel.rate("quantize", s), seconds)
         dedup = dev.log()["store"]["dedup_hits"] - before
         dbuf = dev.alloc(QD * block.nbytes)
