@@ -131,6 +131,13 @@ def bench_device(profile_name: str | Profile, logical_bytes: int | None = None,
                             start=start)
     modelled["rand_read_4k_iops_steady"] = _rate(rand_read_commands, start, last)
 
+    return _report(profile, modelled, steady, scale, do_precondition) | {
+        "wall_seconds": time.perf_counter() - t0}
+
+
+def _report(profile: Profile, modelled: dict, steady: dict, scale, do_precondition: bool
+            ) -> dict:
+    """The modelled figures beside those the profile cites, and how they were measured."""
     figures = {}
     for name in FIGURES:  # in the profile's order
         figures[name] = {"modelled": modelled[name]}
@@ -158,7 +165,6 @@ def bench_device(profile_name: str | Profile, logical_bytes: int | None = None,
                     "`rows_per_die` rows per die instead of a real block's pages; "
                     "over-provisioning as the profile's"},
         "preconditioned_reads": do_precondition,
-        "wall_seconds": time.perf_counter() - t0,
     }
 
 

@@ -225,78 +225,8 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         for f in [dev.write_async(nsid, off // 512, fill) for off in range(0, ns_bytes, 1 << 20)]:
             f.result()
         dev.free(fill)
-        for name, bs in SIZES.items():
-            buf = dev.alloc(QD * bs)
-            buf[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
-            nkeys = KEYS[name]
-            # load every key the gets will ask for
-            for i in range(0, nkeys, QD):
-                with dev.batch():
-                    fs = [dev.kv_put_async(_key(k), buf[(k % QD) * bs:(k % QD + 1) * bs])
-                          for k in range(i, min(nkeys, i + QD))]
-                for f in fs:
-                    f.result()
-            blk = min(bs, 1 << 20)
-            span = ns_bytes // 512
-            p, w = _paired(_looper(dev, "KV_STORE", buf, bs, nkeys, stamp=True),
-                           _looper(dev, "WRITE", buf, blk, span, nsid, stamp=True), seconds)
-            g, r = _paired(_looper(dev, "KV_RETRIEVE", buf, bs, nkeys),
-                           _looper(dev, "READ", buf, blk, span, nsid), seconds)
-            unit = "ops_per_s" if name == "4k" else "bytes_per_s"
-            out[f"kv_put_{name}"] = {unit: p[unit], "block_write": w[unit],
-                                     "ratio_block": p[unit] / w[unit]}
-            out[f"kv_get_{name}"] = {unit: g[unit], "block_read": r[unit],
-                                     "ratio_block": g[unit] / r[unit]}
-            if name == "4k":
-                one = buf[:bs]
-                out["bytes_copied_per_kv_put"] = _copied(
-                    dev, "kv", lambda i, one=one: dev.kv_put(b"copy%d" % i, one), 64)
-                out["bytes_copied_per_kv_get"] = _copied(
-                    dev, "kv", lambda i, one=one: dev.kv_get(b"copy%d" % i, one), 64)
-            dev.free(buf)
-
-        # the firmware: a 512-token block of the tiny model, fp16
-        from ssdemu.replay.serving import SyntheticKV, model_config
-
-        kv = SyntheticKV(model_config("tiny"))
-        block = np.ascontiguousarray(kv.block(1))
-        t, _, layers, heads, dim = block.shape
-        req = np.frombuffer(pack_quant_request(0, SCHEME, t, layers, heads, dim), np.uint8)
-        slot = QUANT_REQUEST_BYTES + block.nbytes
-        qbuf = dev.alloc(QD * slot)
-        for i in range(QD):
-            qbuf[i * slot:i * slot + QUANT_REQUEST_BYTES] = req
-            qbuf[i * slot + QUANT_REQUEST_BYTES:(i + 1) * slot] = block.reshape(-1).view(np.uint8)
-        nq = 64
-        for k in range(nq):
-            dev.kv_put_quantized(_key(k), block, "fp16", SCHEME)
-        before = dev.log()["store"]["dedup_hits"]
-        # stamped after the request: every block differs, so every put is quantized and
-        # written (the loop keeps the stamps finite)
-        kernel = _Kernels(block)
-        qp_, kq = _paired(_looper(dev, "KV_STORE_QUANTIZED", qbuf, slot, nq, stamp=True,
-                                  stamp_at=QUANT_REQUEST_BYTES),
-                          lambda s: kernel.rate("quantize", s), seconds)
-        dedup = dev.log()["store"]["dedup_hits"] - before
-        dbuf = dev.alloc(QD * block.nbytes)
-        qg, kd = _paired(_looper(dev, "KV_RETRIEVE_DEQUANTIZED", dbuf, block.nbytes, nq),
-                         lambda s: kernel.rate("dequantize", s), seconds)
-        k = {"quantize": kq["bytes_per_s"], "dequantize": kd["bytes_per_s"],
-             **{n: kernel.rate(n, seconds / 2)["bytes_per_s"]
-                for n in ("quantize_in_cache", "dequantize_in_cache")}}
-        put_bps = qp_["ops_per_s"] * block.nbytes
-        get_bps = qg["ops_per_s"] * block.nbytes
-        out["kv_put_quantized"] = {
-            "bytes_per_s": put_bps, "kernel_bytes_per_s": k["quantize"],
-            "ratio_kernel": put_bps / k["quantize"],
-            "kernel_in_cache_bytes_per_s": k["quantize_in_cache"],
-            "ratio_kernel_in_cache": put_bps / k["quantize_in_cache"],
-            "block_bytes": block.nbytes, "dedup_hits": dedup, "commands": qp_["commands"]}
-        out["kv_get_dequantized"] = {
-            "bytes_per_s": get_bps, "kernel_bytes_per_s": k["dequantize"],
-            "ratio_kernel": get_bps / k["dequantize"],
-            "kernel_in_cache_bytes_per_s": k["dequantize_in_cache"],
-            "ratio_kernel_in_cache": get_bps / k["dequantize_in_cache"]}
+        out.update(_kv_against_blocks(dev, nsid, ns_bytes, rng, seconds))
+        out.update(_firmware_commands(dev, seconds))
         before = dev.log()["store"]["dedup_hits"]
         out["plain_vs_registered"] = _plain_vs_registered(dev, seconds)
         # 0 when every put of those rows stored its value
@@ -309,6 +239,91 @@ def run_bench(socket_path: str, seconds: float) -> dict:
         return out
     finally:
         dev.close()
+
+
+def _kv_against_blocks(dev, nsid: int, ns_bytes: int, rng, seconds: float) -> dict:
+    """kv_put / kv_get of each size against block writes / reads of the same size through
+    the same queue, and the bytes copied per 4 KiB KV command."""
+    out: dict = {}
+    for name, bs in SIZES.items():
+        buf = dev.alloc(QD * bs)
+        buf[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
+        nkeys = KEYS[name]
+        # load every key the gets will ask for
+        for i in range(0, nkeys, QD):
+            with dev.batch():
+                fs = [dev.kv_put_async(_key(k), buf[(k % QD) * bs:(k % QD + 1) * bs])
+                      for k in range(i, min(nkeys, i + QD))]
+            for f in fs:
+                f.result()
+        blk = min(bs, 1 << 20)
+        span = ns_bytes // 512
+        p, w = _paired(_looper(dev, "KV_STORE", buf, bs, nkeys, stamp=True),
+                       _looper(dev, "WRITE", buf, blk, span, nsid, stamp=True), seconds)
+        g, r = _paired(_looper(dev, "KV_RETRIEVE", buf, bs, nkeys),
+                       _looper(dev, "READ", buf, blk, span, nsid), seconds)
+        unit = "ops_per_s" if name == "4k" else "bytes_per_s"
+        out[f"kv_put_{name}"] = {unit: p[unit], "block_write": w[unit],
+                                 "ratio_block": p[unit] / w[unit]}
+        out[f"kv_get_{name}"] = {unit: g[unit], "block_read": r[unit],
+                                 "ratio_block": g[unit] / r[unit]}
+        if name == "4k":
+            one = buf[:bs]
+            out["bytes_copied_per_kv_put"] = _copied(
+                dev, "kv", lambda i, one=one: dev.kv_put(b"copy%d" % i, one), 64)
+            out["bytes_copied_per_kv_get"] = _copied(
+                dev, "kv", lambda i, one=one: dev.kv_get(b"copy%d" % i, one), 64)
+        dev.free(buf)
+
+    return out
+
+
+def _firmware_commands(dev, seconds: float) -> dict:
+    """The in-drive quantized store and dequantized retrieve against the bare kernels."""
+    out: dict = {}
+    # the firmware: a 512-token block of the tiny model, fp16
+    from ssdemu.replay.serving import SyntheticKV, model_config
+
+    kv = SyntheticKV(model_config("tiny"))
+    block = np.ascontiguousarray(kv.block(1))
+    t, _, layers, heads, dim = block.shape
+    req = np.frombuffer(pack_quant_request(0, SCHEME, t, layers, heads, dim), np.uint8)
+    slot = QUANT_REQUEST_BYTES + block.nbytes
+    qbuf = dev.alloc(QD * slot)
+    for i in range(QD):
+        qbuf[i * slot:i * slot + QUANT_REQUEST_BYTES] = req
+        qbuf[i * slot + QUANT_REQUEST_BYTES:(i + 1) * slot] = block.reshape(-1).view(np.uint8)
+    nq = 64
+    for k in range(nq):
+        dev.kv_put_quantized(_key(k), block, "fp16", SCHEME)
+    before = dev.log()["store"]["dedup_hits"]
+    # stamped after the request: every block differs, so every put is quantized and
+    # written (the loop keeps the stamps finite)
+    kernel = _Kernels(block)
+    qp_, kq = _paired(_looper(dev, "KV_STORE_QUANTIZED", qbuf, slot, nq, stamp=True,
+                              stamp_at=QUANT_REQUEST_BYTES),
+                      lambda s: kernel.rate("quantize", s), seconds)
+    dedup = dev.log()["store"]["dedup_hits"] - before
+    dbuf = dev.alloc(QD * block.nbytes)
+    qg, kd = _paired(_looper(dev, "KV_RETRIEVE_DEQUANTIZED", dbuf, block.nbytes, nq),
+                     lambda s: kernel.rate("dequantize", s), seconds)
+    k = {"quantize": kq["bytes_per_s"], "dequantize": kd["bytes_per_s"],
+         **{n: kernel.rate(n, seconds / 2)["bytes_per_s"]
+            for n in ("quantize_in_cache", "dequantize_in_cache")}}
+    put_bps = qp_["ops_per_s"] * block.nbytes
+    get_bps = qg["ops_per_s"] * block.nbytes
+    out["kv_put_quantized"] = {
+        "bytes_per_s": put_bps, "kernel_bytes_per_s": k["quantize"],
+        "ratio_kernel": put_bps / k["quantize"],
+        "kernel_in_cache_bytes_per_s": k["quantize_in_cache"],
+        "ratio_kernel_in_cache": put_bps / k["quantize_in_cache"],
+        "block_bytes": block.nbytes, "dedup_hits": dedup, "commands": qp_["commands"]}
+    out["kv_get_dequantized"] = {
+        "bytes_per_s": get_bps, "kernel_bytes_per_s": k["dequantize"],
+        "ratio_kernel": get_bps / k["dequantize"],
+        "kernel_in_cache_bytes_per_s": k["dequantize_in_cache"],
+        "ratio_kernel_in_cache": get_bps / k["dequantize_in_cache"]}
+    return out
 
 
 def bench_kv(socket_path: str | None, media: str | None, seconds: float) -> dict:

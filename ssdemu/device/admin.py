@@ -59,7 +59,7 @@ class Admin:
         return _ok(len(payload))
 
     def identify(self, client, sqe):
-        return self._reply_json(client, sqe, self.d.identify())
+        return self._reply_json(client, sqe, self.d.logs.identify())
 
     @staticmethod
     def _all_owners(client, sqe) -> bool | str:
@@ -78,12 +78,12 @@ class Admin:
         every = self._all_owners(client, sqe)
         if isinstance(every, str):
             return _err(every)
-        return self._reply_json(client, sqe, self.d.namespace_list(client, every))
+        return self._reply_json(client, sqe, self.d.namespaces.list(client, every))
 
     def get_log(self, client, sqe):
         if client is None:
             return _err("ABORTED")
-        page = self.d.log_page(int(sqe.param0), client)
+        page = self.d.logs.page(int(sqe.param0), client)
         if page is None:
             return _err("INVALID_FIELD")
         return self._reply_json(client, sqe, page)
@@ -95,7 +95,7 @@ class Admin:
         if client is None:  # it left meanwhile: it would own a namespace no one can reach
             return _err("ABORTED")
         try:
-            nsid = self.d.create_namespace(int(sqe.param0), client,
+            nsid = self.d.namespaces.create(int(sqe.param0), client,
                                            shared=int(sqe.param1) == NS_SHARED)
         except ValueError:
             return _err("INVALID_FIELD")
@@ -114,7 +114,7 @@ class Admin:
         if isinstance(every, str):
             return _err(every)
         try:
-            self.d.delete_namespace(int(sqe.nsid), client, every)
+            self.d.namespaces.delete(int(sqe.nsid), client, every)
         except KeyNotFound:
             return _err("INVALID_NAMESPACE")
         except PermissionError:

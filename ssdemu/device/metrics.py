@@ -40,7 +40,7 @@ def _histogram(name: str, doc: str, by_class: dict) -> HistogramMetricFamily:
 
 
 def families(page: dict) -> list:
-    """Metric families (every name ssdemu_...) for one log page (ssdemu.device.daemon.log_page)."""
+    """Metric families (every name ssdemu_...) for one log page (ssdemu.device.logpage)."""
     out = []
     cls = page["classes"]
     for key, doc in (("commands", "commands completed"), ("errors", "commands that failed"),

@@ -347,7 +347,7 @@ class Retrieval:
         if sqe["flags"]:
             raise Refused("INVALID_FIELD", "flags")
         nsid = int(sqe["nsid"])
-        if nsid and nsid not in self.d.visible_namespaces(client):
+        if nsid and nsid not in self.d.namespaces.visible_ids(client):
             raise Refused("INVALID_NAMESPACE", "not a namespace of the client's")
         inp = self._region(client, int(sqe["buf"]), int(sqe["buf_offset"]), int(sqe["length"]))
         req = parse(op, inp)

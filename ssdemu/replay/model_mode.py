@@ -443,104 +443,117 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
         raise ValueError(f"pool must be one of {POOLS} and route one of {ROUTES}")
     if drives is not None and len(drives) != instances:
         raise ValueError(f"{len(drives)} drives for {instances} instances")
-    K = instances
-    tiers = [{t: LRUTier(capacities[t]) for t in ("hbm", "dram")} for _ in range(K)]
     store = (_Pool(drives, capacities["drive"], pool == "pooled", fabric, store_queue)
              if drives is not None else None)
-    computed_at: dict[int, float] = {}  # block -> when its KV exists (s)
-    uncomputed_hits = 0
-    pending: list = []  # store-when computed: (time s, order, instance, blocks)
-    submitted_ns = 0
+    loop = _ReplayLoop(requests, profile, model, capacities, drives, store, instances, route,
+                       host_link_bytes_per_s, gpu_dequant_bytes_per_s, store_when)
+    for i, req in enumerate(requests):
+        loop.request(i, req)
+        if progress is not None and (i & 63) == 63:
+            progress(i + 1)
+    out = loop.finish()
+    if progress is not None:
+        progress(len(requests))
+    return out
 
-    def enter(k: int, at_ns: int, ids) -> None:
+
+class _ReplayLoop:
+    """replay()'s state: the instances' tiers and GPUs, the pool of drives, the blocks' KV
+    times, the figures gathered; one request at a time, in arrival order."""
+
+    def __init__(self, requests, profile, model, capacities, drives, store, K, route,
+                 host_link_bytes_per_s, gpu_dequant_bytes_per_s, store_when):
+        self.profile, self.drives, self.store, self.K, self.route = (profile, drives, store,
+                                                                     K, route)
+        self.model, self.raw = model, model.block_bytes
+        self.host_link_bytes_per_s = host_link_bytes_per_s
+        self.gpu_dequant_bytes_per_s = gpu_dequant_bytes_per_s
+        self.store_when = store_when
+        self.tiers = [{t: LRUTier(capacities[t]) for t in ("hbm", "dram")} for _ in range(K)]
+        self.computed_at: dict[int, float] = {}  # block -> when its KV exists (s)
+        self.uncomputed_hits = 0
+        self.pending: list = []  # store-when computed: (time s, order, instance, blocks)
+        self.submitted_ns = 0
+        self.samples: deque = deque()  # utilization samples taken, not yet fed to util
+        # requests issued, not yet accounted (store when computed: none; see LOOKAHEAD)
+        self.unaccounted: deque = deque()
+        self.lookahead = LOOKAHEAD if store_when == "arrival" else 0
+        self.gpu_free = [0.0] * K
+        self.hits = {t: 0 for t in TIERS}
+        self.blocks_total = self.hit_blocks = self.tokens_saved = 0
+        self.ttft, self.load_ns, self.timeline = [], [], []
+        self.util = UtilizationSeries(profile, K)
+        self.per = [{"requests": 0, "blocks": 0, "hit_blocks": 0, "ttft": []}
+                    for _ in range(K)]
+        self.span_ns = ((requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6
+                        if requests else 0)
+        self.window = max(self.span_ns / UTILIZATION_SAMPLES, 1.0)
+        self.t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
+        self.next_sample = self.t0_ns + self.window
+        self.t_ns = self.t0_ns
+        self.evictions = {t: 0 for t in TIERS}
+
+    def enter(self, k: int, at_ns: int, ids) -> None:
         """The request's blocks into instance k's tiers and the drives, at at_ns."""
+        store = self.store
         if store is not None:
-            store.store(k, at_ns, ids, raw)
+            store.store(k, at_ns, ids, self.raw)
         for name in ("hbm", "dram"):
-            evictions[name] += len(tiers[k][name].touch_all(ids))
+            self.evictions[name] += len(self.tiers[k][name].touch_all(ids))
         if store is not None:
-            evictions["drive"] += store.touch(k, ids)
+            self.evictions["drive"] += store.touch(k, ids)
             store.fabric.forget_before(at_ns)
 
-    def enter_pending(until_ns: int | None) -> None:
-        nonlocal submitted_ns
+    def enter_pending(self, until_ns: int | None) -> None:
+        pending = self.pending
         while pending and (until_ns is None or pending[0][0] * 1e9 <= until_ns):
             when_s, _, k, ids = heapq.heappop(pending)
             # in time order, never after the request that comes next (rounding)
-            at_ns = max(submitted_ns, int(when_s * 1e9))
+            at_ns = max(self.submitted_ns, int(when_s * 1e9))
             if until_ns is not None:
                 at_ns = min(at_ns, until_ns)
-            submitted_ns = at_ns
-            enter(k, at_ns, ids)
+            self.submitted_ns = at_ns
+            self.enter(k, at_ns, ids)
 
-    def account(k, t, t_ns, ids, h, prefill_s, load_s, drive_done, dequant_s,
+    def account(self, k, t, t_ns, ids, h, prefill_s, load_s, drive_done, dequant_s,
                 last_dequant_s) -> None:
         """A request's first token and its KV's time, in arrival order, once its loads'
         completion is known."""
-        nonlocal uncomputed_hits
         if drive_done is not None:
             done = _now(drive_done)
-            load_ns.append(done - t_ns)
+            self.load_ns.append(done - t_ns)
             load_s = max(load_s, (done - t_ns) / 1e9)
         # the loads began at arrival (the drive was asked then), the prefill when the GPU
         # is free; the first token needs both.  Blocks that arrive compressed are dequantized
         # on the GPU as they arrive (its time added to the prefill's), the last one after it
         # has arrived
+        gpu_free = self.gpu_free
         start = max(t, gpu_free[k])
         gpu_free[k] = max(start + prefill_s + dequant_s, t + load_s + last_dequant_s)
-        ttft.append(gpu_free[k] - t)
-        q = per[k]
+        self.ttft.append(gpu_free[k] - t)
+        q = self.per[k]
         q["requests"] += 1
         q["blocks"] += len(ids)
         q["hit_blocks"] += h
         q["ttft"].append(gpu_free[k] - t)
         # the missed blocks' KV exists from the first token on (if another request is
         # computing one already, from whichever finishes first)
+        computed_at = self.computed_at
         for b in ids[:h]:
             if computed_at.get(b, 0.0) > t:
-                uncomputed_hits += 1
+                self.uncomputed_hits += 1
         for b in ids[h:]:
             c = computed_at.get(b)
             computed_at[b] = gpu_free[k] if c is None or c <= t else min(c, gpu_free[k])
 
-    samples: deque = deque()  # utilization samples taken, not yet fed to util (in order)
+    def take_sample(self) -> None:
+        t_s, parts, window_ns = self.samples.popleft()
+        self.util.sample(t_s, _summed([_now(p) for p in parts]), window_ns)
 
-    def take_sample() -> None:
-        t_s, parts, window_ns = samples.popleft()
-        util.sample(t_s, _summed([_now(p) for p in parts]), window_ns)
-
-    # requests issued, not yet accounted (store when computed: none; see LOOKAHEAD)
-    unaccounted: deque = deque()
-    lookahead = LOOKAHEAD if store_when == "arrival" else 0
-    raw = model.block_bytes
-    gpu_free = [0.0] * K
-    hits = {t: 0 for t in TIERS}
-    blocks_total = hit_blocks = tokens_saved = 0
-    ttft, load_ns, timeline = [], [], []
-    util = UtilizationSeries(profile, K)
-    per = [{"requests": 0, "blocks": 0, "hit_blocks": 0, "ttft": []} for _ in range(K)]
-    span_ns = (requests[-1].timestamp_ms - requests[0].timestamp_ms) * 1e6 if requests else 0
-    window = max(span_ns / UTILIZATION_SAMPLES, 1.0)
-    t0_ns = requests[0].timestamp_ms * 1e6 if requests else 0
-    next_sample = t0_ns + window
-    t_ns = t0_ns
-    evictions = {t: 0 for t in TIERS}
-    for i, req in enumerate(requests):
-        t = req.timestamp_ms / 1000.0
-        t_ns = req.timestamp_ms * 1_000_000
-        if pending:
-            enter_pending(t_ns)
-        submitted_ns = t_ns
-        if store is not None and t_ns >= next_sample:
-            samples.append((t, [d.books() for d in drives], t_ns - (next_sample - window)))
-            if len(samples) > BOOKS_AHEAD:
-                take_sample()
-            next_sample = t_ns + window
-        ids = req.hash_ids
-        k = i % K
-        if route == "prefix" and K > 1:
-            k = _route_prefix(tiers, store, ids, i, K)
-        inst = tiers[k]
+    def serve(self, k: int, t_ns: int, ids):
+        """The request's blocks from instance k's tiers, fastest first: (blocks hit, DRAM
+        load s, GPU dequantization s, its last block's, the drive's load or None)."""
+        inst, store, raw = self.tiers[k], self.store, self.raw
         runs = {name: inst[name].leading_run(ids) for name in ("hbm", "dram")}
         runs["drive"] = store.match(k, t_ns, ids) if store is not None else 0
         served = 0
@@ -551,70 +564,91 @@ def replay(requests, profile: Profile, model: ModelConfig, capacities: dict, dri
             if n <= 0:
                 continue
             if name == "dram":
-                load_s = max(load_s, n * raw / host_link_bytes_per_s)
+                load_s = max(load_s, n * raw / self.host_link_bytes_per_s)
             elif name == "drive":
                 drive_done = store.load(k, t_ns, ids[served:runs[name]])
-                if gpu_dequant_bytes_per_s:
-                    last_dequant_s = raw / gpu_dequant_bytes_per_s
+                if self.gpu_dequant_bytes_per_s:
+                    last_dequant_s = raw / self.gpu_dequant_bytes_per_s
                     dequant_s = n * last_dequant_s
-            hits[name] += n
+            self.hits[name] += n
             served = runs[name]
-        h = served
-        blocks_total += len(ids)
-        hit_blocks += h
+        return served, load_s, dequant_s, last_dequant_s, drive_done
+
+    def request(self, i: int, req) -> None:
+        t = req.timestamp_ms / 1000.0
+        t_ns = self.t_ns = req.timestamp_ms * 1_000_000
+        if self.pending:
+            self.enter_pending(t_ns)
+        self.submitted_ns = t_ns
+        store = self.store
+        if store is not None and t_ns >= self.next_sample:
+            self.samples.append((t, [d.books() for d in self.drives],
+                                 t_ns - (self.next_sample - self.window)))
+            if len(self.samples) > BOOKS_AHEAD:
+                self.take_sample()
+            self.next_sample = t_ns + self.window
+        ids = req.hash_ids
+        k = i % self.K
+        if self.route == "prefix" and self.K > 1:
+            k = _route_prefix(self.tiers, store, ids, i, self.K)
+        h, load_s, dequant_s, last_dequant_s, drive_done = self.serve(k, t_ns, ids)
+        self.blocks_total += len(ids)
+        self.hit_blocks += h
         saved = min(h * BLOCK_TOKENS, req.input_length)
-        tokens_saved += saved
-        prefill_s = (req.input_length - saved) / model.prefill_tokens_per_s
-        unaccounted.append((k, t, t_ns, ids, h, prefill_s, load_s, drive_done, dequant_s,
-                            last_dequant_s))
-        if store_when == "arrival":
-            if len(unaccounted) > lookahead:
-                account(*unaccounted.popleft())
-            enter(k, t_ns, ids)
+        self.tokens_saved += saved
+        prefill_s = (req.input_length - saved) / self.model.prefill_tokens_per_s
+        self.unaccounted.append((k, t, t_ns, ids, h, prefill_s, load_s, drive_done,
+                                 dequant_s, last_dequant_s))
+        if self.store_when == "arrival":
+            if len(self.unaccounted) > self.lookahead:
+                self.account(*self.unaccounted.popleft())
+            self.enter(k, t_ns, ids)
         else:
-            account(*unaccounted.popleft())
+            self.account(*self.unaccounted.popleft())
             for name in ("hbm", "dram"):
-                inst[name].refresh(ids)
+                self.tiers[k][name].refresh(ids)
             if store is not None:
                 store.refresh(k, ids)
-            heapq.heappush(pending, (gpu_free[k], i, k, ids))
-        timeline.append((t, h, len(ids)))  # arrival (s), blocks hit, blocks
-        if progress is not None and (i & 63) == 63:
-            progress(i + 1)
-    while unaccounted:
-        account(*unaccounted.popleft())
-    enter_pending(None)  # the last requests' KV, computed after the last arrival
-    out = {
-        "blocks": blocks_total, "hit_blocks": hit_blocks,
-        "hits_on_uncomputed_kv": uncomputed_hits,
-        "stores_dropped": store.dropped if store is not None else 0,
-        "block_hit_ratio": hit_blocks / blocks_total if blocks_total else 0.0,
-        "tier_hit_ratio": {t: hits[t] / blocks_total if blocks_total else 0.0
-                           for t in TIERS},
-        "prefill_tokens_saved": tokens_saved,
-        "ttft": ttft, "timeline": timeline, "drive_load_ns": load_ns,
-        "evictions": evictions, "per_instance": per,
-        "fabric_bytes": store.fabric.bytes if store is not None else 0,
-    }
-    if store is not None:
-        while samples:
-            take_sample()
-        c = _counters(drives)
-        util.sample(t_ns / 1e9, c, t_ns - (next_sample - window))
-        util.drain(t_ns / 1e9, window, UTILIZATION_SAMPLES)
+            heapq.heappush(self.pending, (self.gpu_free[k], i, k, ids))
+        self.timeline.append((t, h, len(ids)))  # arrival (s), blocks hit, blocks
+
+    def finish(self) -> dict:
+        while self.unaccounted:
+            self.account(*self.unaccounted.popleft())
+        self.enter_pending(None)  # the last requests' KV, computed after the last arrival
+        store, total = self.store, self.blocks_total
+        out = {
+            "blocks": total, "hit_blocks": self.hit_blocks,
+            "hits_on_uncomputed_kv": self.uncomputed_hits,
+            "stores_dropped": store.dropped if store is not None else 0,
+            "block_hit_ratio": self.hit_blocks / total if total else 0.0,
+            "tier_hit_ratio": {t: self.hits[t] / total if total else 0.0 for t in TIERS},
+            "prefill_tokens_saved": self.tokens_saved,
+            "ttft": self.ttft, "timeline": self.timeline, "drive_load_ns": self.load_ns,
+            "evictions": self.evictions, "per_instance": self.per,
+            "fabric_bytes": store.fabric.bytes if store is not None else 0,
+        }
+        if store is not None:
+            out["drive"] = self._drive_report()
+        return out
+
+    def _drive_report(self) -> dict:
+        while self.samples:
+            self.take_sample()
+        c = _counters(self.drives)
+        t_ns, window = self.t_ns, self.window
+        self.util.sample(t_ns / 1e9, c, t_ns - (self.next_sample - window))
+        self.util.drain(t_ns / 1e9, window, UTILIZATION_SAMPLES)
         # over the span in which the work ran: stores booked near the end of the trace run
         # past its last arrival (divided by the trace's span alone, utilization read > 1)
-        work_ns = max(span_ns, c["busy_until_ns"] - t0_ns)
-        out["drive"] = {"host_link_bytes": c["host_link_bytes"], "nand_bytes": c["nand_bytes"],
-                        "host_lag": c["host_lag"],
-                        "utilization": _utilization(profile, c, {}, work_ns, K),
-                        "utilization_span_s": work_ns / 1e9,
-                        "utilization_over_time": util.points,
-                        # a bounded model-mode drive's FTL, per drive (None: unbounded)
-                        "ftl": [d.ftl_report() for d in drives if hasattr(d, "ftl_report")]}
-    if progress is not None:
-        progress(len(requests))
-    return out
+        work_ns = max(self.span_ns, c["busy_until_ns"] - self.t0_ns)
+        return {"host_link_bytes": c["host_link_bytes"], "nand_bytes": c["nand_bytes"],
+                "host_lag": c["host_lag"],
+                "utilization": _utilization(self.profile, c, {}, work_ns, self.K),
+                "utilization_span_s": work_ns / 1e9,
+                "utilization_over_time": self.util.points,
+                # a bounded model-mode drive's FTL, per drive (None: unbounded)
+                "ftl": [d.ftl_report() for d in self.drives if hasattr(d, "ftl_report")]}
 
 
 def _route_prefix(tiers, store, ids, i: int, K: int) -> int:

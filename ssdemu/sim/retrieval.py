@@ -136,141 +136,171 @@ def decode_step(profile: Profile, shape: AttentionShape, context_tokens: int, mo
         raise ValueError(f"decode mode must be one of {', '.join(MODES)}, got {mode!r}")
     if context_tokens <= 0 or budget_tokens <= 0 or batch <= 0 or rerank < 1:
         raise ValueError("context, budget, batch and rerank must be positive")
-    page = profile.retrieval.page_tokens
-    pages = -(-context_tokens // page)
-    k = min(pages, max(1, budget_tokens // page))
-    L = min(shape.layers, layers or shape.layers)
-    H, G, D, eb = shape.kv_heads, shape.group, shape.head_dim, shape.element_bytes
-    sb_head = summary_bytes(pages, 1, D, eb, int8_summaries)
-    where = summaries
-    if where == "auto":
-        total = sb_head * H * shape.layers
-        where = "dram" if total <= profile.retrieval.summary_dram_bytes else "nand"
-    if where not in ("dram", "nand"):
-        raise ValueError(f"summaries live in dram, nand or auto, got {summaries!r}")
-    model = DeviceModel(profile)
-    budget = budget_of(profile)
-    budget.share_dram(model)
-    lay = _Layout(profile, shape, pages, page, sb_head)
-    pb = shape.page_bytes(page)
-    link = nand = channel = 0  # bytes over the link, sensed, moved over NAND channels
-    mac_ns = 0.0
-    t = 0.0
-
-    def charge(kernel, cost, at):
-        nonlocal mac_ns
-        mac_ns += budget.mac_ns(cost)
-        return budget.charge(kernel, cost, at)[1]
-
+    step = _Step(profile, shape, context_tokens, budget_tokens, batch, rerank,
+                 int8_summaries, summaries, layers)
     if mode == "ship-all":
-        per_layer = context_tokens * H * 2 * D * eb
-        for layer in range(L):
-            t = max(t, model.read(0.0, lay.kv(layer), per_layer))
-        link = nand = channel = per_layer * L
-        summaries_in = "-"
+        step.ship_all()
     elif mode == "host-select":
+        step.host_select()
+    else:
+        step.drive_select()
+    return step.cost(mode)
+
+
+class _Step:
+    """decode_step's books: the timing model and the TOPS budget it books on, the bytes over
+    the link, sensed and moved over NAND channels, the MAC time, the step's end (ns)."""
+
+    def __init__(self, profile, shape, context_tokens, budget_tokens, batch, rerank,
+                 int8_summaries, summaries, layers):
+        self.profile, self.shape, self.context_tokens = profile, shape, context_tokens
+        self.batch, self.rerank = batch, rerank
+        self.page = page = profile.retrieval.page_tokens
+        self.pages = pages = -(-context_tokens // page)
+        self.k = min(pages, max(1, budget_tokens // page))
+        self.L = min(shape.layers, layers or shape.layers)
+        self.H, self.G, self.D = shape.kv_heads, shape.group, shape.head_dim
+        self.sb_head = sb_head = summary_bytes(pages, 1, self.D, shape.element_bytes,
+                                               int8_summaries)
+        where = summaries
+        if where == "auto":
+            total = sb_head * self.H * shape.layers
+            where = "dram" if total <= profile.retrieval.summary_dram_bytes else "nand"
+        if where not in ("dram", "nand"):
+            raise ValueError(f"summaries live in dram, nand or auto, got {summaries!r}")
+        self.where = where
+        self.model = DeviceModel(profile)
+        self.budget = budget_of(profile)
+        self.budget.share_dram(self.model)
+        self.lay = _Layout(profile, shape, pages, page, sb_head)
+        self.pb = shape.page_bytes(page)
+        self.link = self.nand = self.channel = 0
+        self.mac_ns = 0.0
+        self.t = 0.0
+        self.summaries_in = where
+
+    def charge(self, kernel, cost, at):
+        self.mac_ns += self.budget.mac_ns(cost)
+        return self.budget.charge(kernel, cost, at)[1]
+
+    def ship_all(self) -> None:
+        D, eb = self.D, self.shape.element_bytes
+        per_layer = self.context_tokens * self.H * 2 * D * eb
+        for layer in range(self.L):
+            self.t = max(self.t, self.model.read(0.0, self.lay.kv(layer), per_layer))
+        self.link = self.nand = self.channel = per_layer * self.L
+        self.summaries_in = "-"
+
+    def host_select(self) -> None:
+        model, lay, H, k, pb, sb_head = (self.model, self.lay, self.H, self.k, self.pb,
+                                         self.sb_head)
         ready = []
-        for layer in range(L):  # summaries are prefetched: they need no query
+        for layer in range(self.L):  # summaries are prefetched: they need no query
             r = 0.0
             for h in range(H):
-                if where == "nand":
+                if self.where == "nand":
                     r = max(r, model.read(0.0, lay.summaries(layer, h), sb_head))
-                    nand += lay.sum_run
-                    channel += sb_head
+                    self.nand += lay.sum_run
+                    self.channel += sb_head
                 else:
                     r = max(r, model.transfer(0.0, sb_head))
             ready.append(r)
-            link += sb_head * H
-        for layer in range(L):
-            start = max(t, ready[layer])
+            self.link += sb_head * H
+        for layer in range(self.L):
+            start = max(self.t, ready[layer])
             done = start
-            for b in range(batch):
+            for b in range(self.batch):
                 for h in range(H):
-                    for p in _spread(pages, k, b * H + h):
+                    for p in _spread(self.pages, k, b * H + h):
                         done = max(done, model.read(start, lay.page(layer, h, p), pb))
-            link += batch * H * k * pb
-            nand += batch * H * k * lay.slot
-            channel += batch * H * k * pb
-            t = done
-        summaries_in = where
-    else:
-        q_bytes = batch * shape.q_heads * D * eb
-        out_bytes = batch * shape.q_heads * (D * eb + 4)
+            self.link += self.batch * H * k * pb
+            self.nand += self.batch * H * k * lay.slot
+            self.channel += self.batch * H * k * pb
+            self.t = done
+
+    def drive_select(self) -> None:
+        shape, D, eb = self.shape, self.D, self.shape.element_bytes
+        q_bytes = self.batch * shape.q_heads * D * eb
+        out_bytes = self.batch * shape.q_heads * (D * eb + 4)
         # the drive's work for a layer, in time order: the timing model takes each NAND sense
         # at a submission no earlier than the last one
-        events: list = []
-        serial = 0
-        for layer in range(L):
-            t = model.receive(t, q_bytes)
-            link += q_bytes
-            attended = t
-
-            def at(time, fn, *args):
-                nonlocal serial
-                serial += 1
-                heapq.heappush(events, (time, serial, fn, args))
-
-            def summaries_ready(time, layer, h):
-                scored = charge("score", score_cost(pages, 1, G * batch, D, sb_head), time)
-                if rerank > 1:  # half the candidates by the channel-selective score
-                    scored = charge("score", selective_score_cost(
-                        pages, 1, G * batch, D, max(1, D // SELECT_DIVISOR)), scored)
-                for b in range(batch):  # each sequence its own selection
-                    done = charge("topk", topk_cost(pages, k * rerank), scored)
-                    if rerank > 1:
-                        done = charge("topk", topk_cost(pages, k * rerank), done)
-                    at(done, rerank_stage if rerank > 1 else selected, layer, h, b)
-
-            def rerank_stage(time, layer, h, b):
-                nonlocal nand, channel
-                done = time
-                cand = _spread(pages, k * rerank, b * H + h)
-                for p in cand:  # the candidates' keys: the K half of each page's run
-                    done = max(done, model.sense(time, lay.page(layer, h, p), pb // 2))
-                nand += len(cand) * lay.slot
-                channel += len(cand) * pb // 2
-                done = charge("rerank", rerank_cost(len(cand) * page, len(cand), 1, G, D,
-                                                   len(cand) * pb // 2), done)
-                at(charge("topk", topk_cost(len(cand), k), done), selected, layer, h, b)
-
-            def selected(time, layer, h, b):
-                nonlocal nand, channel, attended
-                ready = time
-                for p in _spread(pages, k, b * H + h + 1):
-                    ready = max(ready, model.sense(time, lay.page(layer, h, p), pb))
-                nand += k * lay.slot
-                channel += k * pb
-                attended = max(attended, charge("attend", attend_cost(k * page, 1, G, D,
-                                                                      k * pb), ready))
-
-            for h in range(H):
-                if where == "nand":
-                    nand += lay.sum_run
-                    channel += sb_head
-                    at(model.sense(t, lay.summaries(layer, h), sb_head), summaries_ready,
-                       layer, h)
+        self.events: list = []
+        self.serial = 0
+        for layer in range(self.L):
+            self.t = self.model.receive(self.t, q_bytes)
+            self.link += q_bytes
+            self.attended = self.t
+            for h in range(self.H):
+                if self.where == "nand":
+                    self.nand += self.lay.sum_run
+                    self.channel += self.sb_head
+                    self.at(self.model.sense(self.t, self.lay.summaries(layer, h),
+                                             self.sb_head), self.summaries_ready, layer, h)
                 else:
-                    at(t, summaries_ready, layer, h)
-            while events:
-                time, _, fn, args = heapq.heappop(events)
+                    self.at(self.t, self.summaries_ready, layer, h)
+            while self.events:
+                time, _, fn, args = heapq.heappop(self.events)
                 fn(time, *args)
-            t = model.transfer(attended, out_bytes)
-            link += out_bytes
-        summaries_in = where
-    scale = shape.layers / L
-    units = budget.profile.compute_units
-    busy = sum(budget.busy_ns)
-    span = max(t, 1.0)
-    dram = sum(k.bytes for k in budget.kernels.values())
-    # what each resource was busy for, as a fraction of the step: the largest binds
-    shares = {"link": link / profile.host_link.bandwidth_bytes_per_s * 1e9 / span,
-              "nand": channel / (profile.nand.channels * profile.nand.channel_bytes_per_s)
-              * 1e9 / span,
-              "dram": dram / profile.compute.memory_bytes_per_s * 1e9 / span,
-              "mac": mac_ns / (units * span)}
-    return StepCost(mode, context_tokens, context_tokens if mode == "ship-all" else k * page,
-                    t * scale, int(link * scale), int(nand * scale),
-                    summaries_in, busy / (units * span), mac_ns / (units * span), shares)
+            self.t = self.model.transfer(self.attended, out_bytes)
+            self.link += out_bytes
+
+    def at(self, time, fn, *args) -> None:
+        self.serial += 1
+        heapq.heappush(self.events, (time, self.serial, fn, args))
+
+    def summaries_ready(self, time, layer, h) -> None:
+        G, D, pages, k, rerank = self.G, self.D, self.pages, self.k, self.rerank
+        scored = self.charge("score", score_cost(pages, 1, G * self.batch, D, self.sb_head),
+                             time)
+        if rerank > 1:  # half the candidates by the channel-selective score
+            scored = self.charge("score", selective_score_cost(
+                pages, 1, G * self.batch, D, max(1, D // SELECT_DIVISOR)), scored)
+        for b in range(self.batch):  # each sequence its own selection
+            done = self.charge("topk", topk_cost(pages, k * rerank), scored)
+            if rerank > 1:
+                done = self.charge("topk", topk_cost(pages, k * rerank), done)
+            self.at(done, self.rerank_stage if rerank > 1 else self.selected, layer, h, b)
+
+    def rerank_stage(self, time, layer, h, b) -> None:
+        pb, lay = self.pb, self.lay
+        done = time
+        cand = _spread(self.pages, self.k * self.rerank, b * self.H + h)
+        for p in cand:  # the candidates' keys: the K half of each page's run
+            done = max(done, self.model.sense(time, lay.page(layer, h, p), pb // 2))
+        self.nand += len(cand) * lay.slot
+        self.channel += len(cand) * pb // 2
+        done = self.charge("rerank", rerank_cost(len(cand) * self.page, len(cand), 1, self.G,
+                                                 self.D, len(cand) * pb // 2), done)
+        self.at(self.charge("topk", topk_cost(len(cand), self.k), done), self.selected,
+                layer, h, b)
+
+    def selected(self, time, layer, h, b) -> None:
+        k, pb, lay = self.k, self.pb, self.lay
+        ready = time
+        for p in _spread(self.pages, k, b * self.H + h + 1):
+            ready = max(ready, self.model.sense(time, lay.page(layer, h, p), pb))
+        self.nand += k * lay.slot
+        self.channel += k * pb
+        self.attended = max(self.attended, self.charge(
+            "attend", attend_cost(k * self.page, 1, self.G, self.D, k * pb), ready))
+
+    def cost(self, mode: str) -> StepCost:
+        profile, budget, t = self.profile, self.budget, self.t
+        scale = self.shape.layers / self.L
+        units = budget.profile.compute_units
+        busy = sum(budget.busy_ns)
+        span = max(t, 1.0)
+        dram = sum(k.bytes for k in budget.kernels.values())
+        # what each resource was busy for, as a fraction of the step: the largest binds
+        shares = {"link": self.link / profile.host_link.bandwidth_bytes_per_s * 1e9 / span,
+                  "nand": self.channel / (profile.nand.channels
+                                          * profile.nand.channel_bytes_per_s) * 1e9 / span,
+                  "dram": dram / profile.compute.memory_bytes_per_s * 1e9 / span,
+                  "mac": self.mac_ns / (units * span)}
+        attended = self.context_tokens if mode == "ship-all" else self.k * self.page
+        return StepCost(mode, self.context_tokens, attended, t * scale,
+                        int(self.link * scale), int(self.nand * scale), self.summaries_in,
+                        busy / (units * span), self.mac_ns / (units * span), shares)
 
 
 def read_amplification(profile: Profile, shape: AttentionShape) -> float:

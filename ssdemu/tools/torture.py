@@ -111,8 +111,7 @@ def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: flo
     log = os.path.join(os.path.dirname(sock), "crash.log")
     extra = ["--timing", "off", "--power-cut"]
     d = DaemonProcess(sock, media=media, extra=extra, log_path=log)
-    durable = dict(known)                       # as of the last completed flush
-    written: dict[bytes, set[int | None]] = {}  # states a key was sent to since then
+    churn = _Churn(t, dict(known))
     seed = rng.randrange(1 << 32)
 
     def strike():
@@ -129,57 +128,7 @@ def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: flo
     killer.start()
     try:
         with hostlib.connect(sock) as dev:
-            acked: dict[bytes, int | None] = {}
-            changes = 0
-
-            def change(key: bytes, state: int | None) -> None:
-                nonlocal changes
-                written.setdefault(key, set()).add(state)
-                t.operations += 1
-                try:
-                    if state is None:
-                        dev.kv_delete(key)
-                    else:
-                        dev.kv_put(key, value_of(key, state))
-                except hostlib.KeyNotFoundError:
-                    pass  # a delete of a key that is not there: a state all the same
-                acked[key] = state
-                t.acknowledged += 1
-                changes += 1
-
-            def flush() -> None:
-                nonlocal written
-                dev.flush()
-                durable.update(acked)
-                written = {}
-
-            while True:
-                key = b"crash-%02d" % rng.randrange(KEYS)
-                r = rng.random()
-                t.version += 1
-                # the sequences around a flush that durability has to hold for (issue
-                # 33, item 1): the same bytes put again (acknowledged with no record of
-                # its own while the first put's group was open), a delete then a put, a
-                # put then a delete; otherwise one change, a flush every few
-                if r < 0.1 and acked.get(key) is not None:
-                    change(key, acked[key])
-                    flush()
-                elif r < 0.15:
-                    change(key, t.version)
-                    change(key, t.version)
-                    flush()
-                elif r < 0.2:
-                    change(key, None)
-                    change(key, t.version)
-                    flush()
-                elif r < 0.25:
-                    change(key, t.version)
-                    change(key, None)
-                    flush()
-                else:
-                    change(key, None if r < 0.4 else t.version)
-                    if changes % FLUSH_EVERY == 0:
-                        flush()
+            churn.run(dev, rng)
     except (hostlib.DeviceGoneError, hostlib.ConnectError, OSError):
         pass  # the kill: expected
     finally:
@@ -198,32 +147,101 @@ def crash_run(t: Tally, rng: random.Random, media: str, sock: str, deadline: flo
         d = DaemonProcess(sock, media=media, extra=extra, log_path=log)
     try:
         with hostlib.connect(sock) as dev:
-            for key in set(durable) | set(written):
-                allowed = written.get(key, set()) | {durable.get(key)}
-                try:
-                    data = dev.kv_get(key)
-                except hostlib.KeyNotFoundError:
-                    data = None
-                except hostlib.DeviceError as e:
-                    t.corrupt += 1
-                    t.problems.append(f"{key!r} reads as {e.status_name}")
-                    continue
-                got = None if data is None else version_in(key, data)
-                if data is not None and got is None:
-                    t.corrupt += 1
-                    t.problems.append(f"{key!r} holds bytes no client wrote")
-                    continue
-                if got not in allowed:
-                    t.lost += 1
-                    t.problems.append(f"{key!r}: {got} after a flush that covered "
-                                      f"{durable.get(key)}")
-                known[key] = got
+            _check_keys(t, dev, churn.durable, churn.written, known)
     finally:
         code, err = d.terminate()
         if code != 0:
             t.crashes += 1
             t.problems.append(f"the restarted daemon exited {code}: {err[-300:]}")
     t.runs += 1
+
+
+class _Churn:
+    """A crash run's writes until the strike: every change acknowledged is counted, and what
+    each key may hold afterwards is kept: its state as of the last completed flush
+    (durable), and the states it was sent to since (written)."""
+
+    def __init__(self, t: Tally, durable: dict[bytes, int | None]):
+        self.t, self.durable = t, durable
+        self.written: dict[bytes, set[int | None]] = {}
+        self.acked: dict[bytes, int | None] = {}
+        self.changes = 0
+        self.dev = None
+
+    def change(self, key: bytes, state: int | None) -> None:
+        self.written.setdefault(key, set()).add(state)
+        self.t.operations += 1
+        try:
+            if state is None:
+                self.dev.kv_delete(key)
+            else:
+                self.dev.kv_put(key, value_of(key, state))
+        except hostlib.KeyNotFoundError:
+            pass  # a delete of a key that is not there: a state all the same
+        self.acked[key] = state
+        self.t.acknowledged += 1
+        self.changes += 1
+
+    def flush(self) -> None:
+        self.dev.flush()
+        self.durable.update(self.acked)
+        self.written = {}
+
+    def run(self, dev, rng: random.Random) -> None:
+        """Until the device goes (the strike ends it with an exception)."""
+        self.dev = dev
+        t, acked, change = self.t, self.acked, self.change
+        while True:
+            key = b"crash-%02d" % rng.randrange(KEYS)
+            r = rng.random()
+            t.version += 1
+            # the sequences around a flush that durability has to hold for (issue 33, item
+            # 1): the same bytes put again (acknowledged with no record of its own while the
+            # first put's group was open), a delete then a put, a put then a delete;
+            # otherwise one change, a flush every few
+            if r < 0.1 and acked.get(key) is not None:
+                change(key, acked[key])
+                self.flush()
+            elif r < 0.15:
+                change(key, t.version)
+                change(key, t.version)
+                self.flush()
+            elif r < 0.2:
+                change(key, None)
+                change(key, t.version)
+                self.flush()
+            elif r < 0.25:
+                change(key, t.version)
+                change(key, None)
+                self.flush()
+            else:
+                change(key, None if r < 0.4 else t.version)
+                if self.changes % FLUSH_EVERY == 0:
+                    self.flush()
+
+
+def _check_keys(t: Tally, dev, durable: dict, written: dict, known: dict) -> None:
+    """After the restart, every key holds its durable state or one it was sent to since."""
+    for key in set(durable) | set(written):
+        allowed = written.get(key, set()) | {durable.get(key)}
+        try:
+            data = dev.kv_get(key)
+        except hostlib.KeyNotFoundError:
+            data = None
+        except hostlib.DeviceError as e:
+            t.corrupt += 1
+            t.problems.append(f"{key!r} reads as {e.status_name}")
+            continue
+        got = None if data is None else version_in(key, data)
+        if data is not None and got is None:
+            t.corrupt += 1
+            t.problems.append(f"{key!r} holds bytes no client wrote")
+            continue
+        if got not in allowed:
+            t.lost += 1
+            t.problems.append(f"{key!r}: {got} after a flush that covered "
+                              f"{durable.get(key)}")
+        known[key] = got
 
 
 # -- fuzzer ----------------------------------------------------------------------------------
