@@ -4,7 +4,9 @@
     await dev.kv_put(b"key", b"value")
     value = await dev.kv_get(b"key")
 
-Commands go into the queue pair as the synchronous API puts them there; completions arrive
+Every queue command of hostlib.Device is here, awaited (made from its one definition,
+hostlib/commands.py), with the same arguments and result.  Commands go into the queue pair
+as the synchronous API puts them there; completions arrive
 through the queue pair's completion eventfd, watched by the event loop (`loop.add_reader`):
 the daemon is asked to signal it for every completion while commands are outstanding, no
 thread per command, no polling.  One AsyncDevice belongs to one event loop and its thread.
@@ -27,7 +29,8 @@ import numpy as np
 
 from hostlib.client import Device, Future
 from hostlib.client import connect as _connect
-from hostlib.errors import DeviceGoneError, InvalidValueSizeError
+from hostlib.commands import derive_awaited
+from hostlib.errors import DeviceGoneError
 from ssdemu_wire import _ring
 from ssdemu_wire.layout import RING_HDR_DTYPE
 
@@ -124,101 +127,16 @@ class AsyncDevice:
         self._arm(True)
         return af
 
-    # -- the calls --
-    async def nop(self) -> None:
-        from ssdemu_wire.layout import OPCODES
+    # -- the calls: every queue command of hostlib.Device, awaited, and its control-plane
+    # requests run in place; made from their one definition (hostlib/commands.py, at the
+    # end of this module) --
 
-        await self._await(self.dev.submit(OPCODES["NOP"], "nop", qp=self.qp))
-
-    async def read(self, nsid: int, lba: int, out: np.ndarray) -> int:
-        return await self._await(self.dev.read_async(nsid, lba, out, self.qp))
-
-    async def write(self, nsid: int, lba: int, data: np.ndarray) -> int:
-        return await self._await(self.dev.write_async(nsid, lba, data, self.qp))
-
-    async def flush(self, nsid: int = 0) -> None:
-        from ssdemu_wire.layout import OPCODES
-
-        await self._await(self.dev.submit(OPCODES["FLUSH"], f"flush ns {nsid}", qp=self.qp,
-                                          nsid=nsid))
-
-    async def kv_put(self, key: bytes, value, only_if_exists: bool = False,
-                     only_if_not_exists: bool = False, *, nsid: int = 0) -> bool:
-        """True if the key existed.  A value not in an alloc buffer is copied into the
-        queue pair's bounce or a pooled staging buffer (Device.staging_take)."""
-        return await self._await(self.dev.kv_put_async(key, value, only_if_exists,
-                                                       only_if_not_exists, self.qp, nsid=nsid))
-
-    async def kv_get(self, key: bytes, out: np.ndarray | None = None, *,
-                     nsid: int = 0) -> bytes | int:
-        """The value (bytes), or with `out`, its length."""
-        try:
-            return await self._await(self.dev.kv_get_async(key, out, self.qp, nsid=nsid))
-        except InvalidValueSizeError as e:
-            if out is not None or not e.value_length:
-                raise
-            tmp = np.empty(e.value_length, np.uint8)  # staged as any array (never waits)
-            n = await self._await(self.dev.kv_get_async(key, tmp, self.qp, nsid=nsid))
-            return tmp[:n].tobytes()
-
-    async def kv_delete(self, key: bytes, *, nsid: int = 0, force: bool = False) -> None:
-        await self._await(self.dev.kv_delete_async(key, self.qp, nsid=nsid, force=force))
-
-    async def kv_exists(self, key: bytes, *, nsid: int = 0) -> bool:
-        from hostlib.errors import KeyNotFoundError
-
-        try:
-            await self._await(self.dev.kv_exists_async(key, self.qp, nsid=nsid))
-            return True
-        except KeyNotFoundError:
-            return False
-
-    async def kv_put_quantized(self, key: bytes, block: np.ndarray, dtype: str, scheme: str,
-                               *, nsid: int = 0, layout: str = "t2l") -> int:
-        return await self._await(self.dev.kv_put_quantized_async(key, block, dtype, scheme,
-                                                                 self.qp, nsid=nsid,
-                                                                 layout=layout))
-
-    async def kv_get_dequantized(self, key: bytes, out: np.ndarray, *,
-                                 nsid: int = 0) -> np.ndarray:
-        await self._await(self.dev.kv_get_dequantized_async(key, out, self.qp, nsid=nsid))
-        return out
-
-    async def prefix_match(self, keys, *, nsid: int = 0) -> int:
-        return await self._await(self.dev.prefix_match_async(keys, self.qp, nsid=nsid))
-
-    async def topk_pages(self, keys, queries: np.ndarray, **kw):
-        """Device.topk_pages, awaited: (page ids, scores)."""
-        ids, scores, _ = await self._await(self.dev.topk_pages_async(keys, queries,
-                                                                     qp=self.qp, **kw))
-        return ids, scores
-
-    async def attend(self, keys, queries: np.ndarray, page_ids: np.ndarray, **kw):
-        """Device.attend, awaited: (outputs, log-sum-exps)."""
-        return await self._await(self.dev.attend_async(keys, queries, page_ids, qp=self.qp,
-                                                       **kw))
-
-    async def pin(self, key: bytes, *, nsid: int = 0) -> int:
-        return await self._await(self.dev.pin_async(key, self.qp, nsid=nsid))
-
-    async def unpin(self, key: bytes, *, nsid: int = 0) -> int:
-        return await self._await(self.dev.unpin_async(key, self.qp, nsid=nsid))
-
-    # -- buffers and admin (short control-plane requests, run in place) --
+    # -- buffers (short control-plane requests, run in place) --
     def alloc(self, nbytes: int) -> np.ndarray:
         return self.dev.alloc(nbytes)
 
     def free(self, arr: np.ndarray) -> None:
         self.dev.free(arr)
-
-    async def identify(self) -> dict:
-        return self.dev.identify()
-
-    async def ns_create(self, nbytes: int = 0, shared: bool = False) -> int:
-        return self.dev.ns_create(nbytes, shared)
-
-    async def log(self, page: int = 1) -> dict:
-        return self.dev.log(page)
 
     async def close(self) -> None:
         if self._closed:
@@ -234,6 +152,9 @@ class AsyncDevice:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+derive_awaited(AsyncDevice, Device)
 
 
 async def connect(socket_path: str, entries: int = 1024, timeout: float = 5.0, *,

@@ -105,3 +105,68 @@ def test_blocking_and_asyncio_waiters_on_one_connection_never_lose_a_wake_up(dae
         await adev.close()
 
     asyncio.run(main())
+
+
+def test_the_two_apis_have_the_same_commands():
+    """Every queue command of hostlib.Device is in hostlib.aio, awaited, and nothing else
+    is; both are made from one definition per command (hostlib/commands.py), and every
+    opcode a client sends is reached by one of them."""
+    import inspect
+    import re
+
+    from hostlib.commands import CONTROL, specs
+    from ssdemu_wire.layout import OPCODES
+
+    commands = set(specs(hostlib.Device))
+    awaited = {n for n, v in vars(hostlib.aio.AsyncDevice).items()
+               if inspect.iscoroutinefunction(v) and not n.startswith("_")} - {"close"}
+    assert awaited == commands | set(CONTROL)
+    assert "counters" in awaited and "namespaces" in awaited  # the two the mirror missed
+    # the public blocking calls: the commands, the control requests and the local ones
+    local = {"alloc", "free", "staging_take", "staging_give", "queue_pair", "submit", "batch",
+             "submit_batch", "reap", "close"}
+    public = {n for n in dir(hostlib.Device)
+              if not n.startswith("_") and callable(getattr(hostlib.Device, n))}
+    assert public == commands | {c + "_async" for c in commands} | set(CONTROL) | local
+    # the same arguments either way (the awaited call fills in its own queue pair)
+    for name in commands:
+        sync = inspect.signature(getattr(hostlib.Device, name))
+        aio = inspect.signature(getattr(hostlib.aio.AsyncDevice, name))
+        assert sync.parameters.keys() == aio.parameters.keys(), name
+    # each opcode a client sends is named by some command's definition
+    sent = set()
+    for name in commands:
+        fn = getattr(hostlib.Device, name + "_async")
+        sent |= set(re.findall(r'OPCODES\["(\w+)"\]', inspect.getsource(fn)))
+    assert sent == set(OPCODES)
+
+
+def test_counters_namespaces_and_exists_awaited(tmp_path):
+    """Calls the hand-written mirror lacked (COUNTERS, the namespace list and delete, a
+    list of keys) and the derived results (kv_exists' False, a dequantized get's array)."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), extra=["--timing", "detailed", "--clock",
+                                                       "virtual"])
+    try:
+        async def main():
+            async with await hostlib.aio.connect(d.socket_path) as dev:
+                ns = await dev.ns_create(1 << 20)
+                assert [n["nsid"] for n in await dev.namespaces()] == [ns]
+                await dev.kv_put(b"a", b"x" * 4096)
+                assert await dev.kv_exists(b"a") is True
+                assert await dev.kv_exists(b"b") is False
+                assert await dev.kv_list() == [b"a"]
+                big = np.arange(1 << 20, dtype=np.uint8)  # past kv_get's first read
+                await dev.kv_put(b"big", big)
+                assert await dev.kv_get(b"big") == big.tobytes()
+                books = await dev.counters()
+                assert books["link_bytes"] >= 4096 + big.nbytes
+                block = np.ones((32, 2, 2, 2, 64), np.uint16) * 0x3C00  # fp16 1.0
+                await dev.kv_put_quantized(b"q", block, "fp16", "int8_g64")
+                out = np.zeros_like(block)
+                assert await dev.kv_get_dequantized(b"q", out) is out
+                assert (out == 0x3C00).all()
+                await dev.ns_delete(ns)
+                assert await dev.namespaces() == []
+        asyncio.run(main())
+    finally:
+        assert d.terminate()[0] == 0
