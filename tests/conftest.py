@@ -10,6 +10,7 @@ import tempfile
 
 import daemon_fork
 import pytest
+from envcheck import missing
 
 daemon_fork.install()  # DaemonProcess forks its daemons from a preloaded server
 
@@ -46,7 +47,7 @@ def _loop(nbytes: int, sector_bytes: int = 512):
     """A loop device with direct I/O over a fresh file in /var/tmp, detached afterwards."""
     why = _losetup_available()
     if why:
-        pytest.skip(why)
+        missing(why)
     d = tempfile.mkdtemp(prefix="ssdemu-loop-", dir="/var/tmp")
     backing = os.path.join(d, "backing.img")
     with open(backing, "wb") as f:

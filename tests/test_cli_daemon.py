@@ -2,7 +2,7 @@
 
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 
@@ -84,9 +84,19 @@ def test_ctl_without_daemon(tmp_path):
     assert p.returncode == 1 and "cannot reach ssdemu" in p.stderr
 
 
-def test_bench_queue_json():
-    p = ssdemu("bench", "queue", "--seconds", "1", "--media", "mem:64M", "--ns-size", "16M",
-               "--json")
+def test_bench_queue_json(tmp_path):
+    """Through a fio stand-in (tests/fio_standin.py): the bench ran fio on the daemon's own
+    media, at the namespace's offset and over its size, 4 KiB random reads at QD32, and
+    reports fio's figure as fio gave it."""
+    import fio_standin
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = fio_standin.install(bindir)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", FIO_STANDIN_LOG=str(log))
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "queue", "--seconds", "1",
+                        "--media", "mem:64M", "--ns-size", "16M", "--json"],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     for key in ("nop_rtt_us_p50", "nop_rtt_us_p99", "nop_batch32_rtt_us_p50",
@@ -97,8 +107,17 @@ def test_bench_queue_json():
     # the data plane slept between the NOPs' phases at least; its spin counters are counts
     assert r["data_plane_sleeps"] > 0
     assert r["data_plane_sleeps_shared_cpu"] >= 0 and r["data_plane_spin_backoffs"] >= 0
-    if shutil.which("fio"):
-        assert r["ratio_fio"] == r["randread_4k_qd32_iops"] / r["fio_randread_4k_qd32_iops"]
+    calls = fio_standin.calls(log)
+    assert calls, "fio was not run"
+    offsets = {c["offset"] for c in calls}
+    assert len(offsets) == 1 and int(offsets.pop()) > 0  # the namespace's, past the store's
+    for c in calls:  # the daemon's memfd, as other processes reach it
+        assert re.fullmatch(r"/proc/\d+/fd/\d+", c["filename"]), c["filename"]
+        assert (c["rw"], c["bs"], c["iodepth"], c["size"]) == ("randread", "4096", "32",
+                                                               str(16 << 20))
+        assert c["direct"] == "1" and c["ioengine"] == "io_uring"
+    assert r["fio_randread_4k_qd32_iops"] == fio_standin.IOPS
+    assert r["ratio_fio"] == pytest.approx(r["randread_4k_qd32_iops"] / fio_standin.IOPS)
 
 
 @pytest.mark.slow

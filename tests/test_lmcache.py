@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 
 import pytest
+from envcheck import missing
 
 import hostlib
 from ssdemu.tools.daemon_process import DaemonProcess
@@ -25,9 +26,9 @@ PY = LMVENV / "bin" / "python"
 def _lmcache_or_skip() -> None:
     reason = LMVENV / "UNAVAILABLE"
     if reason.exists():
-        pytest.skip(reason.read_text().strip())
+        missing(reason.read_text().strip())
     if not PY.exists():
-        pytest.skip("no LMCache venv: `make test` builds .venv-lmcache")
+        missing("no LMCache venv: `make test` builds .venv-lmcache")
 
 
 @pytest.mark.parametrize("quant", ["none", "int8_g64"])

@@ -190,7 +190,6 @@ def test_the_stress_test_catches_a_stall(tmp_path):
     s = _Stress(d.socket_path, 50, 3)
     never = threading.Event()
     s.shared_b = lambda rng, r, who: never.wait() if (r == 10 and who == b"1") else None
-    t0 = time.monotonic()
     try:
         s.run()
     finally:
@@ -199,7 +198,6 @@ def test_the_stress_test_catches_a_stall(tmp_path):
         if hasattr(s, "threads"):
             s.close()
     assert s.stuck and s.stuck[0].startswith("shared-b1 stuck at round 10")
-    assert time.monotonic() - t0 < STALL_S + 20
     np.testing.assert_equal(s.progress["shared-b2"], 50)
 
 
