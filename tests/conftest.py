@@ -100,6 +100,38 @@ def media_of_kind(kind: str, request):
         shutil.rmtree(d, ignore_errors=True)
 
 
+# The data plane's media paths: shared memory copied inline by the data plane, and a file on
+# ext4 and a block device through io_uring.  Tests of the KV data plane, retrieval, COUNTERS
+# and pins run on each (ring_media), so that none passes on memory media alone.
+RING_KINDS = {"mem": "inline", "file": "io_uring", "block": "io_uring"}
+
+
+@contextlib.contextmanager
+def ring_media(kind: str, nbytes: int):
+    """(media spec, the media_io identify must report) of a RING_KINDS kind, nbytes big,
+    fresh (a loop device of its own), removed afterwards."""
+    if kind == "mem":
+        yield f"mem:{nbytes}", RING_KINDS[kind]
+    elif kind == "block":
+        with _loop(nbytes) as dev:
+            yield f"block:{dev}", RING_KINDS[kind]
+    else:
+        d = tempfile.mkdtemp(prefix="ssdemu-test-", dir="/var/tmp")
+        try:
+            yield f"file:{d}/media.img:{nbytes}", RING_KINDS[kind]
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def check_media_io(socket_path: str, expected: str) -> None:
+    """The daemon reaches its media the way the test means it to (identify's media_io)."""
+    import hostlib
+
+    with hostlib.connect(socket_path) as dev:
+        got = dev.identify()["media_io"]
+    assert got == expected, (got, expected)
+
+
 @pytest.fixture(params=MEDIA_KINDS)
 def media_spec(request):
     """One media spec of each kind, MEDIA_BYTES big."""

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import RING_KINDS, check_media_io, ring_media
 
 import hostlib
 from firmware.quant import dequantize
@@ -20,16 +21,19 @@ from ssdemu.tools.daemon_process import DaemonProcess
 from ssdemu_wire.layout import STATUS
 
 
-@pytest.fixture(scope="module")
-def dev(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(RING_KINDS))
+def dev(tmp_path_factory, request):
     # no NAND timing here, so that a compute command's device time is the firmware's alone
-    # (tests/test_daemon_timing.py covers the two together)
-    d = DaemonProcess(str(tmp_path_factory.mktemp("c") / "sde.sock"), media="mem:256M",
-                      extra=["--timing", "off"])
-    with hostlib.connect(d.socket_path) as device:
-        yield device
-    code, err = d.terminate()
-    assert code == 0, err
+    # (tests/test_daemon_timing.py covers the two together).  On memory media, a file on
+    # ext4 and a block device (the last two through io_uring)
+    with ring_media(request.param, 256 << 20) as (spec, media_io):
+        d = DaemonProcess(str(tmp_path_factory.mktemp("c") / "sde.sock"), media=spec,
+                          extra=["--timing", "off"])
+        check_media_io(d.socket_path, media_io)
+        with hostlib.connect(d.socket_path) as device:
+            yield device
+        code, err = d.terminate()
+        assert code == 0, err
 
 
 def block(shape=(160, 2, 2, 4, 64), seed=0):

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import RING_KINDS, check_media_io, ring_media
 
 import hostlib
 from ssdemu.device import _device
@@ -25,11 +26,16 @@ from ssdemu_wire.layout import OPCODES, STATUS
 ffi, lib = _device.ffi, _device.lib
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:512M", extra=["--timing", "off"])
-    yield d
-    d.kill()
+@pytest.fixture(params=list(RING_KINDS))
+def daemon(tmp_path, request):
+    """On memory media (copied inline), a file on ext4 and a block device (io_uring)."""
+    with ring_media(request.param, 512 << 20) as (spec, media_io):
+        d = DaemonProcess(str(tmp_path / "s.sock"), media=spec, extra=["--timing", "off"])
+        try:
+            check_media_io(d.socket_path, media_io)
+            yield d
+        finally:
+            d.kill()
 
 
 def _raw(dev, **fields) -> tuple[int, int]:

@@ -11,6 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 import retrieval_ref as ref
+from conftest import RING_KINDS, check_media_io, ring_media
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,13 +24,17 @@ from ssdemu_wire.layout import OPCODES, pack_retrieval_request
 PAGE = 16
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(RING_KINDS))
+def daemon(tmp_path_factory, request):
+    """On memory media, a file on ext4 and a block device (the last two through io_uring):
+    the retrieval worker reads its blocks from the store on each."""
     where = tmp_path_factory.mktemp("r")
-    d = DaemonProcess(str(where / "sde.sock"), media="mem:256M", log_path=str(where / "log"))
-    yield d
-    code, err = d.terminate()
-    assert code == 0, err
+    with ring_media(request.param, 256 << 20) as (spec, media_io):
+        d = DaemonProcess(str(where / "sde.sock"), media=spec, log_path=str(where / "log"))
+        check_media_io(d.socket_path, media_io)
+        yield d
+        code, err = d.terminate()
+        assert code == 0, err
 
 
 @pytest.fixture(scope="module")

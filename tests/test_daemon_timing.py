@@ -8,6 +8,7 @@ import time
 
 import pytest
 import yaml
+from conftest import RING_KINDS, ring_media
 
 import hostlib
 from ssdemu.sim.profile import PROFILE_DIR, load
@@ -215,13 +216,13 @@ def _mixed_commands(dev, wait_each: bool) -> list:
     return times
 
 
-def _waiting_and_not(tmp_path, run, then=None) -> dict:
+def _waiting_and_not(tmp_path, run, then=None, media: str = "mem:256M") -> dict:
     """run(dev, wait_each) on a fresh virtual-clock daemon each way, then(dev) after it;
     {wait_each: what run returned}."""
     got = {}
     for wait_each in (True, False):
-        d = DaemonProcess(str(tmp_path / f"v{wait_each}.sock"), media="mem:256M",
-                          extra=["--clock", "virtual"])
+        d = DaemonProcess(str(tmp_path / f"v{wait_each}.sock"), media=media,
+                          extra=["--clock", "virtual", "--format"])  # fresh each way
         try:
             with hostlib.connect(d.socket_path) as dev:
                 got[wait_each] = run(dev, wait_each)
@@ -316,19 +317,23 @@ def _books_around(dev, wait_each: bool) -> list:
     return books + [[f.device_ns for f in futures]]
 
 
-def test_counters_read_the_books_at_their_turn(tmp_path):
+@pytest.mark.parametrize("kind", list(RING_KINDS))
+def test_counters_read_the_books_at_their_turn(tmp_path, kind):
     """COUNTERS waits its turn behind the compute commands fetched before it: asked at once
     behind quantized stores and dequantized retrieves still in the firmware, it reads the
     books a client that waited for each of them would read, and nothing booked after it;
-    reading them books nothing."""
+    reading them books nothing.  On memory media, a file on ext4 and a block device (the
+    last two through io_uring, whose completions come back on io_uring's time)."""
     def then(dev):
+        assert dev.identify()["media_io"] == RING_KINDS[kind]
         last = dev.counters()
         assert dev.counters() == last  # a read of the books books nothing
         model = dev.log()["model"]
         keys = ("link_busy_ns", "channel_busy_ns", "nand_bytes_written", "busy_until_ns")
         assert {k: model[k] for k in keys} == {k: last[k] for k in keys}
 
-    got = _waiting_and_not(tmp_path, _books_around, then)
+    with ring_media(kind, 256 << 20) as (spec, _):
+        got = _waiting_and_not(tmp_path, _books_around, then, media=spec)
     first, second, _ = got[False]
     assert got[False] == got[True]
     assert second["kernel_calls"] == first["kernel_calls"] + 8  # 4 stores, 4 retrieves
