@@ -31,14 +31,15 @@ MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
 # the timing model, one file per responsibility (c/model/model_private.h joins them)
-MODEL_PARTS = ("core", "bulk", "batch", "helper", "ftl", "commands", "cache", "fixed", "loop")
+MODEL_PARTS = ("core", "helper", "bulk", "batch", "nand", "ftl", "commands", "cache", "fixed", "loop",
+               "life")
 MODEL = {"headers": ["model/sde_model.h", "model/sde_kinds.h", "model/sde_budget.h",
                      "model/sde_recipe.h"],
          "sources": [*(f"model/model_{part}.c" for part in MODEL_PARTS), "model/sde_ftl.c",
                      "model/sde_gaps.c", "model/sde_budget.c", "model/sde_recipe.c"]}
 # the device core, one file per responsibility (c/dev/dev_internal.h joins them)
-DEV_PARTS = ("core", "ops", "loop", "complete", "block", "kv", "journal", "compute", "pins",
-             "faults", "bounce")
+DEV_PARTS = ("finish", "bounce", "ctx", "args", "timing", "media", "kinds", "ops", "journal",
+             "pins", "block", "counters", "kv", "compute", "faults", "loop", "core")
 # the store (c/store/store_private.h joins them)
 STORE_PARTS = ("io", "index", "alloc", "records", "journal", "checkpoint", "open", "kv", "api")
 DEVICE = {"headers": ["common/sde_spin.h", "engine/sde_hist.h", "engine/sde_engine.h",

@@ -5,6 +5,8 @@ body runs over 80 lines, fails with its name."""
 import pathlib
 import re
 
+import pytest
+
 C = pathlib.Path(__file__).resolve().parent.parent / "c"
 MAX_FILE_LINES = 900
 MAX_FUNCTION_LINES = 80
@@ -97,3 +99,78 @@ def test_the_daemon_and_the_device_classes_stay_small():
     for where, limit in MAX_CLASS_LINES.items():
         assert where in sizes, where
         assert sizes[where] <= limit, (where, sizes[where])
+
+
+# -- layers inside a folder: a file calls only files below it (no circle of files) --------
+
+LAYERED = ("dev", "model", "store")
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+
+
+def call_graph(folder: pathlib.Path) -> dict[str, set[str]]:
+    """file -> the files of the folder whose (non-static) functions it calls by name."""
+    texts = {p.name: COMMENT.sub("", p.read_text()) for p in sorted(folder.glob("*.c"))}
+    owner = {}
+    for name, text in texts.items():
+        for line in text.split("\n"):
+            m = DEF.match(line)
+            if m and not line.startswith("static") and not line.rstrip().endswith(";"):
+                owner[m.group(1)] = name
+    graph = {name: set() for name in texts}
+    for name, text in texts.items():
+        for fn in set(re.findall(r"\b(\w+)\s*\(", text)):
+            if owner.get(fn, name) != name:
+                graph[name].add(owner[fn])
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one file (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("folder", LAYERED)
+def test_the_files_of_a_c_folder_are_layers_not_a_circle(folder):
+    graph = call_graph(C / folder)
+    assert sum(len(v) for v in graph.values()) > 10  # the parser sees the calls
+    assert circles(graph) == []
+
+
+def test_the_circle_finder_sees_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_data_plane_branches_on_a_context_kind_in_its_table_alone():
+    """c/dev/dev_kinds.c's rows say what carries each kind of command on; no other file
+    tests a context's kind."""
+    branch = re.compile(r"->kind\s*[=!]=|\bcase\s+CTX_|switch\s*\(\s*\w+->kind")
+    found = {p.name: branch.findall(COMMENT.sub("", p.read_text()))
+             for p in sorted((C / "dev").glob("dev_*.c")) if p.name != "dev_kinds.c"}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert "CTX_NKINDS" in (C / "dev" / "dev_kinds.c").read_text()

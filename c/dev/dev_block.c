@@ -146,3 +146,27 @@ void dev_block_io_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_
     }
     dev_queue_media(dev, &x->io, SDE_UNDO_BLOCK); /* room is guaranteed: contexts == depth */
 }
+
+/* A block command's I/O is back (its one I/O: dev_kinds.c's row for CTX_BLOCK): a read
+ * through a bounce copied out, a flush's durability recorded, the completion posted. */
+void dev_block_media_done(sde_dev *dev, struct dev_ctx *x, sde_io *io)
+{
+    (void)io; /* x->io itself */
+    uint16_t st = SDE_SC_SUCCESS;
+    if (x->io.res < 0 || (x->io.op != SDE_OP_FSYNC && (uint32_t)x->io.res != x->io.len))
+        st = SDE_SC_MEDIA_ERROR;
+    if (x->bounce) {
+        if (st == SDE_SC_SUCCESS && x->io.op == SDE_OP_READ && dev->qps[x->qp].active) {
+            memcpy(x->client_addr, x->bounce, x->io.len);
+            dev_copied(dev, x->qp, x->cls, x->io.len);
+        }
+        dev_bounce_drop(dev, x);
+    }
+    uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
+    if (x->flush_id && st == SDE_SC_SUCCESS)
+        sde_undo_flush_done(dev->undo, x->flush_id);
+    dev_finish_at(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0, x->due,
+                  x->dtime);
+    x->used = 0;
+    dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
+}

@@ -85,7 +85,7 @@ static struct dev_ctx *compute_ctx(sde_dev *dev, int qp, const sde_sqe *c, int c
 static void compute_fail(sde_dev *dev, struct dev_ctx *x, uint16_t status)
 {
     if (!dev->virtual_time) {
-        dev_kv_finish(dev, x, status, 0);
+        dev_ctx_finish(dev, x, status, 0);
         return;
     }
     x->fw_state = FW_FAILED;
@@ -97,12 +97,20 @@ static void compute_fail(sde_dev *dev, struct dev_ctx *x, uint16_t status)
  * first piece (the stages stream). */
 static void book_input(sde_dev *dev, struct dev_ctx *x)
 {
-    if (x->kind == CTX_QSTORE)
-        x->ready = sde_recipe_q_receive(dev->model, x->msubmit, x->in_len, &x->sensed,
-                                        &x->pieces);
-    else if (x->kind == CTX_DQ_GET)
-        x->ready = sde_recipe_dq_sense(dev->model, x->msubmit, x->in_off, x->in_len,
-                                       &x->sensed, &x->pieces);
+    const struct dev_kind *k = dev_kind(x);
+    if (k->book_input)
+        k->book_input(dev, x);
+}
+
+void dev_qstore_book_input(sde_dev *dev, struct dev_ctx *x)
+{
+    x->ready = sde_recipe_q_receive(dev->model, x->msubmit, x->in_len, &x->sensed, &x->pieces);
+}
+
+void dev_dq_book_input(sde_dev *dev, struct dev_ctx *x)
+{
+    x->ready = sde_recipe_dq_sense(dev->model, x->msubmit, x->in_off, x->in_len, &x->sensed,
+                                   &x->pieces);
 }
 
 /* KV_STORE_QUANTIZED: the request (an sde_quant_req) leads the block in the command's range,
@@ -328,7 +336,7 @@ void dev_dq_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
         (double)j->host_ns, (uint64_t)j->ret);
     dev_model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
     x->result = (uint64_t)j->ret;
-    dev_kv_finish(dev, x, SDE_SC_SUCCESS, (uint64_t)j->ret);
+    dev_ctx_finish(dev, x, SDE_SC_SUCCESS, (uint64_t)j->ret);
 }
 
 /* PREFIX_MATCH_TOKENS's chain is hashed: match it against the index, here. */
@@ -339,7 +347,7 @@ void dev_pm_tokens_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
                            sde_cost_prefix_hash(n, (uint32_t)j->block_tokens), x->msubmit,
                            j->host_ns);
     if (sde_store_failed(dev->store)) {
-        dev_kv_finish(dev, x, SDE_SC_MEDIA_ERROR, 0);
+        dev_ctx_finish(dev, x, SDE_SC_MEDIA_ERROR, 0);
         return;
     }
     uint64_t h0 = now_ns();
@@ -349,7 +357,7 @@ void dev_pm_tokens_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
                          now_ns() - h0);
     dev_model_verdict(dev, x->msubmit, done, &x->due, &x->dtime);
     x->result = hits;
-    dev_kv_finish(dev, x, SDE_SC_SUCCESS, 0);
+    dev_ctx_finish(dev, x, SDE_SC_SUCCESS, 0);
 }
 
 /* A firmware job is back (at its turn, on the virtual clock): a failure completes the
@@ -360,16 +368,16 @@ static void fw_job_done(sde_dev *dev, sde_fw_job *j)
     if (dev->model && dev->virtual_time) /* its turn: fetch order */
         book_input(dev, x);
     if (j->ret < 0) {
-        if (j->ret == SDE_FW_E_OUT_SMALL && x->kind == CTX_DQ_GET)
+        if (j->ret == SDE_FW_E_OUT_SMALL && dev_kind(x)->reports_raw_size)
             x->result = (uint64_t)j->info[SDE_FW_INFO_RAW]; /* how large a buffer it needs */
-        dev_kv_finish(dev, x, fw_status(j->ret), 0);
+        dev_ctx_finish(dev, x, fw_status(j->ret), 0);
         return;
     }
     const struct dev_op *r = dev_op(x->op);
     if (r && r->kernel_done)
         r->kernel_done(dev, x, j);
     else
-        dev_kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        dev_ctx_finish(dev, x, SDE_SC_INTERNAL, 0);
 }
 
 /* Virtual time: a command fetched behind compute commands starts now, its turn, timed from
@@ -409,7 +417,7 @@ int dev_reap_firmware(sde_dev *dev)
         else if (x->fw_state == FW_DEFERRED)
             start_deferred(dev, x);
         else
-            dev_kv_finish(dev, x, x->fw_status, 0);
+            dev_ctx_finish(dev, x, x->fw_status, 0);
         n++;
     }
     return n;

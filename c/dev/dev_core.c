@@ -341,17 +341,6 @@ int sde_dev_set_ns(sde_dev *dev, uint32_t nsid, const sde_ns_info *ns)
     return 0;
 }
 
-/* Whether the client of queue pair q may use namespace nsid: it exists and is shared or its
- * own (same uid and token).  Another owner's namespace looks exactly like a missing one. */
-int dev_ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid)
-{
-    if (nsid < 1 || nsid > SDE_MAX_NS)
-        return 0;
-    const sde_ns_info *ns = &dev->ns[nsid];
-    return (ns->flags & SDE_NS_USED) &&
-           ((ns->flags & SDE_NS_SHARED) || (ns->uid == q->uid && ns->token == q->token));
-}
-
 int sde_dev_media_inline(sde_dev *dev)
 {
     sde_stats st;

@@ -80,8 +80,9 @@ enum {
     CTX_DQ_GET = 5,    /* KV_RETRIEVE_DEQUANTIZED: read, then dequantize into the client */
     CTX_PM_TOKENS = 6, /* PREFIX_MATCH_TOKENS: hash the chain, then match */
     CTX_DEL_PARKED = 7, /* a KV_DELETE held back: an early put of its key is in flight */
-    CTX_DEFERRED = 8    /* virtual time: a command fetched behind compute commands, started
+    CTX_DEFERRED = 8,   /* virtual time: a command fetched behind compute commands, started
                          * at its turn (sqe, msubmit) */
+    CTX_NKINDS
 };
 
 struct dev_ctx {
@@ -334,83 +335,92 @@ void dev_qstore_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j);
 void dev_dq_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j);
 void dev_pm_tokens_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j);
 
-/* ---- functions shared between the files of c/dev ------------------------------------ */
+/* ---- the context kinds (dev_kinds.c) --------------------------------------------------
+ * What carries a command on, by its context's kind: the one place the data plane branches
+ * on it. */
+struct dev_kind {
+    const char *name;
+    /* one of its media I/Os is back (the engine's completion) */
+    void (*media_done)(sde_dev *dev, struct dev_ctx *x, sde_io *io);
+    /* every I/O of its value has ended */
+    void (*value_done)(sde_dev *dev, struct dev_ctx *x);
+    /* held back behind an early put of its key, its turn now */
+    void (*resume)(sde_dev *dev, struct dev_ctx *x);
+    /* virtual time, a compute command: its input's arrival booked at its turn */
+    void (*book_input)(sde_dev *dev, struct dev_ctx *x);
+    /* a put's device time once its placement is known (wrote: its bytes go to NAND at off) */
+    void (*put_timing)(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
+                       uint64_t off, uint64_t len);
+    uint8_t stores_value;     /* a put: its completion counts the value's bytes */
+    uint8_t result_existed;   /* its result says whether the key existed (KV_STORE) */
+    uint8_t copies_out;       /* a value's bounced tail copied to the client piece by piece */
+    uint8_t reports_raw_size; /* a kernel's OUT_SMALL: the result is the buffer it needs */
+};
+const struct dev_kind *dev_kind(const struct dev_ctx *x);
 
-/* dev_core.c */
-int dev_ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid);
+/* ---- functions shared between the files of c/dev, bottom up ---------------------------
+ * Shared machinery first (contexts, arguments, finishing, the model's glue, media), then the
+ * command families, then the loop and the device's lifecycle: a file calls only files above
+ * it in this list (tests/test_c_shape.py checks the call graph). */
 
-/* dev_complete.c */
+/* dev_finish.c */
 void dev_flush_stage(struct dev_qp *q);
 int dev_release_due(sde_dev *dev, uint64_t now);
 /* Bytes the daemon copied for a command (the bounce path): the device's and its owner's. */
 void dev_copied(sde_dev *dev, int qp, int cls, uint64_t bytes);
 void dev_finish_at(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
-                      uint64_t result, uint64_t bytes, uint64_t t0, uint64_t due,
-                      uint64_t dtime);
+                   uint64_t result, uint64_t bytes, uint64_t t0, uint64_t due, uint64_t dtime);
 void dev_finish(sde_dev *dev, int qp, int cls, uint16_t cid, uint16_t status,
-                   uint64_t result, uint64_t bytes, uint64_t t0);
-double dev_model_submit(sde_dev *dev, const sde_sqe *c, uint64_t t0);
-void dev_model_verdict(sde_dev *dev, double submit, double done, uint64_t *due,
-                          uint64_t *dtime);
-void dev_model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op,
-                        uint64_t off, uint64_t nbytes, uint64_t *due, uint64_t *dtime);
-void dev_share_dram(sde_dev *dev);
+                uint64_t result, uint64_t bytes, uint64_t t0);
 
-/* dev_block.c */
-uint16_t dev_check_block(sde_dev *dev, struct dev_qp *q, const sde_sqe *c, int need_buf,
-                            uint64_t *media_off, struct dev_buf **buf);
-uint16_t dev_zero_range(sde_dev *dev, uint8_t op, uint64_t off, uint64_t len);
-
-/* dev_kv.c */
-uint32_t dev_ctx_index(sde_dev *dev, struct dev_ctx *x);
-struct dev_ctx *dev_ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, int kind,
-                                uint64_t t0);
-void dev_ctx_put(sde_dev *dev, struct dev_ctx *x);
-uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX]);
-struct dev_buf *dev_client_range(sde_dev *dev, struct dev_qp *q, const sde_sqe *c);
-void dev_kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes);
-/* A command's own buffer of at least n bytes, page-aligned, as x->bounce (NULL: no
- * memory); drop gives it back to the context (the last one kept for its next command). */
+/* dev_bounce.c: a command's own buffer of at least n bytes, page-aligned, as x->bounce (NULL:
+ * no memory); drop gives it back to the context (the last one kept for its next command). */
 uint8_t *dev_bounce_take(sde_dev *dev, struct dev_ctx *x, uint64_t n);
 void dev_bounce_drop(sde_dev *dev, struct dev_ctx *x);
 void dev_bounce_free_all(sde_dev *dev, struct dev_ctx *x);
-struct dev_buf *dev_kv_value_args(sde_dev *dev, int qp, const sde_sqe *c, int cls,
-                                     uint64_t t0, uint8_t key[SDE_KEY_MAX], uint32_t *klen,
-                                     uint16_t (*more)(sde_dev *, const sde_sqe *));
-void dev_value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *mem,
-                        int buf_index, int staged, int write, uint64_t cover);
-void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
-                         uint64_t len, int mode, int buf_index, int staged);
-void dev_kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-/* The index lookups of a fetched batch's keyed commands (and its small puts' value hashes),
- * prefetched before they start; dev_kv_prefetch_done once they have. */
-void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n);
-void dev_kv_prefetch_done(sde_dev *dev);
-void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x);
-void dev_kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-int dev_unpark(sde_dev *dev);
+
+/* dev_ctx.c */
+uint32_t dev_ctx_index(sde_dev *dev, struct dev_ctx *x);
+struct dev_ctx *dev_ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, int kind,
+                             uint64_t t0);
+void dev_ctx_put(sde_dev *dev, struct dev_ctx *x);
+void dev_ctx_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes);
+
+/* dev_args.c */
+int dev_ns_visible(const sde_dev *dev, const struct dev_qp *q, uint32_t nsid);
+/* a KV command's key length (param1), or 0 when it is not 1..SDE_KEY_MAX */
+uint32_t dev_key_len(const sde_sqe *c);
+uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX]);
+struct dev_buf *dev_client_range(sde_dev *dev, struct dev_qp *q, const sde_sqe *c);
 uint16_t dev_kv_common(const sde_dev *dev, const struct dev_qp *q, const sde_sqe *c,
                        uint8_t key[SDE_KEY_MAX], uint32_t *klen);
+struct dev_buf *dev_kv_value_args(sde_dev *dev, int qp, const sde_sqe *c, int cls,
+                                  uint64_t t0, uint8_t key[SDE_KEY_MAX], uint32_t *klen,
+                                  uint16_t (*more)(sde_dev *, const sde_sqe *));
+
+/* dev_timing.c */
+double dev_model_submit(sde_dev *dev, const sde_sqe *c, uint64_t t0);
+void dev_model_verdict(sde_dev *dev, double submit, double done, uint64_t *due,
+                       uint64_t *dtime);
+void dev_model_times(sde_dev *dev, const sde_sqe *c, uint64_t t0, uint32_t op,
+                     uint64_t off, uint64_t nbytes, uint64_t *due, uint64_t *dtime);
+void dev_share_dram(sde_dev *dev);
+
+/* dev_media.c */
+void dev_queue_media(sde_dev *dev, sde_io *io, int kind);
+void dev_kv_queue(sde_dev *dev, sde_io *io, int op, void *addr, uint64_t len, uint64_t off,
+                  int buf_index);
+
+/* dev_ops.c: start a command by its row */
+void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r,
+                   uint64_t t0);
 
 /* dev_journal.c */
 void dev_wait_commit(sde_dev *dev, struct dev_ctx *x, uint64_t group);
 int dev_complete_committed(sde_dev *dev, int failed);
-void dev_queue_media(sde_dev *dev, sde_io *io, int kind);
 int dev_journal_kick(sde_dev *dev);
 void dev_journal_io_done(sde_dev *dev, sde_io *io);
-void dev_kv_queue(sde_dev *dev, sde_io *io, int op, void *addr, uint64_t len, uint64_t off,
-                     int buf_index);
 void dev_release_writes(sde_dev *dev);
-
-/* dev_compute.c */
-void dev_fifo_append(sde_dev *dev, struct dev_ctx *x);
-void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-void dev_dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-void dev_dq_read_done(sde_dev *dev, struct dev_ctx *x);
-void dev_prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-void dev_prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
-int dev_reap_firmware(sde_dev *dev);
 
 /* dev_pins.c */
 void dev_pins_init(sde_dev *dev);
@@ -422,6 +432,48 @@ uint16_t dev_pin_drop(sde_dev *dev, const struct dev_qp *q, uint32_t nsid, const
 void dev_pins_drop_key(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen);
 void dev_pins_drop_ns(sde_dev *dev, uint32_t nsid);
 
+/* dev_block.c */
+uint16_t dev_check_block(sde_dev *dev, struct dev_qp *q, const sde_sqe *c, int need_buf,
+                         uint64_t *media_off, struct dev_buf **buf);
+uint16_t dev_zero_range(sde_dev *dev, uint8_t op, uint64_t off, uint64_t len);
+void dev_block_media_done(sde_dev *dev, struct dev_ctx *x, sde_io *io);
+
+/* dev_kv.c */
+void dev_value_start(sde_dev *dev, struct dev_ctx *x, uint32_t ext, uint8_t *mem,
+                     int buf_index, int staged, int write, uint64_t cover);
+void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t *src,
+                      uint64_t len, int mode, int buf_index, int staged);
+void dev_kv_put_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+/* The index lookups of a fetched batch's keyed commands (and its small puts' value hashes),
+ * prefetched before they start; dev_kv_prefetch_done once they have. */
+void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n);
+void dev_kv_prefetch_done(sde_dev *dev);
+void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x);
+void dev_kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+int dev_unpark(sde_dev *dev);
+/* the kinds' rows (dev_kinds.c) */
+void dev_value_media_done(sde_dev *dev, struct dev_ctx *x, sde_io *io);
+void dev_put_value_done(sde_dev *dev, struct dev_ctx *x);
+void dev_get_value_done(sde_dev *dev, struct dev_ctx *x);
+void dev_put_resume(sde_dev *dev, struct dev_ctx *x);
+void dev_delete_resume(sde_dev *dev, struct dev_ctx *x);
+void dev_kv_put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
+                       uint64_t off, uint64_t len);
+void dev_qstore_put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
+                           uint64_t off, uint64_t len);
+
+/* dev_compute.c */
+void dev_fifo_append(sde_dev *dev, struct dev_ctx *x);
+void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+void dev_dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+void dev_dq_read_done(sde_dev *dev, struct dev_ctx *x);
+void dev_qstore_book_input(sde_dev *dev, struct dev_ctx *x);
+void dev_dq_book_input(sde_dev *dev, struct dev_ctx *x);
+void dev_prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+void dev_prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+int dev_reap_firmware(sde_dev *dev);
+
 /* dev_faults.c */
 int dev_inject_fault(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r,
                      uint64_t t0);
@@ -429,8 +481,6 @@ void dev_undo_housekeeping(sde_dev *dev);
 
 /* dev_loop.c */
 void dev_start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0);
-void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r,
-                   uint64_t t0);
 int dev_pass(sde_dev *dev);
 
 #endif

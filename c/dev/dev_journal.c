@@ -28,21 +28,11 @@ int dev_complete_committed(sde_dev *dev, int failed)
         dev->wait_head = x->next_wait;
         if (dev->wait_head == NO_CTX)
             dev->wait_tail = NO_CTX;
-        dev_kv_finish(dev, x, failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS,
-                  x->kind == CTX_KV_PUT || x->kind == CTX_QSTORE ? x->vlen : 0);
+        dev_ctx_finish(dev, x, failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS,
+                       dev_kind(x)->stores_value ? x->vlen : 0);
         n++;
     }
     return n;
-}
-
-/* Hand an I/O to the engine; under power-cut emulation a write first saves what it will
- * overwrite (kind: SDE_UNDO_BLOCK for a namespace's blocks, SDE_UNDO_STORE for the store's). */
-void dev_queue_media(sde_dev *dev, sde_io *io, int kind)
-{
-    if (dev->undo && io->op == SDE_OP_WRITE &&
-        sde_undo_save(dev->undo, io, io->offset, io->len, kind, 0) < 0)
-        dev->stats.undo_failures++;
-    sde_queue_io(dev->eng, io);
 }
 
 /* Hand the open journal group to the engine (group commit: one write per dev_pass). */
@@ -94,23 +84,6 @@ void dev_journal_io_done(sde_dev *dev, sde_io *io)
     dev->jbusy[k] = 0;
     st_journal_written(dev->store, dev->jgroup[k], ok);
     dev_complete_committed(dev, !ok);
-}
-
-/* Queue a value I/O of a KV command: from/into the client's registered buffer when it
- * is, and aligned as O_DIRECT wants; else the bytes go through a bounce. */
-void dev_kv_queue(sde_dev *dev, sde_io *io, int op, void *addr, uint64_t len, uint64_t off,
-                     int buf_index)
-{
-    io->op = (uint8_t)op;
-    io->addr = (uint64_t)(uintptr_t)addr;
-    io->len = (uint32_t)len;
-    io->offset = off;
-    io->buf_index = (int16_t)buf_index;
-    if (dev->hold_writes && op == SDE_OP_WRITE) {
-        dev->vwrites[dev->nvwrites++] = io;
-        return;
-    }
-    dev_queue_media(dev, io, SDE_UNDO_STORE);
 }
 
 /* The value writes held back while the pass started commands, after the pass's journal

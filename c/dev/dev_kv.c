@@ -7,55 +7,6 @@
 
 /* ---- KV commands, run here against the store (c/store) ----------------------------------------- */
 
-uint32_t dev_ctx_index(sde_dev *dev, struct dev_ctx *x) { return (uint32_t)(x - dev->ctx); }
-
-struct dev_ctx *dev_ctx_take(sde_dev *dev, int qp, const sde_sqe *c, int cls, int kind,
-                                uint64_t t0)
-{
-    struct dev_ctx *x = &dev->ctx[dev->free_ctx[--dev->nfree]];
-    uint8_t *spare = x->spare; /* the context's kept buffer outlives its commands */
-    uint64_t spare_cap = x->spare_cap;
-    memset(x, 0, sizeof(*x));
-    x->spare = spare;
-    x->spare_cap = spare_cap;
-    x->used = 1;
-    x->qp = qp;
-    x->cid = c->cid;
-    x->cls = (uint8_t)cls;
-    x->kind = (uint8_t)kind;
-    x->op = c->opcode;
-    x->t0 = t0;
-    x->serial = ++dev->ctx_serial;
-    x->io.user_data = dev_ctx_index(dev, x);
-    x->io.buf_index = -1;
-    x->io2.user_data = dev_ctx_index(dev, x) | UD_IO2;
-    x->io2.buf_index = -1;
-    x->next_wait = NO_CTX;
-    x->next_park = NO_CTX;
-    return x;
-}
-
-void dev_ctx_put(sde_dev *dev, struct dev_ctx *x)
-{
-    dev_bounce_drop(dev, x);
-    x->used = 0;
-    dev->free_ctx[dev->nfree++] = dev_ctx_index(dev, x);
-}
-
-/* A KV command's key length (param1), or 0 when it is not 1..SDE_KEY_MAX. */
-static uint32_t key_len(const sde_sqe *c)
-{
-    return c->param1 >= 1 && c->param1 <= SDE_KEY_MAX ? (uint32_t)c->param1 : 0;
-}
-
-/* The key of a KV command: its length (1..16; 0 for any other, never truncated). */
-uint32_t dev_kv_key(const sde_sqe *c, uint8_t key[SDE_KEY_MAX])
-{
-    memcpy(key, &c->lba, 8);
-    memcpy(key + 8, &c->key_hi, 8);
-    return key_len(c);
-}
-
 _Static_assert(offsetof(sde_sqe, key_hi) == offsetof(sde_sqe, lba) + 8,
                "a KV key is lba then key_hi, 16 bytes in a row");
 
@@ -74,7 +25,7 @@ void dev_kv_prefetch(sde_dev *dev, int qp, const sde_sqe *batch, int n)
     for (int i = 0; i < n && i < FETCH_BATCH; i++) {
         const sde_sqe *c = &batch[i];
         const struct dev_op *op = dev_op(c->opcode);
-        uint32_t klen = key_len(c);
+        uint32_t klen = dev_key_len(c);
         if (!op || !op->keyed || !klen)
             continue; /* its start refuses it: nothing it looks up */
         /* the key's 16 bytes: lba and key_hi, side by side in the SQE (asserted above) */
@@ -120,57 +71,6 @@ static int prefetched_hash(const sde_dev *dev, const sde_sqe *c, uint64_t *hash)
     return 1;
 }
 
-/* Fields every KV command shares: flags, namespace (0, the shared default, or one the
- * client may use), key.  Returns a status. */
-uint16_t dev_kv_common(const sde_dev *dev, const struct dev_qp *q, const sde_sqe *c,
-                          uint8_t key[SDE_KEY_MAX], uint32_t *klen)
-{
-    *klen = dev_kv_key(c, key);
-    if (c->flags)
-        return SDE_SC_INVALID_FIELD;
-    if (c->nsid && !dev_ns_visible(dev, q, c->nsid))
-        return SDE_SC_INVALID_NAMESPACE;
-    return *klen ? SDE_SC_SUCCESS : SDE_SC_KV_INVALID_KEY_SIZE;
-}
-
-/* The client's buffer named by a command, covering [buf_offset, +length), or NULL. */
-struct dev_buf *dev_client_range(sde_dev *dev, struct dev_qp *q, const sde_sqe *c)
-{
-    if (c->buf < 1 || c->buf > SDE_MAX_BUFS)
-        return NULL;
-    struct dev_buf *b = &dev->bufs[c->buf];
-    if (!b->active || b->client != q->client || c->buf_offset > b->len ||
-        c->length > b->len - c->buf_offset)
-        return NULL;
-    return b;
-}
-
-void dev_kv_finish(sde_dev *dev, struct dev_ctx *x, uint16_t status, uint64_t bytes)
-{
-    dev_copied(dev, x->qp, x->cls, x->copied);
-    /* an error keeps its result (a retrieve's value length) and is not held */
-    dev_finish_at(dev, x->qp, x->cls, x->cid, status, x->result, bytes, x->t0,
-              status ? 0 : x->due, status ? 0 : x->dtime);
-    dev_ctx_put(dev, x);
-}
-
-/* The arguments every value-moving KV command shares (flags, namespace, key, the client's
- * buffer range); on a failure its completion is posted and NULL returned. */
-struct dev_buf *dev_kv_value_args(sde_dev *dev, int qp, const sde_sqe *c, int cls,
-                                     uint64_t t0, uint8_t key[SDE_KEY_MAX], uint32_t *klen,
-                                     uint16_t (*more)(sde_dev *, const sde_sqe *))
-{
-    uint16_t st = dev_kv_common(dev, &dev->qps[qp], c, key, klen);
-    if (!st && more)
-        st = more(dev, c);
-    struct dev_buf *b = st ? NULL : dev_client_range(dev, &dev->qps[qp], c);
-    if (!st && !b)
-        st = SDE_SC_INVALID_BUFFER;
-    if (st)
-        dev_finish(dev, qp, cls, c->cid, st, 0, 0, t0);
-    return b;
-}
-
 static uint16_t put_fields(sde_dev *dev, const sde_sqe *c)
 {
     if (!c->length || c->length > st_max_value(dev->store))
@@ -178,18 +78,21 @@ static uint16_t put_fields(sde_dev *dev, const sde_sqe *c)
     return c->param0 > SDE_KV_STORE_IF_NOT_EXISTS ? SDE_SC_INVALID_FIELD : SDE_SC_SUCCESS;
 }
 
-/* A put's device time once its placement is known (wrote: its bytes go to NAND at off).
- * A plain put is timed as a write (or, stored already, a NOP) from its fetch; a quantized
- * store continues from its kernel's end (x->ready): programmed, unless the write cache
- * acknowledges it first. */
-static void put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
+/* A plain put's device time once its placement is known (wrote: its bytes go to NAND at
+ * off): timed as a write (or, stored already, a NOP) from its fetch. */
+void dev_kv_put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
                        uint64_t off, uint64_t len)
 {
-    if (x->kind == CTX_KV_PUT) {
-        dev_model_times(dev, c, x->t0, wrote ? SDE_CMD_WRITE : SDE_CMD_NOP, off, len, &x->due,
+    dev_model_times(dev, c, x->t0, wrote ? SDE_CMD_WRITE : SDE_CMD_NOP, off, len, &x->due,
                     &x->dtime);
-        return;
-    }
+}
+
+/* A quantized store's: it continues from its kernel's end (x->ready), programmed, unless
+ * the write cache acknowledges it first. */
+void dev_qstore_put_timing(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, int wrote,
+                           uint64_t off, uint64_t len)
+{
+    (void)c;
     double done = x->ready;
     if (wrote && dev->model) {
         uint64_t leaving;
@@ -322,19 +225,19 @@ void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t
     uint16_t st = st_put_begin_hashed(dev->store, x->nsid, x->key, x->klen, src, len, mode,
                                       x->vhash_known ? &x->vhash : NULL, &x->plan);
     if (st) {
-        dev_kv_finish(dev, x, st, 0);
+        dev_ctx_finish(dev, x, st, 0);
         return;
     }
     x->vlen = len;
-    if (x->kind == CTX_KV_PUT)
+    if (dev_kind(x)->result_existed)
         x->result = (uint64_t)x->plan.existed;
     if (!x->plan.wrote) {
         /* the bytes are stored already (under this key, or another: shared) */
-        put_timing(dev, x, c, 0, 0, 0);
+        dev_kind(x)->put_timing(dev, x, c, 0, 0, 0);
         uint64_t group;
         st = st_put_commit(dev->store, &x->plan, &group);
         if (st || !group) {
-            dev_kv_finish(dev, x, st, st ? 0 : x->vlen);
+            dev_ctx_finish(dev, x, st, st ? 0 : x->vlen);
             return;
         }
         dev_wait_commit(dev, x, group);
@@ -344,22 +247,22 @@ void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t
         /* the record joins the open group now: its write goes out with the value's */
         st = st_put_record(dev->store, &x->plan);
         if (st) {
-            dev_kv_finish(dev, x, st, 0);
+            dev_ctx_finish(dev, x, st, 0);
             return;
         }
-        if (x->kind == CTX_KV_PUT)
+        if (dev_kind(x)->result_existed)
             x->result = (uint64_t)x->plan.existed;
     }
     uint64_t off, nb0;
     st_ext_piece(dev->store, x->plan.ext, 0, &off, &nb0);
-    put_timing(dev, x, c, 1, off, len);
+    dev_kind(x)->put_timing(dev, x, c, 1, off, len);
     dev_value_start(dev, x, x->plan.ext, src, buf_index, staged, 1, 0);
     if (x->no_memory && !x->nio) {
         if (x->plan.early)
             st_put_abort_early(dev->store, &x->plan);
         else
             st_put_abort(dev->store, &x->plan);
-        dev_kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        dev_ctx_finish(dev, x, SDE_SC_INTERNAL, 0);
     }
 }
 
@@ -402,7 +305,7 @@ void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     if (x->vlen > c->length) { /* the result tells how large a buffer it needs */
         st_get_end(dev->store, x->ext);
         x->result = x->vlen;
-        dev_kv_finish(dev, x, SDE_SC_KV_INVALID_VALUE_SIZE, 0);
+        dev_ctx_finish(dev, x, SDE_SC_KV_INVALID_VALUE_SIZE, 0);
         return;
     }
     x->result = x->vlen;
@@ -416,17 +319,28 @@ void dev_kv_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     dev_value_start(dev, x, x->ext, dst, (int)c->buf - 1, 0, 0, c->length);
     if (x->no_memory && !x->nio) {
         st_get_end(dev->store, x->ext);
-        dev_kv_finish(dev, x, SDE_SC_INTERNAL, 0);
+        dev_ctx_finish(dev, x, SDE_SC_INTERNAL, 0);
     }
 }
 
-/* Every I/O of a KV command has ended. */
+/* One I/O of a value-moving command is back (dev_kinds.c's rows); the last one ends the
+ * piece. */
+void dev_value_media_done(sde_dev *dev, struct dev_ctx *x, sde_io *io)
+{
+    if (io->res < 0 || (uint32_t)io->res != io->len)
+        x->io_failed = 1;
+    if (--x->nio == 0)
+        dev_kv_io_done(dev, x);
+}
+
+/* Every I/O of a KV command's piece has ended: the next piece, or the value is done (its
+ * kind's value_done). */
 void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x)
 {
-    int active = dev->qps[x->qp].active;
+    const struct dev_kind *k = dev_kind(x);
     if (x->piece + 1 < x->npieces && !x->io_failed && !x->no_memory) {
         /* a value in pieces: the next one (a retrieve's bounced tail of this one first) */
-        if (x->kind == CTX_KV_GET && x->copy_len) {
+        if (k->copies_out && x->copy_len) {
             memcpy(x->copy_to, x->bounce, x->copy_len);
             x->copied += x->copy_len;
             x->copy_len = 0;
@@ -436,31 +350,37 @@ void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x)
         if (x->nio)
             return;
     }
-    if (x->kind == CTX_DQ_GET) {
-        dev_dq_read_done(dev, x);
+    k->value_done(dev, x);
+}
+
+/* A put's value is written (KV_STORE, KV_STORE_QUANTIZED): its record committed, then its
+ * completion waits for its journal group. */
+void dev_put_value_done(sde_dev *dev, struct dev_ctx *x)
+{
+    if (x->io_failed || x->no_memory) {
+        if (x->plan.early)
+            st_put_abort_early(dev->store, &x->plan);
+        else
+            st_put_abort(dev->store, &x->plan);
+        dev_ctx_finish(dev, x, x->no_memory ? SDE_SC_INTERNAL : SDE_SC_MEDIA_ERROR, 0);
         return;
     }
-    if (x->kind == CTX_KV_PUT || x->kind == CTX_QSTORE) {
-        if (x->io_failed || x->no_memory) {
-            if (x->plan.early)
-                st_put_abort_early(dev->store, &x->plan);
-            else
-                st_put_abort(dev->store, &x->plan);
-            dev_kv_finish(dev, x, x->no_memory ? SDE_SC_INTERNAL : SDE_SC_MEDIA_ERROR, 0);
-            return;
-        }
-        dev_bounce_drop(dev, x);
-        uint64_t group;
-        uint16_t st = x->plan.early ? st_put_apply(dev->store, &x->plan, &group)
-                                    : st_put_commit(dev->store, &x->plan, &group);
-        if (st) {
-            dev_kv_finish(dev, x, st, 0);
-            return;
-        }
-        dev_wait_commit(dev, x, group);
+    dev_bounce_drop(dev, x);
+    uint64_t group;
+    uint16_t st = x->plan.early ? st_put_apply(dev->store, &x->plan, &group)
+                                : st_put_commit(dev->store, &x->plan, &group);
+    if (st) {
+        dev_ctx_finish(dev, x, st, 0);
         return;
     }
-    /* a retrieve */
+    dev_wait_commit(dev, x, group);
+}
+
+/* A retrieve's value is read (KV_RETRIEVE): its bounced tail copied out, its checksum
+ * checked, the completion posted. */
+void dev_get_value_done(sde_dev *dev, struct dev_ctx *x)
+{
+    int active = dev->qps[x->qp].active;
     uint16_t st = x->no_memory ? SDE_SC_INTERNAL
                   : x->io_failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
     if (!st && active) {
@@ -474,7 +394,7 @@ void dev_kv_io_done(sde_dev *dev, struct dev_ctx *x)
             st = SDE_SC_MEDIA_ERROR;
     }
     st_get_end(dev->store, x->ext);
-    dev_kv_finish(dev, x, st, st ? 0 : x->vlen);
+    dev_ctx_finish(dev, x, st, st ? 0 : x->vlen);
 }
 
 /* Who may delete a key that others pinned: an admin anywhere, a namespace's owner in it. */
@@ -529,6 +449,24 @@ void dev_kv_delete_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64
     kv_delete_run(dev, qp, c, cls, t0, 0);
 }
 
+/* A delete held back behind an early put of its key, its turn now: run again from its
+ * command. */
+void dev_delete_resume(sde_dev *dev, struct dev_ctx *x)
+{
+    sde_sqe c = x->sqe;
+    int qp = x->qp, cls = x->cls;
+    uint64_t t0 = x->t0;
+    dev_ctx_put(dev, x);
+    kv_delete_run(dev, qp, &c, cls, t0, 1);
+}
+
+/* A put held back behind an early put of its key, its turn now. */
+void dev_put_resume(sde_dev *dev, struct dev_ctx *x)
+{
+    dev_kv_put_value(dev, x, x->park_has_sqe ? &x->sqe : NULL, x->park_src, x->park_len,
+                     x->park_mode, x->park_buf, x->park_staged);
+}
+
 /* Resume the held-back commands whose key is free, in the order they came (one held back
  * for a key keeps the later ones for it waiting). */
 int dev_unpark(sde_dev *dev)
@@ -551,16 +489,7 @@ int dev_unpark(sde_dev *dev)
         if (dev->park_tail == i)
             dev->park_tail = prev;
         x->next_park = NO_CTX;
-        if (x->kind == CTX_DEL_PARKED) {
-            sde_sqe c = x->sqe;
-            int qp = x->qp, cls = x->cls;
-            uint64_t t0 = x->t0;
-            dev_ctx_put(dev, x);
-            kv_delete_run(dev, qp, &c, cls, t0, 1);
-        } else {
-            dev_kv_put_value(dev, x, x->park_has_sqe ? &x->sqe : NULL, x->park_src, x->park_len,
-                         x->park_mode, x->park_buf, x->park_staged);
-        }
+        dev_kind(x)->resume(dev, x);
         n++;
         i = next;
     }

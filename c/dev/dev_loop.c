@@ -42,15 +42,6 @@ void dev_start_command(sde_dev *dev, int qp, const sde_sqe *c, uint64_t t0)
     dev_start_now(dev, qp, c, r, t0);
 }
 
-/* dev_start_command's second half: the command, now, by its row of the opcode table. */
-void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r, uint64_t t0)
-{
-    if (r->needs_store && !dev->store)
-        dev_finish(dev, qp, r->cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
-    else
-        r->start(dev, qp, c, r->cls, t0);
-}
-
 static int reap_engine(sde_dev *dev)
 {
     sde_io *done[64];
@@ -64,31 +55,7 @@ static int reap_engine(sde_dev *dev)
             continue;
         }
         struct dev_ctx *x = &dev->ctx[ud & 0xffffffffu];
-        if (x->kind != CTX_BLOCK) {
-            sde_io *io = done[i];
-            if (io->res < 0 || (uint32_t)io->res != io->len)
-                x->io_failed = 1;
-            if (--x->nio == 0)
-                dev_kv_io_done(dev, x);
-            continue;
-        }
-        uint16_t st = SDE_SC_SUCCESS;
-        if (x->io.res < 0 || (x->io.op != SDE_OP_FSYNC && (uint32_t)x->io.res != x->io.len))
-            st = SDE_SC_MEDIA_ERROR;
-        if (x->bounce) {
-            if (st == SDE_SC_SUCCESS && x->io.op == SDE_OP_READ && dev->qps[x->qp].active) {
-                memcpy(x->client_addr, x->bounce, x->io.len);
-                dev_copied(dev, x->qp, x->cls, x->io.len);
-            }
-            dev_bounce_drop(dev, x);
-        }
-        uint64_t bytes = x->io.op == SDE_OP_FSYNC ? 0 : x->io.len;
-        if (x->flush_id && st == SDE_SC_SUCCESS)
-            sde_undo_flush_done(dev->undo, x->flush_id);
-        dev_finish_at(dev, x->qp, x->cls, x->cid, st, st ? 0 : bytes, bytes, x->t0, x->due,
-                  x->dtime);
-        x->used = 0;
-        dev->free_ctx[dev->nfree++] = (uint32_t)(x - dev->ctx);
+        dev_kind(x)->media_done(dev, x, done[i]);
     }
     return n < 0 ? 0 : n;
 }

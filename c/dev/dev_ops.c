@@ -107,3 +107,12 @@ int sde_dev_opcode_info(uint32_t op, sde_opcode_info *out)
     snprintf(out->name, sizeof(out->name), "%s", r->name);
     return 0;
 }
+
+/* dev_start_command's second half: the command, now, by its row of the opcode table. */
+void dev_start_now(sde_dev *dev, int qp, const sde_sqe *c, const struct dev_op *r, uint64_t t0)
+{
+    if (r->needs_store && !dev->store)
+        dev_finish(dev, qp, r->cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+    else
+        r->start(dev, qp, c, r->cls, t0);
+}

@@ -2,41 +2,6 @@
 #define _GNU_SOURCE
 #include "model_private.h"
 
-static int batch_reserve(sde_model *m, uint32_t n)
-{
-    if (n <= m->cap_batch)
-        return 0;
-    size_t per = (size_t)n * m->p.channels * sizeof(double);
-    struct batched *b = realloc(m->batch, n * sizeof(*b));
-    if (!b)
-        return -ENOMEM;
-    m->batch = b;
-    double *f, *l; /* a block's channels from a cache line's start: threads write them */
-    if (posix_memalign((void **)&f, 64, per))
-        return -ENOMEM;
-    free(m->batch_first);
-    m->batch_first = f;
-    if (posix_memalign((void **)&l, 64, per))
-        return -ENOMEM;
-    free(m->batch_last);
-    m->batch_last = l;
-    m->cap_batch = n;
-    return 0;
-}
-
-struct batched *model_batch_slot(sde_model *m, uint32_t i, struct bulk b, double t)
-{
-    struct batched *x = &m->batch[i];
-    uint32_t C = m->p.channels, D = m->p.dies_per_channel;
-    x->t = t;
-    x->base = b.n / b.stripe;
-    x->extra = b.n % b.stripe;
-    x->planes = b.planes;
-    x->q0mod = (uint32_t)((b.p0 / C) % D);
-    x->r0 = (uint32_t)(b.p0 % C);
-    return x;
-}
-
 /* The place j in block x's first stripe of the die on channel ch, row die (pages go channel
  * first, then die rows: page p0 + j is on channel (p0 + j) mod C, row ((p0 + j) / C) mod D).
  * A channel before the first page's has its first page in the next row of channels. */
@@ -126,7 +91,7 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
     atomic_store(&m->channels_left, m->p.channels << 16);
     if (m->threads > 1 && m->p.channels > 1 && (uint64_t)m->nbatch * m->ndies >= HELPER_MIN_HOLDS) {
         if (!m->helper)
-            m->helper = model_helper_start(m);
+            m->helper = model_helper_start(m, model_batch_dies);
         h = m->helper;
     }
     if (h && programs && h->cap < m->nbatch) {
@@ -165,7 +130,7 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
             programmed[i] = h->programmed[i];
 }
 
-/* Not const: batch_reserve grows the batch table when n blocks need more slots. */
+/* Not const: model_batch_reserve grows the batch table when n blocks need more slots. */
 static int batchable(sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nbytes)
 {
     if (m->p.fixed || m->ftl || m->deferring || !n || m->p.planes_per_die != 1)
@@ -173,7 +138,7 @@ static int batchable(sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nb
     for (uint32_t i = 0; i < n; i++)
         if (!model_use_bulk(m, offs[i], nbytes))
             return 0;
-    return batch_reserve(m, n) == 0;
+    return model_batch_reserve(m, n) == 0;
 }
 
 /* Batched reads (the batches above): the controller and the senses of n blocks, die by die. */

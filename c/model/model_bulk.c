@@ -111,3 +111,38 @@ double model_write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t 
     });
     return programmed;
 }
+
+int model_batch_reserve(sde_model *m, uint32_t n)
+{
+    if (n <= m->cap_batch)
+        return 0;
+    size_t per = (size_t)n * m->p.channels * sizeof(double);
+    struct batched *b = realloc(m->batch, n * sizeof(*b));
+    if (!b)
+        return -ENOMEM;
+    m->batch = b;
+    double *f, *l; /* a block's channels from a cache line's start: threads write them */
+    if (posix_memalign((void **)&f, 64, per))
+        return -ENOMEM;
+    free(m->batch_first);
+    m->batch_first = f;
+    if (posix_memalign((void **)&l, 64, per))
+        return -ENOMEM;
+    free(m->batch_last);
+    m->batch_last = l;
+    m->cap_batch = n;
+    return 0;
+}
+
+struct batched *model_batch_slot(sde_model *m, uint32_t i, struct bulk b, double t)
+{
+    struct batched *x = &m->batch[i];
+    uint32_t C = m->p.channels, D = m->p.dies_per_channel;
+    x->t = t;
+    x->base = b.n / b.stripe;
+    x->extra = b.n % b.stripe;
+    x->planes = b.planes;
+    x->q0mod = (uint32_t)((b.p0 / C) % D);
+    x->r0 = (uint32_t)(b.p0 % C);
+    return x;
+}

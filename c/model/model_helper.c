@@ -47,7 +47,7 @@ static void *helper_main(void *arg)
             continue;
         }
         h->missed = 0;
-        model_batch_dies(h->m, h->programs, h->programmed, 1);
+        h->work(h->m, h->programs, h->programmed, 1);
         pthread_mutex_lock(&h->mu);
         atomic_store(&h->finished, seen);
         pthread_cond_broadcast(&h->cv);
@@ -55,7 +55,7 @@ static void *helper_main(void *arg)
     }
 }
 
-struct helper *model_helper_start(sde_model *m)
+struct helper *model_helper_start(sde_model *m, model_dies_fn work)
 {
     if (m->helper_failed || sysconf(_SC_NPROCESSORS_ONLN) < 2)
         return NULL;
@@ -67,6 +67,7 @@ struct helper *model_helper_start(sde_model *m)
     }
     pthread_cond_init(&h->cv, NULL);
     h->m = m;
+    h->work = work;
     if (pthread_create(&h->thread, NULL, helper_main, h) != 0) {
         pthread_cond_destroy(&h->cv);
         pthread_mutex_destroy(&h->mu);

@@ -109,6 +109,8 @@ struct sde_model {
 };
 
 struct helper;
+/* a batch's dies booked (from_top: the helper's half, from the last die down) */
+typedef void (*model_dies_fn)(sde_model *m, int programs, double *programmed, int from_top);
 
 /* ---- the bulk path -----------------------------------------------------------------------
  * A transfer of thousands of pages (a 512-token KV block of an 8B model is ~2,000 pages of
@@ -183,6 +185,7 @@ struct helper {
     double *programmed;
     uint32_t cap;
     sde_model *m;
+    model_dies_fn work; /* the dies it books: model_batch_dies (from the top) */
 };
 
 /* ---- the FTL ------------------------------------------------------------------------------
@@ -233,6 +236,7 @@ struct rows {
 /* ---- functions shared between the files ------------------------------------------- */
 
 /* model_core.c */
+void model_res_init(struct sde_resource *r);
 void model_res_fini(struct sde_resource *r);
 double model_res_hold(struct sde_resource *r, double ready, double duration);
 void model_res_forget_before(struct sde_resource *r, double t);
@@ -253,12 +257,13 @@ double model_write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t 
 
 /* model_batch.c */
 struct batched *model_batch_slot(sde_model *m, uint32_t i, struct bulk b, double t);
+int model_batch_reserve(sde_model *m, uint32_t n);
 uint32_t model_claim_channel(sde_model *m, int from_top);
 void model_batch_dies(sde_model *m, int programs, double *programmed, int from_top);
 
 /* model_helper.c */
 void model_spin_while(_Atomic uint64_t *word, uint64_t value);
-struct helper *model_helper_start(sde_model *m);
+struct helper *model_helper_start(sde_model *m, model_dies_fn work);
 void model_helper_stop(struct helper *h);
 
 /* model_commands.c */

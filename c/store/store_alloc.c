@@ -280,3 +280,28 @@ void store_reap_zombies(sde_store *st)
     }
     st->nzombies = k;
 }
+
+/* The synchronous value I/O: buf (e->nbytes, block-padded) to or from every piece. */
+int store_ext_pio(sde_store *st, const struct ext *e, int write, uint8_t *buf)
+{
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < store_ext_npieces(e); k++) {
+        struct piece pc = store_ext_piece(e, k);
+        if (store_pio(st->fd, write, buf + at, pc.nbytes, pc.off))
+            return -EIO;
+        at += pc.nbytes;
+    }
+    return 0;
+}
+
+/* Whether the media holds extent x's value (its hash): 1, 0, or -EIO. */
+int store_value_on_media(sde_store *st, uint32_t x)
+{
+    const struct ext *e = &st->exts[x];
+    uint8_t *buf = store_aligned(e->nbytes);
+    if (!buf)
+        return -ENOMEM;
+    int r = store_ext_pio(st, e, 0, buf) ? -EIO : st_value_hash(buf, e->len) == e->hash;
+    free(buf);
+    return r;
+}

@@ -296,3 +296,13 @@ int64_t sde_store_test_reput_group(sde_store *st, const uint8_t *key, uint32_t k
         return -EIO;
     return ret;
 }
+
+int sde_store_checkpoint(sde_store *st)
+{
+    if (st->j_busy)
+        return -EBUSY;
+    int r = store_checkpoint_now(st);
+    if (!r)
+        store_reap_zombies(st);
+    return r;
+}

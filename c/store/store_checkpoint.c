@@ -95,19 +95,7 @@ int store_write_checkpoint(sde_store *st)
     st->npending = 0;
     st->committed = st->open_group++;
     st->stats.checkpoints++;
-    store_early_after_checkpoint(st);
-    store_reap_zombies(st);
     return 0;
-}
-
-int sde_store_checkpoint(sde_store *st)
-{
-    if (st->j_busy)
-        return -EBUSY;
-    int r = store_write_checkpoint(st);
-    if (!r)
-        store_reap_zombies(st);
-    return r;
 }
 
 /* Load a checkpoint's entries; 0, or <0 when its slot does not hold what its header says. */

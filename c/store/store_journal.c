@@ -98,7 +98,7 @@ int st_journal_take(sde_store *st, void **buf, uint64_t *offset, uint32_t *len,
             return 0; /* full: the checkpoint waits for the groups in flight */
         /* the journal is full: a checkpoint holds the open group's changes too */
         *group = st->open_group;
-        int r = store_write_checkpoint(st);
+        int r = store_checkpoint_now(st);
         if (r < 0) {
             st->failed = 1;
             return r;
@@ -177,4 +177,60 @@ int store_commit_sync(sde_store *st)
         r = -errno;
     st_journal_written(st, group, r == 0);
     return r;
+}
+
+/* The put's records (its pieces first, if in pieces) into the open group; on a failure
+ * none of them. */
+int store_append_put(sde_store *st, st_put_plan *p)
+{
+    struct ext *e = &st->exts[p->ext];
+    uint32_t had = st->npending;
+    for (uint32_t k = 0; e->npieces > 1 && k < e->npieces; k++) {
+        struct rec q = {.op = OP_PIECE, .klen = (uint8_t)p->klen, .nsid = p->nsid,
+                        .off = e->pieces[k].off, .len = e->pieces[k].nbytes, .hash = k};
+        memcpy(q.key, p->key, p->klen);
+        if (store_append(st, &q) < 0)
+            goto undo;
+    }
+    struct rec r = {.op = OP_PUT, .klen = (uint8_t)p->klen, .nsid = p->nsid, .off = e->off,
+                    .len = e->len, .hash = e->hash,
+                    .reserved2 = {e->npieces > 1 ? e->npieces : 0, 0}};
+    memcpy(r.key, p->key, p->klen);
+    p->put_idx = st->npending;
+    if (store_append(st, &r) < 0)
+        goto undo;
+    return 0;
+undo:
+    st->stats.journal_records -= st->npending - had;
+    st->npending = had;
+    return -ENOMEM;
+}
+
+/* A checkpoint restarted the journal: the early puts' records go into the new open group
+ * (the checkpoint holds the index without them), and the extents of failed ones are free. */
+void store_early_after_checkpoint(sde_store *st)
+{
+    for (uint32_t k = 0; k < st->nearly; k++) {
+        st_put_plan *p = st->early[k];
+        p->rec_seq = 0;
+        p->group = st->open_group;
+        if (store_append_put(st, p) < 0)
+            st->failed = 1; /* its record would be lost: refuse changes rather than risk */
+    }
+    for (uint32_t k = 0; k < st->nunsure; k++)
+        store_ext_free_now(st, st->unsure[k].ext);
+    st->nunsure = 0;
+}
+
+/* A checkpoint, then what follows it: the early puts' records rejoin the new open group,
+ * and extents no record or retrieve needs any more are freed.  (Here rather than in
+ * store_checkpoint.c: the journal both checkpoints when it fills and takes the records.) */
+int store_checkpoint_now(sde_store *st)
+{
+    int r = store_write_checkpoint(st);
+    if (r)
+        return r;
+    store_early_after_checkpoint(st);
+    store_reap_zombies(st);
+    return 0;
 }

@@ -144,19 +144,6 @@ void st_ext_piece(const sde_store *st, uint32_t ext, uint32_t i, uint64_t *offse
     *bytes = pc.nbytes;
 }
 
-/* The synchronous value I/O: buf (e->nbytes, block-padded) to or from every piece. */
-int store_ext_pio(sde_store *st, const struct ext *e, int write, uint8_t *buf)
-{
-    uint64_t at = 0;
-    for (uint32_t k = 0; k < store_ext_npieces(e); k++) {
-        struct piece pc = store_ext_piece(e, k);
-        if (store_pio(st->fd, write, buf + at, pc.nbytes, pc.off))
-            return -EIO;
-        at += pc.nbytes;
-    }
-    return 0;
-}
-
 void st_put_abort(sde_store *st, st_put_plan *p)
 {
     if (p->wrote && !p->noop && st->exts[p->ext].live && !st->exts[p->ext].krefs)
@@ -187,33 +174,6 @@ static int put_checks(sde_store *st, const st_put_plan *p, uint32_t *ip)
     return SDE_SC_SUCCESS;
 }
 
-/* The put's records (its pieces first, if in pieces) into the open group; on a failure
- * none of them. */
-static int append_put(sde_store *st, st_put_plan *p)
-{
-    struct ext *e = &st->exts[p->ext];
-    uint32_t had = st->npending;
-    for (uint32_t k = 0; e->npieces > 1 && k < e->npieces; k++) {
-        struct rec q = {.op = OP_PIECE, .klen = (uint8_t)p->klen, .nsid = p->nsid,
-                        .off = e->pieces[k].off, .len = e->pieces[k].nbytes, .hash = k};
-        memcpy(q.key, p->key, p->klen);
-        if (store_append(st, &q) < 0)
-            goto undo;
-    }
-    struct rec r = {.op = OP_PUT, .klen = (uint8_t)p->klen, .nsid = p->nsid, .off = e->off,
-                    .len = e->len, .hash = e->hash,
-                    .reserved2 = {e->npieces > 1 ? e->npieces : 0, 0}};
-    memcpy(r.key, p->key, p->klen);
-    p->put_idx = st->npending;
-    if (store_append(st, &r) < 0)
-        goto undo;
-    return 0;
-undo:
-    st->stats.journal_records -= st->npending - had;
-    st->npending = had;
-    return -ENOMEM;
-}
-
 int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
 {
     *group = 0;
@@ -228,7 +188,7 @@ int st_put_commit(sde_store *st, st_put_plan *p, uint64_t *group)
     }
     uint32_t i;
     int st_code = put_checks(st, p, &i);
-    if (!st_code && append_put(st, p) < 0)
+    if (!st_code && store_append_put(st, p) < 0)
         st_code = SDE_SC_INTERNAL;
     if (st_code) {
         st_put_abort(st, p);
@@ -280,7 +240,7 @@ int st_put_record(sde_store *st, st_put_plan *p)
     int code = put_checks(st, p, &i);
     if (!code && early_add(st, p) < 0)
         code = SDE_SC_INTERNAL;
-    if (!code && append_put(st, p) < 0) {
+    if (!code && store_append_put(st, p) < 0) {
         st->nearly--;
         code = SDE_SC_INTERNAL;
     }
@@ -344,22 +304,6 @@ int st_key_busy(const sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t
             return 1;
     }
     return 0;
-}
-
-/* A checkpoint restarted the journal: the early puts' records go into the new open group
- * (the checkpoint holds the index without them), and the extents of failed ones are free. */
-void store_early_after_checkpoint(sde_store *st)
-{
-    for (uint32_t k = 0; k < st->nearly; k++) {
-        st_put_plan *p = st->early[k];
-        p->rec_seq = 0;
-        p->group = st->open_group;
-        if (append_put(st, p) < 0)
-            st->failed = 1; /* its record would be lost: refuse changes rather than risk */
-    }
-    for (uint32_t k = 0; k < st->nunsure; k++)
-        store_ext_free_now(st, st->unsure[k].ext);
-    st->nunsure = 0;
 }
 
 int st_get_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,

@@ -161,7 +161,7 @@ int sde_store_format(int fd, uint64_t media_size, uint32_t lba, const sde_store_
     st->ckpt_gen = 0;
     st->j_start = st->j_next = 1;
     if (!r)
-        r = store_write_checkpoint(st); /* generation 1: empty */
+        r = store_checkpoint_now(st); /* generation 1: empty */
     if (!r) {
         sb->hash = XXH3_64bits(sb, offsetof(struct sb, hash));
         memset(buf, 0, SB_BYTES);
@@ -204,18 +204,6 @@ static int journal_block(sde_store *st, uint8_t *blk, uint64_t i)
         return 0;
     st->j_prev_hash = want;
     return 1;
-}
-
-/* Whether the media holds extent x's value (its hash): 1, 0, or -EIO. */
-int store_value_on_media(sde_store *st, uint32_t x)
-{
-    const struct ext *e = &st->exts[x];
-    uint8_t *buf = store_aligned(e->nbytes);
-    if (!buf)
-        return -ENOMEM;
-    int r = store_ext_pio(st, e, 0, buf) ? -EIO : st_value_hash(buf, e->len) == e->hash;
-    free(buf);
-    return r;
 }
 
 /* Open, step 1: what the probe found, as the one-line error a user sees (0: a current
@@ -426,7 +414,7 @@ int sde_store_open(int fd, uint64_t media_size, uint32_t lba, const sde_store_pa
     /* a record skipped as never written must not be replayed again unchecked (later blocks
      * call nothing unsure): a checkpoint ends the journal it is in */
     if (!r && st->stats.unwritten_records_skipped)
-        r = store_write_checkpoint(st);
+        r = store_checkpoint_now(st);
     if (r) {
         sde_store_free(st);
         return r;

@@ -304,7 +304,10 @@ int store_append(sde_store *st, const struct rec *r);
 int store_commit_sync(sde_store *st);
 
 /* store_checkpoint.c */
+/* the checkpoint alone; store_checkpoint_now (store_journal.c) is what callers want */
 int store_write_checkpoint(sde_store *st);
+int store_checkpoint_now(sde_store *st);
+int store_append_put(sde_store *st, st_put_plan *p);
 int store_load_checkpoint(sde_store *st, const struct ckpt_hdr *h, struct offmap *m);
 
 /* store_open.c */
