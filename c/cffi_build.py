@@ -31,8 +31,8 @@ MISSING_LIBURING = (
     "ssdemu: liburing headers not found: install them with 'apt-get install liburing-dev'"
 )
 # the timing model, one file per responsibility (c/model/model_private.h joins them)
-MODEL_PARTS = ("core", "helper", "bulk", "batch", "nand", "ftl", "commands", "cache", "fixed", "loop",
-               "life")
+MODEL_PARTS = ("core", "helper", "bulk", "batch", "nand", "ftl", "commands", "cache", "fixed",
+               "loop", "life")
 MODEL = {"headers": ["model/sde_model.h", "model/sde_kinds.h", "model/sde_budget.h",
                      "model/sde_recipe.h"],
          "sources": [*(f"model/model_{part}.c" for part in MODEL_PARTS), "model/sde_ftl.c",
