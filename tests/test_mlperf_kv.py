@@ -49,7 +49,7 @@ def test_entries_from_many_threads_read_back_bit_exact(daemon):
                 t = tier.write(key, data)
                 assert t.total >= t.device >= 0 and t.total >= t.host >= 0
                 got, t = tier.read(key)
-                assert len(got) == data.nbytes
+                assert got.shape == data.shape and got.dtype == data.dtype
                 assert zlib.crc32(got) == zlib.crc32(data.tobytes()), key
                 assert t.total >= t.device >= 0 and t.total >= t.host >= 0
         except Exception as e:  # reported below, with its thread
@@ -102,7 +102,7 @@ def test_an_entry_larger_than_the_drives_largest_value(daemon):
     tier.write("rag_doc", data)
     assert len(tier.dev.kv_list(nsid=tier.nsid)) == 3
     got, _ = tier.read("rag_doc")
-    assert np.array_equal(np.frombuffer(got, np.uint8), data)
+    assert np.array_equal(got, data)
     tier.write("rag_doc", data[:1000])
     assert len(tier.dev.kv_list(nsid=tier.nsid)) == 1
     assert bytes(tier.read("rag_doc")[0]) == data[:1000].tobytes()
@@ -167,9 +167,125 @@ def test_install_and_the_launcher_put_the_tier_in_the_benchmarks_cache(daemon, t
                         daemon.socket_path, "--", "--model", "tiny-1b"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr
-    assert "ran with SsdemuBackend ['--model', 'tiny-1b']" in p.stdout
+    # the benchmark's args, and the tier's size: the drive's free space (no size was given)
+    assert "ran with SsdemuBackend ['--model', 'tiny-1b', '--storage-capacity-gb', '" in p.stdout
+    given = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
+                            daemon.socket_path, "--", "--storage-capacity-gb", "1"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert "ran with SsdemuBackend ['--storage-capacity-gb', '1']" in given.stdout
     bare = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
                            daemon.socket_path], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert bare.returncode == 2
     assert bare.stderr.strip().count("\n") == 0 and "kv_cache" in bare.stderr
+
+
+def test_read_returns_the_array_as_written(daemon):
+    """The benchmark's file tier gives back the written array (np.load: its shape and
+    dtype); the drive's tier too (it gave a flat uint8 memoryview); bytes come back uint8."""
+    tier = SsdemuBackend(daemon.socket_path)
+    data = _entry(np.random.default_rng(5), 33)
+    tier.write("a", data)
+    got, _ = tier.read("a")
+    assert isinstance(got, np.ndarray)
+    assert (got.shape, got.dtype) == (data.shape, data.dtype) and np.array_equal(got, data)
+    tier.write("b", b"raw bytes")
+    got, _ = tier.read("b")
+    assert got.dtype == np.uint8 and got.tobytes() == b"raw bytes"
+    tier.close()
+
+
+def test_close_waits_for_the_calls_in_flight_and_refuses_later_ones(daemon):
+    """close() runs at exit while the benchmark's worker threads still read: before, they
+    met a tier half closed (AttributeError on its device, tens of thousands in a 4-thread
+    run, and reads of a namespace already deleted).  Now every call either completes or is
+    refused with TierClosed."""
+    from hostlib.mlperf_kv import TierClosed
+
+    tier = SsdemuBackend(daemon.socket_path)
+    data = _entry(np.random.default_rng(6), 512)
+    for i in range(8):
+        tier.write(f"k{i}", data)
+    seen: dict[str, int] = {}
+    done = threading.Event()
+    ok = [0]
+
+    def reader(u: int) -> None:
+        i = u
+        while not done.is_set():
+            try:
+                got, _ = tier.read(f"k{i % 8}")
+                assert np.array_equal(got, data)
+                ok[0] += 1
+            except TierClosed:
+                seen["TierClosed"] = seen.get("TierClosed", 0) + 1
+            except Exception as e:  # anything else is the race
+                seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
+            i += 1
+
+    threads = [threading.Thread(target=reader, args=(u,)) for u in range(4)]
+    for t in threads:
+        t.start()
+    while ok[0] < 20:
+        threading.Event().wait(0.01)
+    tier.close()
+    done.set()
+    for t in threads:
+        t.join()
+    assert set(seen) <= {"TierClosed"}, seen
+    tier.close()  # twice: nothing more
+
+
+def test_a_full_drive_is_not_silent(tmp_path):
+    """A drive too small for the workload: each write past its room raises (the benchmark
+    counts a failed write and goes on) and is counted; the launcher, which gives the
+    benchmark the drive's free space when it is not told a size, ends with one line and exit
+    code 3 (before: CAPACITY_EXCEEDED swallowed, exit 0 with figures)."""
+    d = DaemonProcess(str(tmp_path / "s.sock"), media="mem:96M")
+    try:
+        tier = SsdemuBackend(d.socket_path)
+        data = np.zeros(4 << 20, np.uint8)
+        failed = 0
+        for i in range(40):  # 160 MiB into a 96 MiB drive
+            try:
+                tier.write(f"k{i}", data + i)
+            except OSError as e:
+                assert "full" in str(e)
+                failed += 1
+        assert failed > 0 and tier.full_writes == failed and tier.writes == 40
+        tier.close()
+        for path, text in {**_STAND_IN, "kv_cache/cli.py": _FILLS}.items():
+            f = tmp_path / "pkg" / path
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(textwrap.dedent(text))
+        env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'pkg'}:{os.getcwd()}")
+        p = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
+                            d.socket_path, "--", "--model", "tiny-1b"],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 3, p.stderr
+        said = [line for line in p.stderr.splitlines() if "writes to the drive failed" in line]
+        assert len(said) == 1 and "full" in said[0]
+        sized = [line for line in p.stdout.splitlines() if line.startswith("capacity")]
+        assert sized and 0 < float(sized[0].split()[1]) < 96 / 1024  # the drive's free space
+    finally:
+        assert d.terminate()[0] == 0
+
+
+_FILLS = """
+    import sys
+    import numpy as np
+    from kv_cache.cache import MultiTierCache
+
+    def main():
+        # as the benchmark: a failed write is counted and the run goes on
+        tier = MultiTierCache(cache_dir="/nonexistent").backends["nvme"]
+        args = sys.argv[1:]
+        print("capacity", args[args.index("--storage-capacity-gb") + 1])
+        failed = 0
+        for i in range(40):
+            try:
+                tier.write(f"k{i}", np.full(4 << 20, i, np.uint8))
+            except Exception:
+                failed += 1
+        print("failed", failed)
+    """
