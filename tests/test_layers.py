@@ -24,6 +24,7 @@ LAYER_OF = {
     "ssdemu.device": "device",
     "hostlib": "client",
     "traces": "traces",
+    "ssdemu.llm": "llm",
     "ssdemu.tools": "tools",
     "ssdemu.replay": "replay",
     "ssdemu.bench": "bench",
@@ -38,11 +39,12 @@ MAY_IMPORT = {
     "device": {"base", "firmware", "sim", "wire"},
     "client": {"wire"},
     "traces": set(),
+    "llm": {"base"},
     "tools": {"base", "client", "wire"},
-    "replay": {"base", "client", "firmware", "sim", "tools", "traces", "wire"},
-    "bench": {"base", "client", "device", "firmware", "replay", "sim", "tools", "traces",
+    "replay": {"llm", "base", "client", "firmware", "sim", "tools", "traces", "wire"},
+    "bench": {"llm", "base", "client", "device", "firmware", "replay", "sim", "tools", "traces",
               "wire"},
-    "cli": {"base", "bench", "client", "device", "firmware", "replay", "sim", "tools",
+    "cli": {"llm", "base", "bench", "client", "device", "firmware", "replay", "sim", "tools",
             "traces", "wire"},
 }
 # the cffi modules (c/cffi_build.py, ssdemu_wire/build_ring.py): named like any module, so

