@@ -10,7 +10,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from envcheck import missing
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
