@@ -39,7 +39,7 @@ MAY_IMPORT = {
     "device": {"base", "firmware", "sim", "wire"},
     "client": {"wire"},
     "traces": set(),
-    "llm": {"base"},
+    "llm": {"base", "client", "wire"},
     "tools": {"base", "client", "wire"},
     "replay": {"llm", "base", "client", "firmware", "sim", "tools", "traces", "wire"},
     "bench": {"llm", "base", "client", "device", "firmware", "replay", "sim", "tools", "traces",

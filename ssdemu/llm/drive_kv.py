@@ -1,0 +1,151 @@
+"""The model's KV in the drive: decode attends over what the drive holds.
+
+Tokens' post-RoPE keys and values gather on the host until a block of `block_tokens` is
+full; the block (tokens, 2, layers, kv_heads, head_dim) in fp16, the drive's layout, is then
+stored quantized in the drive by `scheme` (plain, int8, int4, KIVI, fp8: the firmware's
+schemes) with page summaries of `page_tokens`, under a key of the sequence.  Each decode
+step's attention comes back through the drive, one way per run:
+
+- dense: every stored block read and dequantized in the drive (KV_RETRIEVE_DEQUANTIZED),
+  once per step, then attention over it and the host's tail on the host;
+- drive-select: per layer, TOPK_PAGES picks `budget_pages` pages per KV head by their
+  summaries (rerank 1: Quest's rule; more: the drive's exact re-rank among that many
+  candidates per page), ATTEND attends them with the sink and recent pages in the drive,
+  and the host merges that with attention over its tail (hostlib.merge_attention): only
+  queries, page ids and outputs cross the link.
+
+Nothing bypasses the drive: the host keeps only the tokens of the block not yet full."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hostlib
+from ssdemu.llm.forward import attention
+from ssdemu.llm.gguf_model import LlamaConfig
+
+MODES = ("dense", "drive-select")
+
+
+class DriveKV:
+    def __init__(self, dev, cfg: LlamaConfig, *, mode: str = "dense", scheme: str = "plain",
+                 block_tokens: int = 64, page_tokens: int = 16, budget_pages: int = 8,
+                 rerank: int = 1, sink_pages: int = 1, recent_pages: int = 1, nsid: int = 0,
+                 prefix: bytes = b"seq"):
+        if mode not in MODES:
+            raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
+        if block_tokens % page_tokens:
+            raise ValueError("a block holds whole pages: block_tokens % page_tokens == 0")
+        self.dev, self.cfg, self.mode, self.scheme = dev, cfg, mode, scheme
+        self.block_tokens, self.page_tokens = block_tokens, page_tokens
+        self.budget_pages, self.rerank = budget_pages, rerank
+        self.sink_pages, self.recent_pages = sink_pages, recent_pages
+        self.nsid, self.prefix = nsid, prefix
+        self.keys: list[bytes] = []  # the stored blocks' keys, in token order
+        shape = (0, cfg.kv_heads, cfg.head_dim)
+        self.tail_k = [np.zeros(shape, np.float16) for _ in range(cfg.layers)]
+        self.tail_v = [np.zeros(shape, np.float16) for _ in range(cfg.layers)]
+        self._step: list[tuple[np.ndarray, np.ndarray]] | None = None  # dense: this step's
+        self.commands = {"store": 0, "retrieve": 0, "topk": 0, "attend": 0}
+
+    def __len__(self) -> int:
+        return len(self.keys) * self.block_tokens + self.tail_k[0].shape[0]
+
+    # -- storing --
+    def _key(self, i: int) -> bytes:
+        return (self.prefix + b"/" + i.to_bytes(4, "big"))[-16:]
+
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Tokens' keys and values (T, kv_heads, head_dim) of one layer; a block is stored
+        when every layer has filled it."""
+        self.tail_k[layer] = np.concatenate([self.tail_k[layer], k.astype(np.float16)])
+        self.tail_v[layer] = np.concatenate([self.tail_v[layer], v.astype(np.float16)])
+        if layer == self.cfg.layers - 1:
+            while self.tail_k[0].shape[0] >= self.block_tokens:
+                self._store_block()
+
+    def _store_block(self) -> None:
+        n = self.block_tokens
+        k = np.stack([t[:n] for t in self.tail_k], axis=1)  # (tokens, layers, heads, dim)
+        v = np.stack([t[:n] for t in self.tail_v], axis=1)
+        block = np.ascontiguousarray(np.stack([k, v], axis=1)).view(np.uint16)
+        key = self._key(len(self.keys))
+        self.dev.kv_put_quantized(key, block, "fp16", self.scheme, nsid=self.nsid,
+                                  summary_page=self.page_tokens)
+        self.commands["store"] += 1
+        self.keys.append(key)
+        for layer in range(self.cfg.layers):
+            self.tail_k[layer] = self.tail_k[layer][n:]
+            self.tail_v[layer] = self.tail_v[layer][n:]
+
+    # -- decoding --
+    def begin_step(self) -> None:
+        """dense: every stored block, dequantized in the drive, for this step's layers."""
+        self._step = None
+        if self.mode != "dense" or not self.keys:
+            return
+        c = self.cfg
+        shape = (self.block_tokens, 2, c.layers, c.kv_heads, c.head_dim)
+        blocks = []
+        for key in self.keys:
+            out = np.empty(shape, np.uint16)
+            self.dev.kv_get_dequantized(key, out, nsid=self.nsid)
+            self.commands["retrieve"] += 1
+            blocks.append(out.view(np.float16))
+        kv = np.concatenate(blocks)  # (tokens, 2, layers, heads, dim)
+        self._step = [(kv[:, 0, layer], kv[:, 1, layer]) for layer in range(c.layers)]
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """decode_step's attend: the new token's KV joins the tail; attention over the
+        drive's blocks and the tail, by this run's mode."""
+        self.append(layer, k[None], v[None])
+        tail_k = self.tail_k[layer].astype(np.float32)
+        tail_v = self.tail_v[layer].astype(np.float32)
+        if self.mode == "dense":
+            if self._step is None:
+                return attention(q[None], tail_k, tail_v, None)[0]
+            sk, sv = self._step[layer]
+            keys = np.concatenate([sk.astype(np.float32), tail_k])
+            values = np.concatenate([sv.astype(np.float32), tail_v])
+            return attention(q[None], keys, values, None)[0]
+        return self._drive_select(layer, q, tail_k, tail_v)
+
+    def _drive_select(self, layer: int, q, tail_k, tail_v) -> np.ndarray:
+        parts = []
+        if tail_k.shape[0]:
+            parts.append(_attention_lse(q, tail_k, tail_v))
+        if self.keys:
+            c = self.cfg
+            kw = dict(layer=layer, layers=c.layers, page_tokens=self.page_tokens,
+                      sink_pages=self.sink_pages, recent_pages=self.recent_pages,
+                      nsid=self.nsid)
+            q32 = np.ascontiguousarray(q, np.float32)
+            pages = len(self.keys) * self.block_tokens // self.page_tokens
+            k = max(1, min(self.budget_pages, pages - self.sink_pages - self.recent_pages))
+            ids, _ = self.dev.topk_pages(self.keys, q32, kv_heads=c.kv_heads, k=k,
+                                         rerank=self.rerank, **kw)
+            out, lse = self.dev.attend(self.keys, q32, ids, **kw)
+            self.commands["topk"] += 1
+            self.commands["attend"] += 1
+            parts.append((out, lse))
+        return hostlib.merge_attention(parts)[0]
+
+    def end(self) -> None:
+        """The sequence's blocks deleted from the drive."""
+        for key in self.keys:
+            self.dev.kv_delete(key, nsid=self.nsid)
+        self.keys = []
+
+
+def _attention_lse(q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    """(out (heads, d), lse (heads,)) of one query per head over k, v (T, kv_heads, d)."""
+    hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qg = q.reshape(hkv, g, d).astype(np.float64)
+    s = np.einsum("hgd,thd->hgt", qg, k.astype(np.float64)) / np.sqrt(d)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    z = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("hgt,thd->hgd", p / z, v.astype(np.float64))
+    return out.reshape(hq, d).astype(np.float32), (np.log(z) + m).reshape(hq).astype(np.float32)

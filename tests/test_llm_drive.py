@@ -1,0 +1,127 @@
+"""The real model's KV in the drive (ssdemu/llm/drive_kv.py): decoding through the drive
+against the model holding the same KV in memory, and the drive's page selection on the real
+model's keys against an independent restatement of Quest's rule."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import hostlib
+from envcheck import missing
+from ssdemu.tools.daemon_process import DaemonProcess
+
+pytestmark = pytest.mark.slow  # a real model's prefill and decode: `make test` runs them
+
+CONTEXT, HELD = 200, 12  # tokens of the GPL's text in the context; tokens decoded after it
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The model, its prefill of CONTEXT tokens (fp16 KV in memory), a daemon."""
+    from ssdemu.llm.forward import KVCache, Llama
+    from ssdemu.llm.gguf_model import ModelFileError, load
+
+    try:
+        cfg, w, tok = load()
+    except ModelFileError as e:
+        missing(str(e))
+    m = Llama(cfg, w)
+    ids = tok.encode(open("/usr/share/common-licenses/GPL-3").read())[:CONTEXT + HELD + 1]
+    mem = KVCache(cfg, np.float16)
+    m.prefill(ids[:CONTEXT], cache=mem)
+    d = DaemonProcess(str(tmp_path_factory.mktemp("llm") / "s.sock"), media="mem:512M",
+                      extra=["--timing", "off"])
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            yield cfg, m, ids, mem, dev
+    finally:
+        assert d.terminate()[0] == 0
+
+
+def _decode(m, ids, attend, begin=None, steps=HELD):
+    """Teacher-forced steps after the context: each next token's cross-entropy, and the
+    greedy choice at each step."""
+    ce, greedy = [], []
+    for pos in range(CONTEXT, CONTEXT + steps):
+        if begin is not None:
+            begin()
+        z = m.decode_step(ids[pos], pos, attend)
+        z = z - z.max()
+        ce.append(float(np.log(np.exp(z).sum()) - z[ids[pos + 1]]))
+        greedy.append(int(z.argmax()))
+    return np.array(ce), greedy
+
+
+def _drive(cfg, dev, mem, **kw):
+    from ssdemu.llm.drive_kv import DriveKV
+
+    kv = DriveKV(dev, cfg, **kw)
+    for layer in range(cfg.layers):
+        kv.append(layer, mem.k[layer], mem.v[layer])
+    return kv
+
+
+def test_dense_decoding_through_the_drive_is_the_model_holding_the_same_kv(run):
+    """Plain blocks, every one read back dequantized by the drive at each step, against
+    the model holding the same fp16 KV in memory: the same greedy tokens, cross-entropy
+    equal within 1e-4 at every step (a block fills and is stored during the steps)."""
+    cfg, m, ids, mem, dev = run
+    ce_mem, g_mem = _decode(m, ids, copy.deepcopy(mem).attend)
+    kv = _drive(cfg, dev, mem, mode="dense", scheme="plain", prefix=b"dense")
+    assert len(kv.keys) == CONTEXT // 64
+    ce, g = _decode(m, ids, kv.attend, kv.begin_step)
+    assert g == g_mem
+    assert np.abs(ce - ce_mem).max() <= 1e-4
+    assert kv.commands["retrieve"] >= HELD * (CONTEXT // 64)
+    kv.end()
+
+
+def test_drive_select_over_every_page_is_dense(run):
+    """TOPK_PAGES and ATTEND in the drive, merged with the host's tail: with a budget that
+    covers every page, the same attention as dense (within the drive's float32)."""
+    cfg, m, ids, mem, dev = run
+    ce_mem, g_mem = _decode(m, ids, copy.deepcopy(mem).attend, steps=3)
+    kv = _drive(cfg, dev, mem, mode="drive-select", budget_pages=64, prefix=b"all")
+    ce, g = _decode(m, ids, kv.attend, steps=3)
+    assert g == g_mem and np.abs(ce - ce_mem).max() <= 1e-3
+    assert kv.commands["topk"] == kv.commands["attend"] == 3 * cfg.layers
+    kv.end()
+
+
+def test_topk_pages_is_quests_rule_on_the_real_models_keys(run):
+    """For every layer from 2 on and every KV head, TOPK_PAGES with rerank 1 (no sink page,
+    the last page the caller's) chooses exactly the pages an independent restatement of
+    Quest's rule chooses: the last page kept, the top budget - 1 others by
+    sum_c max(q_c min_c, q_c max_c) over the page's keys, GQA by the largest over the
+    group's query heads."""
+    cfg, m, ids, mem, dev = run
+    kv = _drive(cfg, dev, mem, mode="dense", scheme="plain", prefix=b"quest")
+    queries = {}
+
+    def record(layer, q, k, v):  # the next token's post-RoPE queries, layer by layer
+        queries[layer] = q.copy()
+        return copy_mem.attend(layer, q, k, v)
+
+    copy_mem = copy.deepcopy(mem)
+    m.decode_step(ids[CONTEXT], CONTEXT, record)
+    stored = len(kv.keys) * 64  # the drive's tokens: the whole blocks
+    pages = stored // 16
+    for layer in range(2, cfg.layers):
+        keys = mem.k[layer][:stored].astype(np.float32)  # (tokens, kv heads, dim), fp16 values
+        q = queries[layer].astype(np.float32)
+        for budget in (3, 6):
+            ids_drive, _ = dev.topk_pages(kv.keys, q, layer=layer, layers=cfg.layers,
+                                          kv_heads=cfg.kv_heads, k=budget - 1,
+                                          sink_pages=0, recent_pages=1, rerank=1)
+            for h in range(cfg.kv_heads):
+                kp = keys[:, h].reshape(pages, 16, cfg.head_dim)
+                lo, hi = kp.min(axis=1), kp.max(axis=1)  # (pages, dim)
+                group = q[h * cfg.group:(h + 1) * cfg.group]  # (group, dim)
+                bound = np.maximum(group[:, None, :] * lo[None], group[:, None, :] * hi[None])
+                score = bound.sum(axis=-1).max(axis=0)[:pages - 1]  # the last page: kept
+                want = set(np.argsort(-score, kind="stable")[:budget - 1].tolist())
+                assert set(ids_drive[h].tolist()) == want, (layer, h, budget)
+    kv.end()
