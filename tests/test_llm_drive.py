@@ -8,9 +8,9 @@ import copy
 
 import numpy as np
 import pytest
+from envcheck import missing
 
 import hostlib
-from envcheck import missing
 from ssdemu.tools.daemon_process import DaemonProcess
 
 pytestmark = pytest.mark.slow  # a real model's prefill and decode: `make test` runs them
