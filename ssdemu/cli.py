@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ctl(sub)
     _add_tools(sub)
     _add_replay(sub)
+    _add_eval(sub)
     _add_bench(sub)
     return p
 
@@ -404,6 +405,48 @@ def _add_replay(sub: argparse._SubParsersAction):
     rp.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _name_list(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return names
+
+
+def _percent_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected percentages, got {text!r}") from None
+    if not values or any(not 0 < v <= 100 for v in values):
+        raise argparse.ArgumentTypeError(f"percentages are in (0, 100], got {text!r}")
+    return values
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    """`eval`."""
+    from ssdemu.bench.model_eval import DEFAULT_TEXT, METHODS, SCHEMES
+
+    ev = sub.add_parser("eval", help="a real model (SmolLM2-135M) decodes through the drive: "
+                        "perplexity, greedy agreement and attention mass beside the modelled "
+                        "decode step, per scheme, method and page budget")
+    ev.add_argument("--text", default=DEFAULT_TEXT, help="a UTF-8 text (default: the GPL)")
+    ev.add_argument("--context", type=_positive_int, default=512, help="tokens of context")
+    ev.add_argument("--held", type=_positive_int, default=32,
+                    help="tokens decoded after it (teacher-forced: the perplexity's span)")
+    ev.add_argument("--schemes", type=_name_list, default=SCHEMES,
+                    help=f"the drive's quantization of the KV (default {','.join(SCHEMES)})")
+    ev.add_argument("--methods", type=_name_list, default=tuple(METHODS),
+                    help=f"how decode reads the KV ({', '.join(METHODS)})")
+    ev.add_argument("--budgets", type=_percent_list, default=(3.0, 6.0, 12.0),
+                    help="drive-select's page budgets, percent of the context's pages")
+    ev.add_argument("--profiles", type=_name_list, default=("star2000d", "pcie4-tlc"))
+    ev.add_argument("--model-file", help="a Llama GGUF (default: SmolLM2-135M-Instruct)")
+    ev.add_argument("--socket", help="a running daemon (default: one started here)")
+    ev.add_argument("--plot", metavar="DIR", help="write quality_vs_tpot.png into DIR")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     """`bench` and its benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
@@ -541,6 +584,39 @@ def _cmd_bench_retrieval(args) -> int:
     if min(lengths) < 1024:
         raise ValueError("--lengths: contexts of at least 1K tokens (a 1% budget needs pages)")
     report = bench_retrieval(tuple(lengths), tuple(profiles), args.seed)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from ssdemu.bench.model_eval import METHODS, EvalSpec, evaluate, format_table, plot
+    from ssdemu.sim.profile import load
+
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"--methods: unknown {', '.join(bad)} (one of {', '.join(METHODS)})")
+    for name in args.profiles:
+        load(name)  # a bad name says so before the model loads
+    spec = EvalSpec(text=args.text, context=args.context, held=args.held,
+                    schemes=args.schemes, methods=args.methods, budgets_pct=args.budgets,
+                    profiles=args.profiles, model_path=args.model_file)
+    bar = None
+    if not args.no_progress and not args.json:
+        from tqdm import tqdm
+
+        bar = tqdm(unit="run", desc="eval", leave=False)
+
+    def progress(done, total):
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        report = evaluate(spec, args.socket, progress if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.plot:
+        report["plot"] = plot(report, args.plot)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
@@ -806,6 +882,7 @@ COMMANDS = {
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
     ("bench", "retrieval"): _cmd_bench_retrieval,
+    ("eval", None): _cmd_eval,
 }
 
 

@@ -125,3 +125,38 @@ def test_topk_pages_is_quests_rule_on_the_real_models_keys(run):
                 want = set(np.argsort(-score, kind="stable")[:budget - 1].tolist())
                 assert set(ids_drive[h].tolist()) == want, (layer, h, budget)
     kv.end()
+
+
+def test_eval_puts_quality_beside_modelled_time(tmp_path):
+    """`ssdemu eval --json` on a short context: plain dense through the drive has the
+    reference's perplexity and every greedy choice; every run carries its modelled decode
+    step per profile; drive-select's pages capture part of the attention mass; the plot is
+    written.  A bad method is one line and exit 1, a bad budget exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--context", "128", "--held",
+                        "4", "--schemes", "plain,int8_g64", "--budgets", "25",
+                        "--profiles", "star2000d", "--plot", str(tmp_path), "--json"],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["pages"] == 8 and r["budget_pages"] == [2]
+    runs = {(x["scheme"], x["method"]): x for x in r["runs"]}
+    assert len(runs) == 6
+    dense = runs[("plain", "dense")]
+    assert dense["perplexity"] == pytest.approx(r["reference"]["perplexity"], rel=1e-6)
+    assert dense["greedy_agreement"] == 1.0
+    for x in r["runs"]:
+        assert x["modelled"]["star2000d"]["latency_ms"] > 0 and x["modelled"]["ttft_s"] > 0
+        if x["method"] != "dense":
+            assert 0 < x["attention_mass"]["mean"] <= 1
+            assert len(x["attention_mass"]["per_layer"]) == 30
+    assert (tmp_path / "quality_vs_tpot.png").stat().st_size > 0
+    bad = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--methods", "oracle"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "oracle" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--budgets", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "percentages" in bad.stderr

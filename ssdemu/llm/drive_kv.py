@@ -46,6 +46,8 @@ class DriveKV:
         self.tail_k = [np.zeros(shape, np.float16) for _ in range(cfg.layers)]
         self.tail_v = [np.zeros(shape, np.float16) for _ in range(cfg.layers)]
         self._step: list[tuple[np.ndarray, np.ndarray]] | None = None  # dense: this step's
+        # drive-select: each layer's last choice (page ids (kv_heads, k), tokens stored then)
+        self.last_ids: dict[int, tuple[np.ndarray, int]] = {}
         self.commands = {"store": 0, "retrieve": 0, "topk": 0, "attend": 0}
 
     def __len__(self) -> int:
@@ -124,6 +126,7 @@ class DriveKV:
             k = max(1, min(self.budget_pages, pages - self.sink_pages - self.recent_pages))
             ids, _ = self.dev.topk_pages(self.keys, q32, kv_heads=c.kv_heads, k=k,
                                          rerank=self.rerank, **kw)
+            self.last_ids[layer] = (ids, len(self.keys) * self.block_tokens)
             out, lse = self.dev.attend(self.keys, q32, ids, **kw)
             self.commands["topk"] += 1
             self.commands["attend"] += 1

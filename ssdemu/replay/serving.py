@@ -59,6 +59,12 @@ MODELS = {
     # (28 query heads: GQA groups of 7)
     "qwen2.5-7b": ModelConfig("qwen2.5-7b", 28, 4, 128, prefill_tokens_per_s=55_000.0,
                               query_heads=28),
+    # SmolLM2-135M (the real model of ssdemu.llm, from its GGUF: 30 layers x 3 KV heads x 64
+    # -> 22.5 KiB per token; 9 query heads: GQA groups of 3).  Its prefill rate is assumed:
+    # 20x Llama-3-8B's (the FLOPs per token are 59x fewer; a model this small does not keep
+    # a GPU's matrix units busy)
+    "smollm2-135m": ModelConfig("smollm2-135m", 30, 3, 64, prefill_tokens_per_s=1_000_000.0,
+                                query_heads=9),
     # a tiny test model: 2 layers x 2 heads x 64 -> 1 KiB per token
     "tiny": ModelConfig("tiny", 2, 2, 64, prefill_tokens_per_s=200_000.0, query_heads=4),
 }
