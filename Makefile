@@ -31,6 +31,9 @@ demo: venv
 	  --requests $(DEMO_REQUESTS) --no-progress
 	$(PY) -m ssdemu replay traces/mooncake_synthetic_trace.jsonl --model llama-3-8b \
 	  --plot $(DEMO)/plots-llama-3-8b
+	@echo "== a real model (SmolLM2-135M) decoding through the drive: dense against drive-select =="
+	$(PY) -m ssdemu eval --context 320 --held 16 --schemes plain,int8_g64 \
+	  --methods dense,drive-select --budgets 12 --profiles star2000d --plot $(DEMO)/plots-eval
 
 # Test files run in parallel, a file's tests on one worker (module fixtures share a daemon):
 # one worker per core, at most four (each starts daemons of up to 1.5 GiB of memory media).

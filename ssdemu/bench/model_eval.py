@@ -216,8 +216,12 @@ def plot(report: dict, out_dir: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in dict.fromkeys(r["method"] for r in report["runs"]):
         rs = [r for r in report["runs"] if r["method"] == method]
-        ax.scatter([r["modelled"][prof]["latency_ms"] for r in rs],
-                   [r["perplexity"] for r in rs], label=method)
+        xs = [r["modelled"][prof]["latency_ms"] for r in rs]
+        ys = [r["perplexity"] for r in rs]
+        ax.scatter(xs, ys, label=method)
+        for x, y, r in zip(xs, ys, rs, strict=True):
+            ax.annotate(f"{r['scheme']} {r['budget_pages']}p", (x, y), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
     ax.axhline(report["reference"]["perplexity"], color="gray", ls="--", lw=1,
                label="KV in memory")
     ax.set_xscale("log")
