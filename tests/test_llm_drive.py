@@ -79,6 +79,18 @@ def test_dense_decoding_through_the_drive_is_the_model_holding_the_same_kv(run):
     kv.end()
 
 
+def test_host_select_over_every_page_is_dense(run):
+    """Summaries on the host, Quest's rule there, the blocks read back: with a budget over
+    every page, dense's attention."""
+    cfg, m, ids, mem, dev = run
+    ce_mem, g_mem = _decode(m, ids, copy.deepcopy(mem).attend, steps=3)
+    kv = _drive(cfg, dev, mem, mode="host-select", budget_pages=64, prefix=b"hall")
+    ce, g = _decode(m, ids, kv.attend, kv.begin_step, steps=3)
+    assert g == g_mem and np.abs(ce - ce_mem).max() <= 1e-3
+    assert kv.commands["topk"] == 0 and kv.commands["retrieve"] == 3 * (CONTEXT // 64)
+    kv.end()
+
+
 def test_drive_select_over_every_page_is_dense(run):
     """TOPK_PAGES and ATTEND in the drive, merged with the host's tail: with a budget that
     covers every page, the same attention as dense (within the drive's float32)."""
@@ -96,9 +108,12 @@ def test_topk_pages_is_quests_rule_on_the_real_models_keys(run):
     the last page the caller's) chooses exactly the pages an independent restatement of
     Quest's rule chooses: the last page kept, the top budget - 1 others by
     sum_c max(q_c min_c, q_c max_c) over the page's keys, GQA by the largest over the
-    group's query heads."""
+    group's query heads; host-select's Quest chooses them too."""
     cfg, m, ids, mem, dev = run
     kv = _drive(cfg, dev, mem, mode="dense", scheme="plain", prefix=b"quest")
+    hosts = {b: _drive(cfg, dev, mem, mode="host-select", scheme="plain", budget_pages=b - 1,
+                       sink_pages=0, recent_pages=1, prefix=b"host%d" % b) for b in (3, 6)}
+    empty = np.zeros((0, cfg.kv_heads, cfg.head_dim), np.float32)
     queries = {}
 
     def record(layer, q, k, v):  # the next token's post-RoPE queries, layer by layer
@@ -124,7 +139,14 @@ def test_topk_pages_is_quests_rule_on_the_real_models_keys(run):
                 score = bound.sum(axis=-1).max(axis=0)[:pages - 1]  # the last page: kept
                 want = set(np.argsort(-score, kind="stable")[:budget - 1].tolist())
                 assert set(ids_drive[h].tolist()) == want, (layer, h, budget)
+            # host-select's own Quest, on the summaries it kept as the blocks were stored
+            hosts[budget]._host_select(layer, q, empty, empty)
+            chosen, _ = hosts[budget].last_ids[layer]
+            for h in range(cfg.kv_heads):
+                assert set(chosen[h].tolist()) == set(ids_drive[h].tolist()), (layer, h)
     kv.end()
+    for hs in hosts.values():
+        hs.end()
 
 
 def test_eval_puts_quality_beside_modelled_time(tmp_path):
@@ -144,7 +166,7 @@ def test_eval_puts_quality_beside_modelled_time(tmp_path):
     r = json.loads(p.stdout)
     assert r["pages"] == 8 and r["budget_pages"] == [2]
     runs = {(x["scheme"], x["method"]): x for x in r["runs"]}
-    assert len(runs) == 6
+    assert len(runs) == 8  # 2 schemes x dense, host-select, drive-select (rerank 1, default)
     dense = runs[("plain", "dense")]
     assert dense["perplexity"] == pytest.approx(r["reference"]["perplexity"], rel=1e-6)
     assert dense["greedy_agreement"] == 1.0

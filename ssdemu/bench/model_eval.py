@@ -5,7 +5,8 @@ The model (ssdemu.llm: SmolLM2-135M by default) prefills `context` tokens of a t
 goes into the drive, a scheme at a time (plain, int8, int4, KIVI, fp8: quantized in the
 drive, with page summaries).  Then `held` tokens are decoded teacher-forced, each step's
 attention served through the drive one way per run: dense (every block dequantized in the
-drive) or drive-select (TOPK_PAGES and ATTEND in the drive: rerank 1 is Quest's rule, the
+drive), host-select (page summaries on the host, Quest's rule there, the chosen pages read
+back) or drive-select (TOPK_PAGES and ATTEND in the drive: rerank 1 is Quest's rule, the
 default re-rank the drive's exact second stage), at page budgets given as percentages of the
 context's pages.  Per run:
 
@@ -30,7 +31,8 @@ import pathlib
 import numpy as np
 
 DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
-METHODS = {"dense": ("dense", 1), "drive-select-rerank1": ("drive-select", 1),
+METHODS = {"dense": ("dense", 1), "host-select": ("host-select", 1),
+           "drive-select-rerank1": ("drive-select", 1),
            "drive-select": ("drive-select", 4)}  # name -> (mode, rerank)
 SCHEMES = ("plain", "int8_g64", "int4_g64", "kivi4_g32_r128")
 BLOCK_TOKENS, PAGE_TOKENS = 64, 16
@@ -107,7 +109,7 @@ def _run(m, cfg, dev, ids, mem, ref, spec, scheme, method, budget_pages, n):
         lg = m.decode_step(ids[pos], pos, kv.attend)
         ce.append(_ce(lg, ids[pos + 1]))
         agree += int(lg.argmax()) == greedy_ref[i]
-        if mode == "drive-select":
+        if mode != "dense":
             for layer, (chosen, stored) in kv.last_ids.items():
                 mass[layer] += _mass(cfg, full, queries[i][layer], layer, chosen, stored,
                                      spec.context + i + 1, kv.sink_pages, kv.recent_pages)
@@ -115,7 +117,7 @@ def _run(m, cfg, dev, ids, mem, ref, spec, scheme, method, budget_pages, n):
     row = {"scheme": scheme, "method": method, "budget_pages": budget_pages,
            "perplexity": float(np.exp(np.mean(ce))),
            "greedy_agreement": agree / spec.held, "commands": dict(kv.commands)}
-    if mode == "drive-select":
+    if mode != "dense":
         per_layer = mass / spec.held
         row["attention_mass"] = {"mean": float(per_layer.mean()),
                                  "per_layer": [round(float(x), 4) for x in per_layer]}
@@ -134,7 +136,7 @@ def _modelled(cfg, spec, method, budget_pages) -> dict:
     out = {"ttft_s": spec.context / model_config("smollm2-135m").prefill_tokens_per_s}
     for name in spec.profiles:
         step = decode_step(load_profile(name), shape, spec.context,
-                           "ship-all" if mode == "dense" else "drive-select",
+                           "ship-all" if mode == "dense" else mode,
                            budget_tokens=max(1, budget_pages) * PAGE_TOKENS, rerank=rerank)
         out[name] = step.as_dict()
     return out

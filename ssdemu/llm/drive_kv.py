@@ -8,6 +8,11 @@ step's attention comes back through the drive, one way per run:
 
 - dense: every stored block read and dequantized in the drive (KV_RETRIEVE_DEQUANTIZED),
   once per step, then attention over it and the host's tail on the host;
+- host-select: the host keeps each stored block's page summaries (the per-channel min and
+  max of its keys, per layer, KV head and page, made as the block is stored), picks pages
+  by Quest's rule itself, and reads the blocks holding them back dequantized from the drive
+  (whole blocks: the drive returns values whole; the timing model books the pages alone),
+  then attends on the host;
 - drive-select: per layer, TOPK_PAGES picks `budget_pages` pages per KV head by their
   summaries (rerank 1: Quest's rule; more: the drive's exact re-rank among that many
   candidates per page), ATTEND attends them with the sink and recent pages in the drive,
@@ -24,7 +29,7 @@ import hostlib
 from ssdemu.llm.forward import attention
 from ssdemu.llm.gguf_model import LlamaConfig
 
-MODES = ("dense", "drive-select")
+MODES = ("dense", "host-select", "drive-select")
 
 
 class DriveKV:
@@ -49,6 +54,10 @@ class DriveKV:
         # drive-select: each layer's last choice (page ids (kv_heads, k), tokens stored then)
         self.last_ids: dict[int, tuple[np.ndarray, int]] = {}
         self.commands = {"store": 0, "retrieve": 0, "topk": 0, "attend": 0}
+        # host-select: per stored block, its summaries (layers, kv_heads, pages, head_dim) x 2,
+        # and this step's blocks read back so far (index -> (tokens, 2, layers, heads, dim))
+        self.summaries: list[tuple[np.ndarray, np.ndarray]] = []
+        self._read: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.keys) * self.block_tokens + self.tail_k[0].shape[0]
@@ -74,6 +83,10 @@ class DriveKV:
         key = self._key(len(self.keys))
         self.dev.kv_put_quantized(key, block, "fp16", self.scheme, nsid=self.nsid,
                                   summary_page=self.page_tokens)
+        pages = k.astype(np.float32).reshape(n // self.page_tokens, self.page_tokens,
+                                             *k.shape[1:])  # (pages, tokens, layers, h, d)
+        self.summaries.append((pages.min(axis=1).transpose(1, 2, 0, 3),
+                               pages.max(axis=1).transpose(1, 2, 0, 3)))
         self.commands["store"] += 1
         self.keys.append(key)
         for layer in range(self.cfg.layers):
@@ -84,6 +97,7 @@ class DriveKV:
     def begin_step(self) -> None:
         """dense: every stored block, dequantized in the drive, for this step's layers."""
         self._step = None
+        self._read = {}
         if self.mode != "dense" or not self.keys:
             return
         c = self.cfg
@@ -110,7 +124,48 @@ class DriveKV:
             keys = np.concatenate([sk.astype(np.float32), tail_k])
             values = np.concatenate([sv.astype(np.float32), tail_v])
             return attention(q[None], keys, values, None)[0]
+        if self.mode == "host-select":
+            return self._host_select(layer, q, tail_k, tail_v)
         return self._drive_select(layer, q, tail_k, tail_v)
+
+    def _block(self, i: int) -> np.ndarray:
+        """Stored block i, dequantized in the drive, read once a step."""
+        if i not in self._read:
+            c = self.cfg
+            out = np.empty((self.block_tokens, 2, c.layers, c.kv_heads, c.head_dim), np.uint16)
+            self.dev.kv_get_dequantized(self.keys[i], out, nsid=self.nsid)
+            self.commands["retrieve"] += 1
+            self._read[i] = out.view(np.float16)
+        return self._read[i]
+
+    def _host_select(self, layer: int, q, tail_k, tail_v) -> np.ndarray:
+        c, pt = self.cfg, self.page_tokens
+        if not self.keys:
+            return attention(q[None], tail_k, tail_v, None)[0]
+        lo = np.concatenate([s[0][layer] for s in self.summaries], axis=1)  # (h, pages, d)
+        hi = np.concatenate([s[1][layer] for s in self.summaries], axis=1)
+        pages = lo.shape[1]
+        per_block = self.block_tokens // pt
+        first, last = self.sink_pages, pages - self.recent_pages
+        k = max(1, min(self.budget_pages, last - first))
+        out = np.empty_like(q, dtype=np.float32)
+        chosen = np.full((c.kv_heads, k), -1, np.int32)
+        for h in range(c.kv_heads):
+            group = q[h * c.group:(h + 1) * c.group].astype(np.float32)
+            bound = np.maximum(group[:, None] * lo[h][None], group[:, None] * hi[h][None])
+            score = bound.sum(axis=-1).max(axis=0)[first:last]
+            top = (np.argsort(-score, kind="stable")[:k] + first).tolist()
+            chosen[h, :len(top)] = top
+            keep = sorted({*top, *range(self.sink_pages), *range(last, pages)})
+            ks = [self._block(p // per_block)[(p % per_block) * pt:(p % per_block + 1) * pt,
+                                               :, layer, h] for p in keep]
+            kk = np.concatenate([x[:, 0] for x in ks] + [tail_k[:, h].astype(np.float16)])
+            vv = np.concatenate([x[:, 1] for x in ks] + [tail_v[:, h].astype(np.float16)])
+            out[h * c.group:(h + 1) * c.group] = attention(
+                group[None], kk[:, None].astype(np.float32), vv[:, None].astype(np.float32),
+                None)[0]
+        self.last_ids[layer] = (chosen, len(self.keys) * self.block_tokens)
+        return out
 
     def _drive_select(self, layer: int, q, tail_k, tail_v) -> np.ndarray:
         parts = []
