@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pathlib
+import time
 
 import numpy as np
 
@@ -103,10 +104,12 @@ def _run(m, cfg, dev, ids, mem, ref, spec, scheme, method, budget_pages, n):
     for layer in range(cfg.layers):
         kv.append(layer, mem.k[layer], mem.v[layer])
     ce_ref, greedy_ref, queries, full = ref
-    ce, agree, mass = [], 0, np.zeros(cfg.layers)
+    ce, agree, mass, wall = [], 0, np.zeros(cfg.layers), 0.0
     for i, pos in enumerate(range(spec.context, spec.context + spec.held)):
+        t0 = time.perf_counter()
         kv.begin_step()
         lg = m.decode_step(ids[pos], pos, kv.attend)
+        wall += time.perf_counter() - t0
         ce.append(_ce(lg, ids[pos + 1]))
         agree += int(lg.argmax()) == greedy_ref[i]
         if mode != "dense":
@@ -116,7 +119,10 @@ def _run(m, cfg, dev, ids, mem, ref, spec, scheme, method, budget_pages, n):
     kv.end()
     row = {"scheme": scheme, "method": method, "budget_pages": budget_pages,
            "perplexity": float(np.exp(np.mean(ce))),
-           "greedy_agreement": agree / spec.held, "commands": dict(kv.commands)}
+           "greedy_agreement": agree / spec.held, "commands": dict(kv.commands),
+           # this host's wall time per decoded token: the model's numpy layers, the drive's
+           # commands and their waits (not the modelled drive's)
+           "wall_ms_per_token": round(wall / spec.held * 1e3, 2)}
     if mode != "dense":
         per_layer = mass / spec.held
         row["attention_mass"] = {"mean": float(per_layer.mean()),
