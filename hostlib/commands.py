@@ -69,6 +69,14 @@ def _arguments(fn, args, kwargs) -> dict:
     return out
 
 
+def _recovery(spec: Spec, fn, error: Exception, args, kwargs):
+    """What a failed command becomes (Value or Retry), or its error raised again."""
+    what = spec.on_error(error, _arguments(fn, args, kwargs)) if spec.on_error else None
+    if what is None:
+        raise error
+    return what
+
+
 def blocking(spec: Spec, fn):
     """Device.X: X_async's Future waited for."""
     if spec.finish is None and spec.on_error is None:
@@ -79,9 +87,7 @@ def blocking(spec: Spec, fn):
             try:
                 result = fn(self, *args, **kwargs).result()
             except Exception as e:
-                what = spec.on_error(e, _arguments(fn, args, kwargs)) if spec.on_error else None
-                if what is None:
-                    raise
+                what = _recovery(spec, fn, e, args, kwargs)
                 if isinstance(what, Value):
                     return what.value
                 return what.then(fn(self, **what.arguments).result())
@@ -99,9 +105,7 @@ def awaited(spec: Spec, fn):
         try:
             result = await self._await(fn(self.dev, *args, **kwargs))
         except Exception as e:
-            what = spec.on_error(e, _arguments(fn, args, kwargs)) if spec.on_error else None
-            if what is None:
-                raise
+            what = _recovery(spec, fn, e, args, kwargs)
             if isinstance(what, Value):
                 return what.value
             return what.then(await self._await(fn(self.dev, **what.arguments)))

@@ -153,25 +153,27 @@ _STAND_IN = {
 }
 
 
+def _launch(tmp_path, socket_path: str, files: dict, args: list[str]):
+    """The launcher against a stand-in kv_cache package made of files."""
+    for path, text in files.items():
+        f = tmp_path / "pkg" / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(textwrap.dedent(text))
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'pkg'}:{os.getcwd()}")
+    return subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket", socket_path,
+                           "--", *args], capture_output=True, text=True, timeout=120, env=env)
+
+
 def test_install_and_the_launcher_put_the_tier_in_the_benchmarks_cache(daemon, tmp_path):
     """`python -m hostlib.mlperf_kv --socket S -- ARGS` against a stand-in kv_cache package
     that builds its NVMe tier as the benchmark's MultiTierCache does: the drive's tier is
     built, returns the benchmark's own IOTiming, and the benchmark gets ARGS; without the
     package, one line and exit 2."""
-    for path, text in _STAND_IN.items():
-        f = tmp_path / "pkg" / path
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(textwrap.dedent(text))
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'pkg'}:{os.getcwd()}")
-    p = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
-                        daemon.socket_path, "--", "--model", "tiny-1b"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    p = _launch(tmp_path, daemon.socket_path, _STAND_IN, ["--model", "tiny-1b"])
     assert p.returncode == 0, p.stderr
     # the benchmark's args, and the tier's size: the drive's free space (no size was given)
     assert "ran with SsdemuBackend ['--model', 'tiny-1b', '--storage-capacity-gb', '" in p.stdout
-    given = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
-                            daemon.socket_path, "--", "--storage-capacity-gb", "1"],
-                           capture_output=True, text=True, timeout=120, env=env)
+    given = _launch(tmp_path, daemon.socket_path, _STAND_IN, ["--storage-capacity-gb", "1"])
     assert "ran with SsdemuBackend ['--storage-capacity-gb', '1']" in given.stdout
     bare = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
                            daemon.socket_path], capture_output=True, text=True, timeout=120,
@@ -254,14 +256,8 @@ def test_a_full_drive_is_not_silent(tmp_path):
                 failed += 1
         assert failed > 0 and tier.full_writes == failed and tier.writes == 40
         tier.close()
-        for path, text in {**_STAND_IN, "kv_cache/cli.py": _FILLS}.items():
-            f = tmp_path / "pkg" / path
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(textwrap.dedent(text))
-        env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'pkg'}:{os.getcwd()}")
-        p = subprocess.run([sys.executable, "-m", "hostlib.mlperf_kv", "--socket",
-                            d.socket_path, "--", "--model", "tiny-1b"],
-                           capture_output=True, text=True, timeout=120, env=env)
+        p = _launch(tmp_path, d.socket_path, {**_STAND_IN, "kv_cache/cli.py": _FILLS},
+                    ["--model", "tiny-1b"])
         assert p.returncode == 3, p.stderr
         said = [line for line in p.stderr.splitlines() if "writes to the drive failed" in line]
         assert len(said) == 1 and "full" in said[0]
