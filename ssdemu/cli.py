@@ -440,6 +440,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--budgets", type=_percent_list, default=(3.0, 6.0, 12.0),
                     help="drive-select's page budgets, percent of the context's pages")
     ev.add_argument("--profiles", type=_name_list, default=("star2000d", "pcie4-tlc"))
+    ev.add_argument("--passkey", type=_size_list, metavar="LENGTHS",
+                    help="passkey retrieval instead, at these prompt lengths in tokens "
+                    "(e.g. 1K,2K): each method's accuracy at the largest --budgets")
+    ev.add_argument("--trials", type=_positive_int, default=20, help="passkey prompts a length")
+    ev.add_argument("--seed", type=_nonnegative_int, default=0)
     ev.add_argument("--model-file", help="a Llama GGUF (default: SmolLM2-135M-Instruct)")
     ev.add_argument("--socket", help="a running daemon (default: one started here)")
     ev.add_argument("--plot", metavar="DIR", help="write quality_vs_tpot.png into DIR")
@@ -589,7 +594,14 @@ def _cmd_bench_retrieval(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from ssdemu.bench.model_eval import METHODS, EvalSpec, evaluate, format_table, plot
+    from ssdemu.bench.model_eval import (
+        METHODS,
+        EvalSpec,
+        evaluate,
+        format_table,
+        passkey,
+        plot,
+    )
     from ssdemu.sim.profile import load
 
     bad = [m for m in args.methods if m not in METHODS]
@@ -611,10 +623,20 @@ def _cmd_eval(args) -> int:
         bar.update(done - bar.n)
 
     try:
-        report = evaluate(spec, args.socket, progress if bar is not None else None)
+        if args.passkey:
+            report = passkey(spec, args.passkey, args.trials, args.seed, args.socket,
+                             progress if bar is not None else None)
+        else:
+            report = evaluate(spec, args.socket, progress if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
+    if args.passkey:
+        print(json.dumps(report) if args.json else "\n".join(
+            f"passkey at {n} tokens ({report['trials']} trials): " + ", ".join(
+                f"{m} {a:.2f}" for m, a in acc.items())
+            for n, acc in report["accuracy"].items()))
+        return 0
     if args.plot:
         report["plot"] = plot(report, args.plot)
     print(json.dumps(report) if args.json else format_table(report))

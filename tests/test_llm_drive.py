@@ -182,3 +182,32 @@ def test_eval_puts_quality_beside_modelled_time(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--budgets", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "percentages" in bad.stderr
+
+
+def test_passkey_prompts_and_a_small_run():
+    """The passkey prompt holds its key once, near the length asked for, at the depth asked
+    for; `ssdemu eval --passkey` reports each method's accuracy (dense finds the key in a
+    short prompt: SmolLM2 does)."""
+    import json
+    import subprocess
+    import sys
+
+    from ssdemu.bench.model_eval import passkey_prompt
+    from ssdemu.llm.gguf_model import ModelFileError, load
+
+    try:
+        _, _, tok = load()
+    except ModelFileError as e:
+        missing(str(e))
+    ids = passkey_prompt(tok, 1024, 31415, 0.25)
+    text = tok.decode(ids)
+    assert 900 <= len(ids) <= 1100 and text.count("31415") == 2
+    assert 0.15 < text.index("31415") / len(text) < 0.35
+    assert text.endswith("What is the pass key? The pass key is")
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--passkey", "384", "--trials",
+                        "1", "--methods", "dense,drive-select-rerank1", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["trials"] == 1 and set(r["accuracy"]["384"]) == {"dense", "drive-select-rerank1"}
+    assert r["accuracy"]["384"]["dense"] == 1.0

@@ -194,6 +194,83 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
             "runs": rows}
 
 
+# Passkey retrieval as Landmark Attention and Quest measure it: a key hidden at a random
+# depth in repeated filler, asked for at the end
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+          "again. ")
+PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it "
+                 "and memorize it. I will quiz you about the important information there. ")
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+
+
+def passkey_prompt(tok, length: int, key: int, depth: float) -> list[int]:
+    """About `length` tokens: the intro, filler with the key's sentence at `depth` (0..1)
+    of it, the question."""
+    needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
+    fixed = len(tok.encode(PASSKEY_INTRO + needle + PASSKEY_QUESTION))
+    per = len(tok.encode(FILLER))
+    n = max(2, (length - fixed) // per)
+    before = int(n * depth)
+    text = PASSKEY_INTRO + FILLER * before + needle + FILLER * (n - before) + PASSKEY_QUESTION
+    return tok.encode(text)
+
+
+def passkey(spec: EvalSpec, lengths, trials: int, seed: int = 0, socket_path=None,
+            progress=None) -> dict:
+    """Each method's accuracy at finding a 5-digit key: the prompt prefilled (its KV in the
+    drive, plain), then the answer decoded greedily through the drive."""
+    import hostlib
+    from ssdemu.llm.drive_kv import DriveKV
+    from ssdemu.llm.forward import KVCache, Llama
+    from ssdemu.llm.gguf_model import load
+    from ssdemu.tools.daemon_process import DaemonProcess
+
+    cfg, w, tok = load(spec.model_path)
+    m = Llama(cfg, w)
+    rng = np.random.default_rng(seed)
+    daemon = None
+    if socket_path is None:
+        import tempfile
+
+        daemon = DaemonProcess(tempfile.mkdtemp(prefix="ssdemu-eval-") + "/s.sock",
+                               media="mem:1G", extra=["--timing", "off"])
+        socket_path = daemon.socket_path
+    out: dict = {}
+    done, total = 0, len(lengths) * trials
+    try:
+        with hostlib.connect(socket_path) as dev:
+            for length in lengths:
+                hits = {meth: 0 for meth in spec.methods}
+                for _ in range(trials):
+                    key = int(rng.integers(10000, 100000))
+                    ids = passkey_prompt(tok, length, key, float(rng.uniform(0.05, 0.95)))
+                    mem = KVCache(cfg, np.float16)
+                    first = int(m.prefill(ids, cache=mem)[-1].argmax())
+                    pages = len(ids) // PAGE_TOKENS
+                    budget = max(1, round(pages * max(spec.budgets_pct) / 100))
+                    for meth in spec.methods:
+                        mode, rerank = METHODS[meth]
+                        kv = DriveKV(dev, cfg, mode=mode, budget_pages=budget, rerank=rerank,
+                                     prefix=b"pk")
+                        for layer in range(cfg.layers):
+                            kv.append(layer, mem.k[layer], mem.v[layer])
+                        answer, token = [], first
+                        for pos in range(len(ids), len(ids) + 7):
+                            answer.append(token)
+                            kv.begin_step()
+                            token = int(m.decode_step(token, pos, kv.attend).argmax())
+                        kv.end()
+                        hits[meth] += str(key) in tok.decode(answer)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                out[str(length)] = {meth: hits[meth] / trials for meth in spec.methods}
+    finally:
+        if daemon is not None:
+            daemon.terminate()
+    return {"trials": trials, "budget_pct": max(spec.budgets_pct), "accuracy": out}
+
+
 def format_table(report: dict) -> str:
     lines = [f"{report['model']}: {report['context_tokens']} tokens of context, "
              f"{report['held_tokens']} decoded; reference perplexity "
