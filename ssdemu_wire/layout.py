@@ -96,7 +96,10 @@ def pack_retrieval_request(*, dtype_code: int, layer: int, layers: int, kv_heads
     keys = [bytes(key) for key in keys]
     klen = len(keys[0]) if keys else 0
     if not keys or any(len(key) != klen for key in keys) or not 0 < klen <= 16:
-        raise ValueError("a sequence is one or more keys of one length, 1 to 16 bytes")
+        lengths = sorted({len(key) for key in keys})
+        raise ValueError(f"a sequence is one or more keys of one length, 1 to 16 bytes (the "
+                         f"request carries one key length); got lengths {lengths}: name the "
+                         f"blocks with keys of one length, e.g. zero-padded numbers")
     h = np.zeros(1, REQUEST_DTYPE)
     for name, v in (("magic", RETRIEVAL_MAGIC), ("dtype", dtype_code),
                     ("flags", RETRIEVAL_INT8 if int8 else 0), ("layer", layer),

@@ -515,3 +515,46 @@ def test_a_store_that_makes_summaries_takes_longer_in_the_model(dev):
         f.result()
         times[page] = f.device_ns
     assert 0 < times[0] < times[16]
+
+
+def test_a_rerank_whose_sink_and_recent_pages_cover_every_page(dev):
+    """Nothing left to choose: the re-rank answers as Quest alone does (no page, id -1),
+    not INTERNAL (an IndexError in the worker before: rerank 2, recent_pages 11, 12 pages)."""
+    rng = np.random.default_rng(71)
+    keys = _store(dev, "cover", _blocks(rng, 3, 64, 2, 2, 64))  # 12 pages of 16 tokens
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    kw = dict(layer=1, layers=2, kv_heads=2, k=2, recent_pages=11, sink_pages=1)
+    quest, _ = dev.topk_pages(keys, q, rerank=1, **kw)
+    ids, scores = dev.topk_pages(keys, q, rerank=2, **kw)
+    assert (quest == -1).all() and (ids == -1).all() and ids.shape == (2, 2)
+
+
+def test_deleting_a_block_while_a_topk_reads_it_is_never_internal(dev):
+    """A delete of a sequence's block while a TOPK over it is in flight ends the TOPK with
+    success or KV_KEY_NOT_EXIST, never INTERNAL (the store's KeyNotFound was not the KeyError
+    the worker caught: 3 of 30 INTERNAL before)."""
+    rng = np.random.default_rng(72)
+    blocks = _blocks(rng, 8, 64, 2, 2, 64)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    seen = set()
+    for i in range(40):
+        keys = _store(dev, f"race{i}", blocks)
+        f = dev.topk_pages_async(keys, q, layer=1, layers=2, kv_heads=2, k=2)
+        for key in reversed(keys):
+            dev.kv_delete(key)
+        try:
+            f.result()
+            seen.add("SUCCESS")
+        except hostlib.KeyNotFoundError:
+            seen.add("KV_KEY_NOT_EXIST")
+    assert seen <= {"SUCCESS", "KV_KEY_NOT_EXIST"}
+
+
+def test_keys_of_different_lengths_are_refused_before_anything_is_sent(dev):
+    """The request carries one key length (c/wire/sde_queue.h): hostlib says so, naming the
+    lengths, and sends nothing."""
+    q = np.zeros((4, 64), np.float32)
+    before = dev.log()["retrieval"]["commands"]
+    with pytest.raises(ValueError, match=r"one length.*\[3, 4\]"):
+        dev.topk_pages([b"s/1", b"s/10"], q, layer=0, layers=2, kv_heads=2, k=1)
+    assert dev.log()["retrieval"]["commands"] == before

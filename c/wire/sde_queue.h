@@ -183,7 +183,9 @@ typedef struct sde_retrieval_req {
     uint16_t q_heads;      /* a multiple of kv_heads (GQA) */
     uint16_t head_dim;
     uint16_t page_tokens;  /* every block but the last holds whole pages */
-    uint16_t key_len;      /* 1..16: every key of the sequence */
+    uint16_t key_len;      /* 1..16: every key of the sequence (one length per request: the
+                            * keys are 16-byte slots; name blocks with keys of one length,
+                            * "s/01".."s/10" rather than "s/1".."s/10") */
     uint32_t nkeys;        /* blocks of the sequence, in token order */
     uint32_t k;            /* TOPK_PAGES: pages kept per KV head; ATTEND: ids given per head */
     uint32_t sink_pages;   /* the first pages: never candidates, always attended */

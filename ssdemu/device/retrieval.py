@@ -48,7 +48,7 @@ from firmware.layout import (
     ELEMENT_BYTES,
     storage_dtype,
 )
-from ssdemu.device.store import CorruptValue
+from ssdemu.device.store import CorruptValue, KeyNotFound
 from ssdemu.sim.cost import (
     attend_cost,
     rerank_cost,
@@ -382,7 +382,7 @@ class Retrieval:
             return self.d.store.get(b.key, nsid)
         except CorruptValue:
             raise Refused("MEDIA_ERROR", "a block fails its checksum") from None
-        except KeyError:
+        except (KeyError, KeyNotFound):  # the store's own, not a KeyError
             raise Refused("KV_KEY_NOT_EXIST", "a block was deleted meanwhile") from None
 
     def _read(self, req: Request, nsid: int, b: Block,
@@ -526,6 +526,10 @@ class Retrieval:
             timing.topk(req, n, c)
             timing.topk(req, n, c)
             keys, _, newid = self._pages(req, nsid, blocks, ids.reshape(-1), timing, False)
+            if not newid:  # the sink and recent pages cover every page: nothing to choose
+                empty = np.full((H, req.k), -1, np.int32)
+                return (empty.astype("<i4").tobytes()
+                        + np.full((H, req.k), -np.inf, "<f4").tobytes(), P)
             back = np.array(sorted(newid, key=newid.get), np.int64)
             local = np.vectorize(lambda p: newid.get(int(p), -1), otypes=[np.int32])(ids) \
                 if ids.size else ids
