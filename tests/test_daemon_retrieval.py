@@ -558,3 +558,24 @@ def test_keys_of_different_lengths_are_refused_before_anything_is_sent(dev):
     with pytest.raises(ValueError, match=r"one length.*\[3, 4\]"):
         dev.topk_pages([b"s/1", b"s/10"], q, layer=0, layers=2, kv_heads=2, k=1)
     assert dev.log()["retrieval"]["commands"] == before
+
+
+def test_a_block_deleted_and_stored_again_is_not_scored_by_its_old_summaries(dev):
+    """The worker's summaries are cached in the drive's DRAM by the value's place; a block
+    deleted and stored again under the same key, the same size, lands on the same place.
+    Its new content must be scored, as the same content under fresh keys is (before: the
+    old content's summaries answered, and drive-select found 2 of 20 passkeys a reused
+    sequence name hid where host-select found 18)."""
+    rng = np.random.default_rng(73)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    kw = dict(layer=1, layers=2, kv_heads=2, k=3)
+    keys = _store(dev, "again", _blocks(rng, 4, 64, 2, 2, 64))
+    first, _ = dev.topk_pages(keys, q, **kw)
+    for key in keys:
+        dev.kv_delete(key)
+    new = _blocks(rng, 4, 64, 2, 2, 64)
+    _store(dev, "again", new)
+    again, _ = dev.topk_pages(keys, q, **kw)
+    fresh, _ = dev.topk_pages(_store(dev, "fresh", new), q, **kw)
+    assert np.array_equal(again, fresh)
+    assert not np.array_equal(first, fresh)  # the two contents choose differently

@@ -218,7 +218,7 @@ def test_corrupt_value_reads_as_an_error(drive):
     m, s = fresh(drive)
     s.put(b"k", b"v" * 5000)
     s.flush()
-    off, _ = s.lookup(b"k")
+    off, _, _ = s.lookup(b"k")
     drive.poke(off + 100, b"\xff")
     with pytest.raises(CorruptValue, match="checksum"):
         s.get(b"k")
@@ -591,7 +591,7 @@ def test_every_keyed_entry_point_checks_key_size_then_namespace_then_the_key(dri
         return {
             "get": lib.sde_store_get(st, nsid, key, len(key), buf, 16, u64),
             "exists": lib.sde_store_exists(st, nsid, key, len(key)),
-            "lookup": lib.sde_store_lookup(st, nsid, key, len(key), u64, u64),
+            "lookup": lib.sde_store_lookup(st, nsid, key, len(key), u64, u64, u64),
             "delete": lib.sde_store_delete(st, nsid, key, len(key)),
             "pin": lib.sde_store_pin(st, nsid, key, len(key), 1, u32),
             "put": lib.sde_store_put(st, nsid, key, len(key), b"v", 1, 0, res),  # last

@@ -206,7 +206,7 @@ def test_a_quantized_store_topk_and_attend_take_the_times_worked_out_by_hand(dri
     assert drive.terminate()[0] == 0
     with open_media(f"file:{tmp_path}/m.img") as m:
         s = Store.open(m)
-        offset, length = s.lookup(b"blk")
+        offset, length, _ = s.lookup(b"blk")
         s.close()
     assert length == stored == len(value)
     header, _ = blockfmt.open_block(value)

@@ -130,9 +130,10 @@ int sde_store_exists(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
  * returns how many. */
 int sde_store_list(sde_store *st, uint32_t nsid, const uint8_t *start, uint32_t klen,
                    uint8_t *out, uint32_t max);
-/* Where a value lies: 0, or SDE_SC_KV_KEY_NOT_EXIST. */
+/* Where a value lies, and its content hash (what tells a value stored again on the same
+ * place from the one before): 0, or a status (SDE_SC_KV_KEY_NOT_EXIST, ...). */
 int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
-                     uint64_t *offset, uint64_t *len);
+                     uint64_t *offset, uint64_t *len, uint64_t *hash);
 /* delta +1 / -1; *count gets the pins left.  A pinned key cannot be deleted. */
 int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, int delta,
                   uint32_t *count);

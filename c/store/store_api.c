@@ -117,14 +117,16 @@ int sde_store_exists(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
 }
 
 int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
-                     uint64_t *offset, uint64_t *len)
+                     uint64_t *offset, uint64_t *len, uint64_t *hash)
 {
     uint32_t i;
     int s = store_entry_existing(st, nsid, key, klen, &i);
     if (s)
         return s;
-    *offset = st->exts[st->ents[i].ext].off;
-    *len = st->exts[st->ents[i].ext].len;
+    const struct ext *e = &st->exts[st->ents[i].ext];
+    *offset = e->off;
+    *len = e->len;
+    *hash = e->hash;
     return SDE_SC_SUCCESS;
 }
 

@@ -181,6 +181,7 @@ class Block:
     first_page: int
     token_bytes: int  # bytes per token in the stored value's layout (plain: contiguous)
     code: int = DTYPE_FP16  # its element type, once read
+    vhash: int = 0  # the stored value's content hash (the store's)
     kv: tuple | None = None  # its layer's K and V once read, kept for the command (MEMO_BYTES)
 
 
@@ -237,10 +238,11 @@ def unpack_bounds(x: np.ndarray) -> np.ndarray:
 
 
 def _summary_key(req: Request, nsid: int, b: Block) -> tuple:
-    """What a block's summaries depend on: the value's place (a rewrite moves it), and how
-    the request reads it (a plain block is read in the request's layout)."""
-    return (nsid, b.key, b.offset, b.length, req.layer, req.page, req.layers, req.kv_heads,
-            req.head_dim, req.dtype)
+    """What a block's summaries depend on: the value (its place and its content hash: a block
+    deleted and stored again, the same size, lands on the same place), and how the request
+    reads it (a plain block is read in the request's layout)."""
+    return (nsid, b.key, b.offset, b.length, b.vhash, req.layer, req.page, req.layers,
+            req.kv_heads, req.head_dim, req.dtype)
 
 
 class SummaryCache:
@@ -373,7 +375,7 @@ class Retrieval:
             place = self.d.store.lookup(key, nsid)
             if place is None:
                 raise Refused("KV_KEY_NOT_EXIST", f"block {i} of the sequence is not stored")
-            blocks.append(Block(key, place[0], place[1], 0, 0, 0))
+            blocks.append(Block(key, place[0], place[1], 0, 0, 0, vhash=place[2]))
         return blocks
 
     def _value(self, b: Block, nsid: int) -> bytes:

@@ -201,12 +201,12 @@ class Store:
         _check(st, key)
         return bytes(out[:n[0]])
 
-    def lookup(self, key: bytes, nsid: int = 0) -> tuple[int, int] | None:
-        """(offset, length) of the key's value on the media, or None."""
-        off, n = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    def lookup(self, key: bytes, nsid: int = 0) -> tuple[int, int, int] | None:
+        """(offset, length, content hash) of the key's value on the media, or None."""
+        off, n, h = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
         with self._locked():
-            st = lib.sde_store_lookup(self._st, nsid, bytes(key), len(key), off, n)
-        return (off[0], n[0]) if st == lib.SDE_SC_SUCCESS else None
+            st = lib.sde_store_lookup(self._st, nsid, bytes(key), len(key), off, n, h)
+        return (off[0], n[0], h[0]) if st == lib.SDE_SC_SUCCESS else None
 
     def delete(self, key: bytes, nsid: int = 0) -> None:
         check_key(key)
