@@ -43,9 +43,6 @@ class LlamaConfig:
         """Query heads per KV head (GQA)."""
         return self.heads // self.kv_heads
 
-    def kv_bytes_per_token(self, element_bytes: int = 2) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
-
 
 @dataclasses.dataclass
 class LayerWeights:
