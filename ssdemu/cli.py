@@ -612,24 +612,23 @@ def _cmd_eval(args) -> int:
     spec = EvalSpec(text=args.text, context=args.context, held=args.held,
                     schemes=args.schemes, methods=args.methods, budgets_pct=args.budgets,
                     profiles=args.profiles, model_path=args.model_file)
-    bar = None
-    if not args.no_progress and not args.json:
-        from tqdm import tqdm
-
-        bar = tqdm(unit="run", desc="eval", leave=False)
+    bars = []  # made at the first run done: a failure before prints its line alone
 
     def progress(done, total):
-        bar.total = total
-        bar.update(done - bar.n)
+        if not bars:
+            from tqdm import tqdm
 
+            bars.append(tqdm(total=total, unit="run", desc="eval", leave=False))
+        bars[0].update(done - bars[0].n)
+
+    show = progress if not args.no_progress and not args.json else None
     try:
         if args.passkey:
-            report = passkey(spec, args.passkey, args.trials, args.seed, args.socket,
-                             progress if bar is not None else None)
+            report = passkey(spec, args.passkey, args.trials, args.seed, args.socket, show)
         else:
-            report = evaluate(spec, args.socket, progress if bar is not None else None)
+            report = evaluate(spec, args.socket, show)
     finally:
-        if bar is not None:
+        for bar in bars:
             bar.close()
     if args.passkey:
         print(json.dumps(report) if args.json else "\n".join(

@@ -113,3 +113,38 @@ def test_the_forward_pass_matches_transformers_on_the_same_gguf(model, tmp_path)
         greedy.append(token)
         token = int(m.decode_step(token, pos, cache.attend).argmax())
     assert greedy == hf["greedy"].tolist()
+
+
+def test_attention_against_a_float64_reference_with_its_log_sum_exp():
+    """GQA softmax attention and each head's log-sum-exp (what the drive-select path merges
+    with the drive's part), against a plain float64 restatement; causal masking."""
+    from ssdemu.llm.forward import attention
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((3, 9, 64)).astype(np.float32)
+    k = rng.standard_normal((20, 3, 64)).astype(np.float32)
+    v = rng.standard_normal((20, 3, 64)).astype(np.float32)
+    out, lse = attention(q, k, v, causal_from=17, with_lse=True)
+    for t in range(3):
+        s = np.einsum("hd,thd->ht", q[t].astype(np.float64),
+                      np.repeat(k[:18 + t], 3, axis=1).astype(np.float64)) / 8.0
+        ref_lse = np.log(np.exp(s).sum(axis=1))
+        p = np.exp(s - ref_lse[:, None])
+        ref = np.einsum("ht,thd->hd", p, np.repeat(v[:18 + t], 3, axis=1))
+        np.testing.assert_allclose(out[t], ref, atol=1e-5)
+        np.testing.assert_allclose(lse[t], ref_lse, atol=1e-5)
+    np.testing.assert_array_equal(attention(q, k, v, causal_from=17), out)
+
+
+def test_a_model_file_that_is_not_there_is_one_line(tmp_path):
+    """`ssdemu eval --model-file` of a missing file, or of something that is not a GGUF:
+    one line, exit 1 (the loader's errors are ssdemu's)."""
+    import sys
+
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all")
+    for path, says in ((tmp_path / "none.gguf", "no such model file"),
+                       (junk, "not a readable GGUF")):
+        p = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--model-file", str(path)],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1 and p.stderr.count("\n") == 1 and says in p.stderr, p.stderr

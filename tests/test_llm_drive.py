@@ -182,6 +182,9 @@ def test_eval_puts_quality_beside_modelled_time(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--budgets", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "percentages" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--context", "100000",
+                          "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "fewer than" in bad.stderr
 
 
 def test_passkey_prompts_and_a_small_run():

@@ -170,7 +170,8 @@ class DriveKV:
     def _drive_select(self, layer: int, q, tail_k, tail_v) -> np.ndarray:
         parts = []
         if tail_k.shape[0]:
-            parts.append(_attention_lse(q, tail_k, tail_v))
+            out, lse = attention(q[None], tail_k, tail_v, None, with_lse=True)
+            parts.append((out[0], lse[0]))
         if self.keys:
             c = self.cfg
             kw = dict(layer=layer, layers=c.layers, page_tokens=self.page_tokens,
@@ -194,16 +195,3 @@ class DriveKV:
             self.dev.kv_delete(key, nsid=self.nsid)
         self.keys = []
 
-
-def _attention_lse(q: np.ndarray, k: np.ndarray, v: np.ndarray):
-    """(out (heads, d), lse (heads,)) of one query per head over k, v (T, kv_heads, d)."""
-    hq, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
-    qg = q.reshape(hkv, g, d).astype(np.float64)
-    s = np.einsum("hgd,thd->hgt", qg, k.astype(np.float64)) / np.sqrt(d)
-    m = s.max(axis=-1, keepdims=True)
-    p = np.exp(s - m)
-    z = p.sum(axis=-1, keepdims=True)
-    out = np.einsum("hgt,thd->hgd", p / z, v.astype(np.float64))
-    return out.reshape(hq, d).astype(np.float32), (np.log(z) + m).reshape(hq).astype(np.float32)

@@ -36,10 +36,12 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal_from: int | None = 0
-              ) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal_from: int | None = 0,
+              with_lse: bool = False):
     """Softmax attention of queries (Tq, Hq, d) over keys and values (Tk, Hkv, d), GQA by
-    head groups; causal_from: query i sees keys up to causal_from + i (None: all)."""
+    head groups; causal_from: query i sees keys up to causal_from + i (None: all).  With
+    with_lse, also each query head's log-sum-exp of its scaled logits (Tq, Hq), for merging
+    with attention over other keys (hostlib.merge_attention)."""
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
     g = hq // hkv
@@ -49,11 +51,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal_from: int | No
     if causal_from is not None:
         mask = np.arange(tk)[None, :] > (causal_from + np.arange(tq))[:, None]
         s = np.where(mask, -np.inf, s)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = p @ v.transpose(1, 0, 2)[:, None]  # (Hkv, g, Tq, d)
-    return out.transpose(2, 0, 1, 3).reshape(tq, hq, d)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    z = p.sum(axis=-1, keepdims=True)
+    out = ((p / z) @ v.transpose(1, 0, 2)[:, None]).transpose(2, 0, 1, 3).reshape(tq, hq, d)
+    if not with_lse:
+        return out
+    return out, (np.log(z) + m)[..., 0].transpose(2, 0, 1).reshape(tq, hq)
 
 
 class Llama:

