@@ -87,6 +87,31 @@ def test_decoding_a_token_at_a_time_gives_the_prefills_logits(model):
     assert len(cache) == 48
 
 
+def test_the_forward_pass_stays_in_float32(model):
+    """Activations stay float32 through every layer, whatever dtype the attention's server
+    returns: numpy promotes a float32 array times its own float64 scalar to float64, and
+    every weight matrix was then cast per call (decoding at 2K tokens 7x slower)."""
+    from ssdemu.llm.forward import KVCache, attention
+
+    cfg, m, tok = model
+    q = np.ones((1, 9, 64), np.float32)
+    assert attention(q, q[:, :3], q[:, :3], None).dtype == np.float32
+    cache = KVCache(cfg, np.float16)
+    ids = tok.encode("The pass key is 12345.")
+    assert m.prefill(ids[:4], cache=cache, last_only=True).shape == (1, cfg.vocab)
+    seen = []
+
+    def attend(layer, q, k, v):
+        seen.append((q.dtype, k.dtype))
+        return cache.attend(layer, q, k, v).astype(np.float64)
+
+    logits = m.decode_step(ids[4], 4, attend)
+    assert logits.dtype == np.float32
+    assert set(seen) == {(np.dtype(np.float32), np.dtype(np.float32))}
+    assert cache.keys(0).dtype == np.float32 and len(cache) == 5
+    assert np.array_equal(cache.keys(0), cache.keys(0).astype(np.float16).astype(np.float32))
+
+
 @pytest.mark.external
 def test_the_forward_pass_matches_transformers_on_the_same_gguf(model, tmp_path):
     """512 tokens of the GPL's text: the largest logit difference at most 1e-3; 64 greedy

@@ -162,7 +162,7 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
     if len(ids) < spec.context + spec.held + 1:
         raise ValueError(f"{spec.text} has {len(ids)} tokens: fewer than context + held + 1")
     mem = KVCache(cfg, np.float16)
-    m.prefill(ids[:spec.context], cache=mem)
+    m.prefill(ids[:spec.context], cache=mem, last_only=True)
     ref = _reference(m, ids, mem, spec)
     pages = spec.context // PAGE_TOKENS
     budgets = sorted({max(1, round(pages * pct / 100)) for pct in spec.budgets_pct})
@@ -245,7 +245,7 @@ def passkey(spec: EvalSpec, lengths, trials: int, seed: int = 0, socket_path=Non
                     key = int(rng.integers(10000, 100000))
                     ids = passkey_prompt(tok, length, key, float(rng.uniform(0.05, 0.95)))
                     mem = KVCache(cfg, np.float16)
-                    first = int(m.prefill(ids, cache=mem)[-1].argmax())
+                    first = int(m.prefill(ids, cache=mem, last_only=True)[-1].argmax())
                     pages = len(ids) // PAGE_TOKENS
                     budget = max(1, round(pages * max(spec.budgets_pct) / 100))
                     for meth in spec.methods:

@@ -109,7 +109,9 @@ class DriveKV:
             self.commands["retrieve"] += 1
             blocks.append(out.view(np.float16))
         kv = np.concatenate(blocks)  # (tokens, 2, layers, heads, dim)
-        self._step = [(kv[:, 0, layer], kv[:, 1, layer]) for layer in range(c.layers)]
+        # one conversion a step, each layer's K and V then contiguous float32
+        kv = np.ascontiguousarray(kv.transpose(2, 1, 3, 0, 4), dtype=np.float32)
+        self._step = [(kv[layer, 0], kv[layer, 1]) for layer in range(c.layers)]
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """decode_step's attend: the new token's KV joins the tail; attention over the
@@ -120,9 +122,9 @@ class DriveKV:
         if self.mode == "dense":
             if self._step is None:
                 return attention(q[None], tail_k, tail_v, None)[0]
-            sk, sv = self._step[layer]
-            keys = np.concatenate([sk.astype(np.float32), tail_k])
-            values = np.concatenate([sv.astype(np.float32), tail_v])
+            sk, sv = self._step[layer]  # (heads, tokens, dim): one softmax with the tail's
+            keys = np.concatenate([sk, tail_k.transpose(1, 0, 2)], axis=1).transpose(1, 0, 2)
+            values = np.concatenate([sv, tail_v.transpose(1, 0, 2)], axis=1).transpose(1, 0, 2)
             return attention(q[None], keys, values, None)[0]
         if self.mode == "host-select":
             return self._host_select(layer, q, tail_k, tail_v)

@@ -47,7 +47,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal_from: int | No
     g = hq // hkv
     qg = q.reshape(tq, hkv, g, d).transpose(1, 2, 0, 3)  # (Hkv, g, Tq, d)
     kt = k.transpose(1, 2, 0)  # (Hkv, d, Tk)
-    s = (qg @ kt[:, None]) / np.sqrt(d)  # (Hkv, g, Tq, Tk)
+    # a Python float: numpy's own float64 scalar would make every later product float64,
+    # and each weight matrix then cast to float64 per call (7x slower decoding)
+    s = (qg @ kt[:, None]) * float(d ** -0.5)  # (Hkv, g, Tq, Tk)
     if causal_from is not None:
         mask = np.arange(tk)[None, :] > (causal_from + np.arange(tq))[:, None]
         s = np.where(mask, -np.inf, s)
@@ -82,9 +84,11 @@ class Llama:
     def logits(self, x: np.ndarray) -> np.ndarray:
         return rms_norm(x, self.w.out_norm, self.cfg.eps) @ self.w.output.T
 
-    def prefill(self, tokens, start: int = 0, cache: KVCache | None = None):
+    def prefill(self, tokens, start: int = 0, cache: KVCache | None = None,
+                last_only: bool = False):
         """Logits (T, vocab) of a sequence (positions start..), its keys and values appended
-        to cache (each layer's post-RoPE (T, kv_heads, head_dim))."""
+        to cache (each layer's post-RoPE (T, kv_heads, head_dim)); last_only: the last
+        token's alone, (1, vocab) (a 2K-token prompt's all are 400 MB and 2 s)."""
         tokens = np.asarray(tokens, np.int64)
         positions = np.arange(start, start + len(tokens))
         x = self.w.embed[tokens]
@@ -98,7 +102,7 @@ class Llama:
             out = attention(q, k, v, causal_from=k.shape[0] - len(tokens))
             x = x + out.reshape(len(tokens), -1) @ lw.wo.T
             x = self._mlp(layer, x)
-        return self.logits(x)
+        return self.logits(x[-1:] if last_only else x)
 
     def decode_step(self, token: int, pos: int, attend) -> np.ndarray:
         """Logits (vocab,) of one token at position pos; attend(layer, q (heads, head_dim),
@@ -109,7 +113,7 @@ class Llama:
             lw = self.w.layers[layer]
             h = rms_norm(x, lw.attn_norm, self.cfg.eps)
             q, k, v = self._qkv(layer, h, np.array([pos]))
-            out = attend(layer, q[0], k[0], v[0])
+            out = np.asarray(attend(layer, q[0], k[0], v[0]), np.float32)  # whoever served it
             x = x + out.reshape(1, -1) @ lw.wo.T
             x = self._mlp(layer, x)
         return self.logits(x)[0]
@@ -117,26 +121,47 @@ class Llama:
 
 class KVCache:
     """The model alone holding its KV in memory: per layer, post-RoPE keys and values
-    (tokens, kv_heads, head_dim), in `dtype` (np.float16: as a drive stores plain fp16)."""
+    (tokens, kv_heads, head_dim) rounded to `dtype` (np.float16: as a drive stores plain
+    fp16).  Kept as float32 holding those values exactly, in buffers that grow by doubling:
+    a decode step appends one token per layer, and converting or copying the whole cache on
+    each was most of a step's time at 2K tokens."""
 
     def __init__(self, cfg: LlamaConfig, dtype=np.float32):
         self.cfg, self.dtype = cfg, np.dtype(dtype)
-        self.k = [np.zeros((0, cfg.kv_heads, cfg.head_dim), self.dtype)
-                  for _ in range(cfg.layers)]
-        self.v = [a.copy() for a in self.k]
+        self._k = [np.zeros((0, cfg.kv_heads, cfg.head_dim), np.float32)
+                   for _ in range(cfg.layers)]
+        self._v = [a.copy() for a in self._k]
+        self._n = [0] * cfg.layers
 
     def __len__(self) -> int:
-        return self.k[0].shape[0]
+        return self._n[0]
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        self.k[layer] = np.concatenate([self.k[layer], k.astype(self.dtype)])
-        self.v[layer] = np.concatenate([self.v[layer], v.astype(self.dtype)])
+        n, t = self._n[layer], k.shape[0]
+        if n + t > self._k[layer].shape[0]:
+            cap = max(64, 2 * (n + t))
+            for bufs in (self._k, self._v):
+                grown = np.empty((cap, *bufs[layer].shape[1:]), np.float32)
+                grown[:n] = bufs[layer][:n]
+                bufs[layer] = grown
+        self._k[layer][n:n + t] = k.astype(self.dtype).astype(np.float32)
+        self._v[layer][n:n + t] = v.astype(self.dtype).astype(np.float32)
+        self._n[layer] = n + t
+
+    @property
+    def k(self) -> list[np.ndarray]:
+        """Per layer the keys (tokens, kv_heads, head_dim), float32 (values of `dtype`)."""
+        return [b[:n] for b, n in zip(self._k, self._n, strict=True)]
+
+    @property
+    def v(self) -> list[np.ndarray]:
+        return [b[:n] for b, n in zip(self._v, self._n, strict=True)]
 
     def keys(self, layer: int) -> np.ndarray:
-        return self.k[layer].astype(np.float32)
+        return self._k[layer][:self._n[layer]]
 
     def values(self, layer: int) -> np.ndarray:
-        return self.v[layer].astype(np.float32)
+        return self._v[layer][:self._n[layer]]
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """decode_step's attend: the new token's KV kept, attention over all of it."""
