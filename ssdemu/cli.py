@@ -553,6 +553,11 @@ def _add_bench_model(bsub: argparse._SubParsersAction):
     rt.add_argument("--profiles", default="star2000d,pcie4-tlc",
                     help="profiles for the cost half, comma-separated")
     rt.add_argument("--seed", type=_nonnegative_int, default=0)
+    rt.add_argument("--model-context", type=_nonnegative_int, default=2048, metavar="TOKENS",
+                    help="the same metrics on the real model's keys (SmolLM2-135M) at this "
+                    "context; 0: the synthetic suite alone")
+    rt.add_argument("--model-file", default=None,
+                    help="a Llama GGUF for that part (default: SmolLM2-135M-Instruct)")
     rt.add_argument("--json", action="store_true", help="print one JSON object")
 
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
@@ -588,7 +593,10 @@ def _cmd_bench_retrieval(args) -> int:
     lengths = args.lengths or LENGTHS
     if min(lengths) < 1024:
         raise ValueError("--lengths: contexts of at least 1K tokens (a 1% budget needs pages)")
-    report = bench_retrieval(tuple(lengths), tuple(profiles), args.seed)
+    if args.model_context and args.model_context < 1024:
+        raise ValueError("--model-context: at least 1K tokens (a 1% budget needs pages), or 0")
+    report = bench_retrieval(tuple(lengths), tuple(profiles), args.seed,
+                             model_context=args.model_context, model_path=args.model_file)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 

@@ -50,6 +50,9 @@ PLAIN = 8
 NEEDLE_MASS = 0.6
 RERANK = 16
 BUDGETS = (0.01, 0.03, 0.10)
+# queries whose needle_at is scored: the synthetic suite's planted needles, and the real
+# model's most attended token (ssdemu/bench/retrieval_real.py)
+NEEDLE_KINDS = ("needle", "real")
 LENGTHS = (32768, 131072, 1 << 20)
 LLAMA3_8B = AttentionShape(layers=32, kv_heads=8, group=4, head_dim=128)
 PROFILES = ("star2000d", "pcie4-tlc")
@@ -112,19 +115,25 @@ class Suite:
         self.q = q.astype(np.float32)
 
     def dense(self, i: int):
-        """Per head of query i: page masses (GROUP, pages), output (GROUP, D), page max
-        logit (pages,) over the group."""
-        P = R.pages_of(self.n, PAGE)
-        pad = P * PAGE - self.n
-        logits = (self.keys @ self.q[i].T).T.astype(np.float64) / np.sqrt(D)  # (G, n)
-        lse = _logsumexp(logits)
-        p = np.exp(logits - lse[:, None])
-        out = p @ self.values.astype(np.float64)
-        pp = np.pad(p, ((0, 0), (0, pad)))
-        masses = pp.reshape(GROUP, P, PAGE).sum(axis=2)
-        lp = np.pad(logits, ((0, 0), (0, pad)), constant_values=-np.inf)
-        page_max = lp.reshape(GROUP, P, PAGE).max(axis=2).max(axis=0)
-        return masses, out, page_max
+        return dense_masses(self.keys, self.values, self.q[i])
+
+
+def dense_masses(keys: np.ndarray, values: np.ndarray, q: np.ndarray):
+    """Per head of one query (G, D) over keys and values (n, D): page masses (G, pages),
+    output (G, D), page max logit (pages,) over the group."""
+    n, d = keys.shape
+    g = q.shape[0]
+    P = R.pages_of(n, PAGE)
+    pad = P * PAGE - n
+    logits = (keys @ q.T).T.astype(np.float64) / np.sqrt(d)  # (G, n)
+    lse = _logsumexp(logits)
+    p = np.exp(logits - lse[:, None])
+    out = p @ values.astype(np.float64)
+    pp = np.pad(p, ((0, 0), (0, pad)))
+    masses = pp.reshape(g, P, PAGE).sum(axis=2)
+    lp = np.pad(logits, ((0, 0), (0, pad)), constant_values=-np.inf)
+    page_max = lp.reshape(g, P, PAGE).max(axis=2).max(axis=0)
+    return masses, out, page_max
 
 
 def _select(scores: np.ndarray, k: int) -> np.ndarray:
@@ -140,8 +149,11 @@ def _quest(q, mins, maxs) -> np.ndarray:
     return s[0]
 
 
-def _accuracy(suite: Suite, seed: int) -> dict:
+def _accuracy(suite, seed: int) -> dict:
+    """The methods' metrics on a suite: n, keys (n, D), values, q (queries, G, D), kind and
+    needle_at per query (a needle's token, for the queries of kind "needle")."""
     n = suite.n
+    _, G, D = suite.q.shape
     P = R.pages_of(n, PAGE)
     keys3 = suite.keys[None]
     values3 = suite.values[None]
@@ -179,7 +191,8 @@ def _accuracy(suite: Suite, seed: int) -> dict:
                      "quest_int8": _select(_quest(q, imins, imaxs), k),
                      "random": rng.choice(np.arange(1, P - 1), min(k, P - 2), replace=False)}
             mixed = np.empty((1, RERANK * k), np.int32)
-            R.rerank_candidates(qs[None], sel, RERANK * k, 0, 0, mixed)
+            R.rerank_candidates(qs[None], sel, RERANK * k, 1, 1, mixed)  # as the drive: the
+            # sink and last pages are kept anyway, never candidates
             for m, cand in (("quest_rerank", mixed[0]),
                             ("quest_rerank_bound", _select(qs, RERANK * k))):
                 ids = np.empty((1, k), np.int32)
@@ -189,15 +202,15 @@ def _accuracy(suite: Suite, seed: int) -> dict:
             for m, sel in picks.items():
                 pages = np.unique(np.concatenate([np.asarray(sel, np.int64), forced]))
                 r = rows[m]
-                if suite.kind[i] == "needle":
+                if suite.kind[i] in NEEDLE_KINDS:
                     r["needles"] += 1
                     r["needle_hits"] += int(suite.needle_at[i] // PAGE in pages)
                 r["recall"].append(len(oracle & set(int(p) for p in sel)) / k)
                 mass = float(masses[:, pages].sum(axis=1).mean())
                 r["mass"].append(mass)
                 r["mass_by_kind"].setdefault(suite.kind[i], []).append(mass)
-                out = np.empty((GROUP, D), np.float32)
-                lse = np.empty(GROUP, np.float32)
+                out = np.empty((G, D), np.float32)
+                lse = np.empty(G, np.float32)
                 R.attend_pages(q, keys3, values3, PAGE, pages[None].astype(np.int32), out, lse)
                 err = np.linalg.norm(out - dense_out, axis=1) / np.linalg.norm(dense_out, axis=1)
                 r["error"].append(float(err.mean()))
@@ -239,7 +252,10 @@ def _costs(lengths, profiles) -> dict:
     return out
 
 
-def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0) -> dict:
+def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0, model_context: int = 0,
+                    model_queries: int = 16, model_path: str | None = None) -> dict:
+    """model_context > 0: also the real model's part (ssdemu/bench/retrieval_real.py) at that
+    many tokens of context."""
     t0 = time.perf_counter()
     accuracy = {}
     for n in lengths:
@@ -261,8 +277,25 @@ def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0) -> dict:
         "rerank_over_quest_mass": agg["quest_rerank"] - agg["quest"],
         "needle_hit_rate_at_3pct": at3,
         "cost": _costs(lengths, profiles),
+        **(_real_part(model_context, model_queries, seed, model_path, agg)
+           if model_context else {}),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def _real_part(context, queries, seed, model_path, synthetic_mass) -> dict:
+    from ssdemu.bench.retrieval_real import real_model_accuracy
+
+    real = real_model_accuracy(context, queries, seed, model_path=model_path)
+    mass = {m: float(np.mean([real["accuracy"][f"{b:g}"][m]["mass_captured"]
+                              for b in BUDGETS]))
+            for m in ("quest", "quest_rerank", "quest_rerank_bound")}
+    real["aggregate_mass_captured"] = mass
+    real["rerank_over_quest_mass"] = mass["quest_rerank"] - mass["quest"]
+    return {"real_model": real,
+            "rerank_over_quest_mass_synthetic_vs_real": [
+                synthetic_mass["quest_rerank"] - synthetic_mass["quest"],
+                real["rerank_over_quest_mass"]]}
 
 
 def format_table(r: dict) -> str:
@@ -278,6 +311,17 @@ def format_table(r: dict) -> str:
                              f"{x['mass_by_kind'].get('aggregation', 0):8.3f} "
                              f"{x['relative_output_error']:8.4f}")
     lines.append(f"aggregate mass captured: {r['aggregate_mass_captured']}")
+    if "real_model" in r:
+        x = r["real_model"]
+        lines.append(f"the real model's keys: {x['model']}, {x['context_tokens']} tokens of "
+                     f"context, {x['queries']} decode steps' queries, layers {x['layers']} x "
+                     f"{x['kv_heads']} KV heads (needle: its most attended token)")
+        for b, row in x["accuracy"].items():
+            for m in ("quest", "quest_int8", "quest_rerank", "quest_rerank_bound", "random"):
+                y = row[m]
+                lines.append(f"{'real':>8} {b:>6} {m:<18} {y['needle_hit_rate']:7.3f} "
+                             f"{y['recall_vs_oracle']:7.3f} {y['mass_captured']:6.3f} "
+                             f"{'':>8} {y['relative_output_error']:8.4f}")
     lines.append("modelled decode step, Llama-3-8B, 2,048-token budget")
     lines.append(f"{'profile':<10} {'length':>8} {'mode':<31} {'ms':>10} {'link MB':>10} "
                  f"{'util':>5} {'binds':>6}")
