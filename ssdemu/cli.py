@@ -347,7 +347,8 @@ def _add_replay(sub: argparse._SubParsersAction):
                         "model and the drive, in virtual time")
     rp.add_argument("trace", help="a Mooncake JSONL trace")
     rp.add_argument("--profile", default="star2000d")
-    rp.add_argument("--model", default="llama-3-8b", help="llama-3-8b, qwen2.5-7b or tiny")
+    rp.add_argument("--model", default="llama-3-8b", help="llama-3-8b, qwen2.5-7b, tiny or "
+                    "smollm2-135m (data mode: its real KV of real text)")
     rp.add_argument("--mode", choices=("model", "data"), default="model",
                     help="model: sizes only, in this process; data: real KV bytes through "
                     "a daemon (--socket or --media)")

@@ -54,6 +54,7 @@ from ssdemu.replay.model_mode import (
     with_and_without,
 )
 from ssdemu.replay.pool import FabricSpec
+from ssdemu.replay.real_kv import REAL_MODELS, RealKV
 from ssdemu.replay.serving import ModelConfig, SyntheticKV, drive_key
 from ssdemu.sim.profile import Profile
 
@@ -86,6 +87,7 @@ MATCHES = 64  # prefix matches in flight, compared with the host's answers when 
 SAMPLE_EVERY = 4096
 SAMPLE_RUN = 8
 EXACT_EVERY = 16  # ...and one block in 16 is checked bit for bit
+ERROR_BLOCKS = 4  # blocks whose host quantization sets the error bound
 
 
 class _Read:
@@ -175,7 +177,9 @@ class DataDrive:
         self.host_dequant = bool(quant) and dequant == "host"
         self.delivered_bytes = stored if self.host_dequant else model.block_bytes
         self._stored = stored
-        self.kv = SyntheticKV(model, ids=ids)
+        # a real model's KV of real text where the box has the model, else Gaussian values
+        self.kv = RealKV(model, ids=ids) if model.name in REAL_MODELS else \
+            SyntheticKV(model, ids=ids)
         self._number: dict[int, int] = {}  # hash id -> its block's place in the sequence
         # the blocks stored are read by the drive from the sequence where it lies
         self._sequence = dev.alloc(self.kv.values.nbytes)
@@ -217,14 +221,24 @@ class DataDrive:
 
     def _error_bound(self) -> float:
         """How far a dequantized element may lie from the stored one: four times the host's
-        own largest error on block 0 (every block is drawn from the same sequence: its
-        groups differ, their spread does not); 0 without quantization."""
+        own largest error over ERROR_BLOCKS blocks spread over the sequence (synthetic
+        blocks differ in their groups, not their spread; a real model's differ more: its
+        first tokens are attention sinks); 0 without quantization.  Their relative L2 error
+        is the report's quantization error."""
+        self.quant_error = None
         if not self.quant:
             return 0.0
-        base = self.kv.window(0)
-        back, _ = dequantize(quantize(base, "fp16", self.quant))
-        err = np.abs(_f32(back) - _f32(base)).max()
-        return float(4 * err + 1e-3)
+        worst, num, den = 0.0, 0.0, 0.0
+        for b in np.linspace(0, self.kv.ids - 1, ERROR_BLOCKS).astype(np.int64):
+            base = self.kv.window(int(b))
+            back, _ = dequantize(quantize(base, "fp16", self.quant))
+            diff = _f32(back) - _f32(base)
+            worst = max(worst, float(np.abs(diff).max()))
+            num += float(np.square(diff, dtype=np.float64).sum())
+            den += float(np.square(_f32(base), dtype=np.float64).sum())
+        self.quant_error = {"relative_l2": float(np.sqrt(num / max(den, 1e-30))),
+                            "max_abs": worst, "blocks": ERROR_BLOCKS}
+        return float(4 * worst + 1e-3)
 
     def _at(self, b: int) -> int:
         """Block b's place in the sequence: the next free one when b is new."""
@@ -455,6 +469,8 @@ def replay_data(devs, requests, profile: Profile, model: ModelConfig, quant: str
                    "data_errors": sum(d.data_errors for d in drives),
                    "match_mismatches": sum(d.match_mismatches for d in drives),
                    "drive_room_blocks": room,
+                   "kv": drives[0].kv.describe(),
+                   "quantization_error": drives[0].quant_error,
                    "logical_bytes": sum(c["logical_bytes"] for c in cs),
                    "physical_bytes": sum(c["physical_bytes"] for c in cs)}
     return out

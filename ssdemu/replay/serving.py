@@ -202,3 +202,7 @@ class SyntheticKV:
     def sample(self, hash_id: int, index: np.ndarray) -> np.ndarray:
         """Elements `index` (flat) of block hash_id."""
         return self.values[self.start(hash_id) + index]
+
+    def describe(self) -> dict:
+        return {"source": "synthetic", "what": "Gaussian fp16, block b the window at value b",
+                "distinct_ids": self.ids}
