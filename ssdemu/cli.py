@@ -561,6 +561,14 @@ def _add_bench_model(bsub: argparse._SubParsersAction):
                     help="a Llama GGUF for that part (default: SmolLM2-135M-Instruct)")
     rt.add_argument("--json", action="store_true", help="print one JSON object")
 
+    fb = bsub.add_parser("forward", help="the real model's CPU forward (numpy) against torch on "
+                         "the same weights (when importable) and against memcpy")
+    fb.add_argument("--context", type=_positive_int, default=2048, help="tokens of context")
+    fb.add_argument("--steps", type=_positive_int, default=8, help="tokens decoded")
+    fb.add_argument("--model-file", default=None,
+                    help="a Llama GGUF (default: SmolLM2-135M-Instruct)")
+    fb.add_argument("--json", action="store_true", help="print one JSON object")
+
     fw = bsub.add_parser("firmware", help="in-drive kernels against memcpy and Python")
     fw.add_argument("--json", action="store_true", help="print one JSON object")
     fw.add_argument("--mib", type=_positive_int, default=64,
@@ -705,6 +713,14 @@ def _cmd_format(args) -> int:
         print(f"formatted {media.spec}: {store.d_len} bytes of data region, index of "
               f"{store.index_keys} keys, journal {store.j_len} bytes")
         store.close()
+    return 0
+
+
+def _cmd_bench_forward(args) -> int:
+    from ssdemu.bench.forward import bench_forward
+
+    report = bench_forward(args.context, args.steps, model_path=args.model_file)
+    print(json.dumps(report) if args.json else json.dumps(report, indent=1))
     return 0
 
 
@@ -912,6 +928,7 @@ COMMANDS = {
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
     ("bench", "retrieval"): _cmd_bench_retrieval,
+    ("bench", "forward"): _cmd_bench_forward,
     ("eval", None): _cmd_eval,
 }
 

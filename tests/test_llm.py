@@ -173,3 +173,17 @@ def test_a_model_file_that_is_not_there_is_one_line(tmp_path):
         p = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--model-file", str(path)],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 1 and p.stderr.count("\n") == 1 and says in p.stderr, p.stderr
+
+
+def test_bench_forward_prints_one_json_object_with_its_baselines(model):
+    """`ssdemu bench forward`: numpy's decode and prefill, a copy's memory traffic beside
+    (torch's part runs where torch is, the LMCache venv)."""
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "forward", "--context", "64",
+                        "--steps", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["weights_bytes"] > 500e6 and r["memcpy_gb_s"] > 0
+    assert r["numpy"]["decode_ms_per_token"] > 0 and 0 < r["numpy"]["weights_over_memcpy"]
+    assert "torch" in r
