@@ -171,7 +171,10 @@ def test_eval_puts_quality_beside_modelled_time(tmp_path):
     assert dense["perplexity"] == pytest.approx(r["reference"]["perplexity"], rel=1e-6)
     assert dense["greedy_agreement"] == 1.0
     for x in r["runs"]:
-        assert x["modelled"]["star2000d"]["latency_ms"] > 0 and x["modelled"]["ttft_s"] > 0
+        m = x["modelled"]
+        assert m["star2000d"]["latency_ms"] > 0 and m["ttft_s"] > 0
+        step = m["star2000d"]
+        assert step["tpot_ms"] == pytest.approx(2.0 + step["latency_ms"], abs=1e-3)  # 500/s
         if x["method"] != "dense":
             assert 0 < x["attention_mass"]["mean"] <= 1
             assert len(x["attention_mass"]["per_layer"]) == 30
