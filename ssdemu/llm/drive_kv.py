@@ -23,6 +23,8 @@ Nothing bypasses the drive: the host keeps only the tokens of the block not yet 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import hostlib
@@ -54,6 +56,7 @@ class DriveKV:
         # drive-select: each layer's last choice (page ids (kv_heads, k), tokens stored then)
         self.last_ids: dict[int, tuple[np.ndarray, int]] = {}
         self.commands = {"store": 0, "retrieve": 0, "topk": 0, "attend": 0}
+        self.drive_s = 0.0  # wall time in the drive's commands (sent and waited for)
         # host-select: per stored block, its summaries (layers, kv_heads, pages, head_dim) x 2,
         # and this step's blocks read back so far (index -> (tokens, 2, layers, heads, dim))
         self.summaries: list[tuple[np.ndarray, np.ndarray]] = []
@@ -81,8 +84,10 @@ class DriveKV:
         v = np.stack([t[:n] for t in self.tail_v], axis=1)
         block = np.ascontiguousarray(np.stack([k, v], axis=1)).view(np.uint16)
         key = self._key(len(self.keys))
+        t0 = time.perf_counter()
         self.dev.kv_put_quantized(key, block, "fp16", self.scheme, nsid=self.nsid,
                                   summary_page=self.page_tokens)
+        self.drive_s += time.perf_counter() - t0
         pages = k.astype(np.float32).reshape(n // self.page_tokens, self.page_tokens,
                                              *k.shape[1:])  # (pages, tokens, layers, h, d)
         self.summaries.append((pages.min(axis=1).transpose(1, 2, 0, 3),
@@ -105,7 +110,9 @@ class DriveKV:
         blocks = []
         for key in self.keys:
             out = np.empty(shape, np.uint16)
+            t0 = time.perf_counter()
             self.dev.kv_get_dequantized(key, out, nsid=self.nsid)
+            self.drive_s += time.perf_counter() - t0
             self.commands["retrieve"] += 1
             blocks.append(out.view(np.float16))
         kv = np.concatenate(blocks)  # (tokens, 2, layers, heads, dim)
@@ -135,7 +142,9 @@ class DriveKV:
         if i not in self._read:
             c = self.cfg
             out = np.empty((self.block_tokens, 2, c.layers, c.kv_heads, c.head_dim), np.uint16)
+            t0 = time.perf_counter()
             self.dev.kv_get_dequantized(self.keys[i], out, nsid=self.nsid)
+            self.drive_s += time.perf_counter() - t0
             self.commands["retrieve"] += 1
             self._read[i] = out.view(np.float16)
         return self._read[i]
@@ -182,10 +191,12 @@ class DriveKV:
             q32 = np.ascontiguousarray(q, np.float32)
             pages = len(self.keys) * self.block_tokens // self.page_tokens
             k = max(1, min(self.budget_pages, pages - self.sink_pages - self.recent_pages))
+            t0 = time.perf_counter()
             ids, _ = self.dev.topk_pages(self.keys, q32, kv_heads=c.kv_heads, k=k,
                                          rerank=self.rerank, **kw)
             self.last_ids[layer] = (ids, len(self.keys) * self.block_tokens)
             out, lse = self.dev.attend(self.keys, q32, ids, **kw)
+            self.drive_s += time.perf_counter() - t0
             self.commands["topk"] += 1
             self.commands["attend"] += 1
             parts.append((out, lse))
