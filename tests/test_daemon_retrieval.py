@@ -617,3 +617,23 @@ def test_decoded_blocks_serve_the_next_layers_and_never_a_rewritten_value(dev):
     rout, rlse = ref.attend(q, _layer(new, 2, 0), _layer(new, 2, 1), PAGE, ids)
     np.testing.assert_allclose(out, rout, atol=1e-5)
     np.testing.assert_allclose(lse, rlse, atol=1e-5)
+
+
+def test_the_byte_lru_counts_a_replaced_entry_once_and_entries_of_nothing():
+    """The worker's caches: a key stored again replaces its bytes (before: counted twice, so
+    the cache shrank as blocks were decoded again); entries of no bytes (a block with no
+    stored summaries) still count their own, so a long run of them stays bounded."""
+    from ssdemu.device.retrieval import ByteLRU
+
+    lru = ByteLRU(1000)
+    lru.put("a", 1, 400)
+    lru.put("a", 2, 400)
+    assert lru.bytes == 400 and lru.get("a")[0] == 2
+    lru.put("b", 3, 700)  # evicts a
+    assert lru.get("a") is None and lru.bytes == 700
+    small = ByteLRU(1000, entry_bytes=100)
+    for i in range(50):
+        small.put(i, None, 0)
+    assert len(small) == 10 and small.bytes == 1000
+    small.put("big", 0, 2000)  # larger than the whole cache: not kept
+    assert small.get("big") is None and small.bytes <= 1000

@@ -264,12 +264,16 @@ def _summary_key(req: Request, nsid: int, b: Block) -> tuple:
 
 
 class ByteLRU:
-    """An LRU bounded in bytes."""
+    """An LRU bounded in bytes: each entry counts its nbytes and `entry_bytes` more (the
+    host's own entries: its key and slot, so that entries of nothing stay bounded too)."""
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
+    def __init__(self, capacity: int, entry_bytes: int = 0):
+        self.capacity, self.entry_bytes = capacity, entry_bytes
         self.bytes = 0
         self._d: collections.OrderedDict = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._d)
 
     def get(self, key):
         v = self._d.get(key)
@@ -278,11 +282,15 @@ class ByteLRU:
         return v
 
     def put(self, key, value, nbytes: int) -> None:
+        nbytes += self.entry_bytes
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
         if nbytes > self.capacity:
             return
         while self.bytes + nbytes > self.capacity and self._d:
-            _, (_, old) = self._d.popitem(last=False)
-            self.bytes -= old
+            _, (_, gone) = self._d.popitem(last=False)
+            self.bytes -= gone
         self._d[key] = (value, nbytes)
         self.bytes += nbytes
 
@@ -296,7 +304,7 @@ class Retrieval:
         # the summaries in the controller's DRAM (modelled: a hit costs no NAND read)
         self.cache = ByteLRU(self.profile.retrieval.summary_dram_bytes)
         # blocks' layers decoded, in this host's memory (see DECODED_BYTES)
-        self.decoded = ByteLRU(DECODED_BYTES)
+        self.decoded = ByteLRU(DECODED_BYTES, entry_bytes=256)
         self._q: queue.Queue = queue.Queue()
         self._t = threading.Thread(target=self._loop, name="ssdemu-retrieval", daemon=True)
         self._t.start()
@@ -393,8 +401,8 @@ class Retrieval:
 
     def _blocks(self, req: Request, nsid: int) -> list[Block]:
         blocks = []
-        for i, key in enumerate(req.keys):
-            place = self.d.store.lookup(key, nsid)
+        for i, (key, place) in enumerate(zip(req.keys, self.d.store.lookup_many(req.keys, nsid),
+                                             strict=True)):
             if place is None:
                 raise Refused("KV_KEY_NOT_EXIST", f"block {i} of the sequence is not stored")
             blocks.append(Block(key, place[0], place[1], 0, 0, 0, vhash=place[2]))

@@ -208,6 +208,17 @@ class Store:
             st = lib.sde_store_lookup(self._st, nsid, bytes(key), len(key), off, n, h)
         return (off[0], n[0], h[0]) if st == lib.SDE_SC_SUCCESS else None
 
+    def lookup_many(self, keys, nsid: int = 0) -> list[tuple[int, int, int] | None]:
+        """lookup of each key, under one hold of the data plane's lock (each hold wakes the
+        data plane when it ends: a retrieval command names every block of a sequence)."""
+        off, n, h = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        out = []
+        with self._locked():
+            for key in keys:
+                st = lib.sde_store_lookup(self._st, nsid, bytes(key), len(key), off, n, h)
+                out.append((off[0], n[0], h[0]) if st == lib.SDE_SC_SUCCESS else None)
+        return out
+
     def delete(self, key: bytes, nsid: int = 0) -> None:
         check_key(key)
         with self._locked():
