@@ -431,7 +431,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                         "perplexity, greedy agreement and attention mass beside the modelled "
                         "decode step, per scheme, method and page budget")
     ev.add_argument("--text", default=DEFAULT_TEXT, help="a UTF-8 text (default: the GPL)")
-    ev.add_argument("--context", type=_positive_int, default=512, help="tokens of context")
+    ev.add_argument("--context", type=_size_list, default=(512,),
+                    help="tokens of context: one length or several (1K,2K), a report each")
     ev.add_argument("--held", type=_positive_int, default=32,
                     help="tokens decoded after it (teacher-forced: the perplexity's span)")
     ev.add_argument("--schemes", type=_name_list, default=SCHEMES,
@@ -626,7 +627,10 @@ def _cmd_eval(args) -> int:
         raise ValueError(f"--methods: unknown {', '.join(bad)} (one of {', '.join(METHODS)})")
     for name in args.profiles:
         load(name)  # a bad name says so before the model loads
-    spec = EvalSpec(text=args.text, context=args.context, held=args.held,
+    if min(args.context) < 64:
+        raise ValueError("--context: at least 64 tokens (a block)")
+    context = args.context[0] if len(args.context) == 1 else tuple(args.context)
+    spec = EvalSpec(text=args.text, context=context, held=args.held,
                     schemes=args.schemes, methods=args.methods, budgets_pct=args.budgets,
                     profiles=args.profiles, model_path=args.model_file)
     bars = []  # made at the first run done: a failure before prints its line alone
@@ -653,9 +657,12 @@ def _cmd_eval(args) -> int:
                 f"{m} {a:.2f}" for m, a in acc.items())
             for n, acc in report["accuracy"].items()))
         return 0
+    each = report.get("contexts", [report])
     if args.plot:
-        report["plot"] = plot(report, args.plot)
-    print(json.dumps(report) if args.json else format_table(report))
+        for r in each:
+            r["plot"] = plot(r, args.plot, "quality_vs_tpot.png" if len(each) == 1
+                             else f"quality_vs_tpot_{r['context_tokens']}.png")
+    print(json.dumps(report) if args.json else "\n\n".join(format_table(r) for r in each))
     return 0
 
 

@@ -149,6 +149,28 @@ def test_topk_pages_is_quests_rule_on_the_real_models_keys(run):
         hs.end()
 
 
+def test_eval_over_several_context_lengths(tmp_path):
+    """`--context 128,256`: a report per length under "contexts", each with its own pages,
+    reference and runs, a plot each; the model loads once."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "eval", "--context", "128,256",
+                        "--held", "2", "--schemes", "plain", "--methods", "dense,drive-select",
+                        "--budgets", "25", "--profiles", "star2000d", "--plot", str(tmp_path),
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert [c["context_tokens"] for c in r["contexts"]] == [128, 256]
+    assert [c["pages"] for c in r["contexts"]] == [8, 16]
+    for c in r["contexts"]:
+        assert len(c["runs"]) == 2
+        dense = next(x for x in c["runs"] if x["method"] == "dense")
+        assert dense["perplexity"] == pytest.approx(c["reference"]["perplexity"], rel=1e-6)
+        assert (tmp_path / f"quality_vs_tpot_{c['context_tokens']}.png").stat().st_size > 0
+
+
 def test_eval_puts_quality_beside_modelled_time(tmp_path):
     """`ssdemu eval --json` on a short context: plain dense through the drive has the
     reference's perplexity and every greedy choice; every run carries its modelled decode

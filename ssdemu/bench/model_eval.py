@@ -157,24 +157,22 @@ def _modelled(cfg, spec, method, budget_pages) -> dict:
 
 def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> dict:
     """The runs of spec on a drive (a daemon at socket_path, or one started here on memory
-    media with its timing off: quality is what is measured through it)."""
+    media with its timing off: quality is what is measured through it).  spec.context: one
+    length, or several (a report each, under "contexts")."""
     import hostlib
-    from ssdemu.llm.forward import KVCache, Llama
+    from ssdemu.llm.forward import Llama
     from ssdemu.llm.gguf_model import load
     from ssdemu.tools.daemon_process import DaemonProcess
 
+    contexts = tuple(spec.context) if isinstance(spec.context, (tuple, list)) \
+        else (spec.context,)
     cfg, w, tok = load(spec.model_path)
     m = Llama(cfg, w)
     ids = tok.encode(pathlib.Path(spec.text).read_text())
-    if len(ids) < spec.context + spec.held + 1:
+    if len(ids) < max(contexts) + spec.held + 1:
         raise ValueError(f"{spec.text} has {len(ids)} tokens: fewer than context + held + 1")
-    mem = KVCache(cfg, np.float16)
-    m.prefill(ids[:spec.context], cache=mem, last_only=True)
-    ref = _reference(m, ids, mem, spec)
-    pages = spec.context // PAGE_TOKENS
-    budgets = sorted({max(1, round(pages * pct / 100)) for pct in spec.budgets_pct})
-    runs = [(s, meth, b) for s in spec.schemes for meth in spec.methods
-            for b in ([pages] if METHODS[meth][0] == "dense" else budgets)]
+    plans = [_plan(dataclasses.replace(spec, context=c)) for c in contexts]
+    total = sum(len(runs) for _, _, runs in plans)
     daemon = None
     if socket_path is None:
         import tempfile
@@ -182,18 +180,49 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
         daemon = DaemonProcess(tempfile.mkdtemp(prefix="ssdemu-eval-") + "/s.sock",
                                media="mem:1G", extra=["--timing", "off"])
         socket_path = daemon.socket_path
-    rows = []
+    reports, done = [], [0]
+
+    def step():
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
     try:
         with hostlib.connect(socket_path) as dev:
-            for n, (scheme, method, budget) in enumerate(runs):
-                row = _run(m, cfg, dev, ids, mem, ref, spec, scheme, method, budget, n)
-                row["modelled"] = _modelled(cfg, spec, method, budget)
-                rows.append(row)
-                if progress is not None:
-                    progress(n + 1, len(runs))
+            for one, budgets, runs in plans:
+                reports.append(_evaluate_context(m, cfg, dev, ids, one, budgets, runs,
+                                                 len(reports), step))
     finally:
         if daemon is not None:
             daemon.terminate()
+    if len(reports) == 1:
+        return reports[0]
+    return {"model": cfg.name, "text": spec.text, "contexts": reports}
+
+
+def _plan(spec: EvalSpec):
+    """One context's spec, its budgets in pages, and its runs (scheme, method, pages)."""
+    pages = spec.context // PAGE_TOKENS
+    budgets = sorted({max(1, round(pages * pct / 100)) for pct in spec.budgets_pct})
+    runs = [(s, meth, b) for s in spec.schemes for meth in spec.methods
+            for b in ([pages] if METHODS[meth][0] == "dense" else budgets)]
+    return spec, budgets, runs
+
+
+def _evaluate_context(m, cfg, dev, ids, spec, budgets, runs, index, step) -> dict:
+    from ssdemu.llm.forward import KVCache
+
+    mem = KVCache(cfg, np.float16)
+    m.prefill(ids[:spec.context], cache=mem, last_only=True)
+    ref = _reference(m, ids, mem, spec)
+    pages = spec.context // PAGE_TOKENS
+    rows = []
+    for n, (scheme, method, budget) in enumerate(runs):
+        row = _run(m, cfg, dev, ids, mem, ref, spec, scheme, method, budget,
+                   index * 1000 + n)
+        row["modelled"] = _modelled(cfg, spec, method, budget)
+        rows.append(row)
+        step()
     return {"model": cfg.name, "text": spec.text, "context_tokens": spec.context,
             "held_tokens": spec.held, "pages": pages, "budget_pages": budgets,
             "reference": {"perplexity": float(np.exp(np.mean(ref[0]))),
@@ -295,14 +324,14 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, out_dir: str) -> str:
+def plot(report: dict, out_dir: str, name: str = "quality_vs_tpot.png") -> str:
     """Perplexity against the modelled TPOT (first profile)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = pathlib.Path(out_dir) / "quality_vs_tpot.png"
+    path = pathlib.Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     prof = next(k for k in report["runs"][0]["modelled"] if k != "ttft_s")
     fig, ax = plt.subplots(figsize=(7, 4.5))
