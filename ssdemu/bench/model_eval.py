@@ -36,7 +36,9 @@ DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
 METHODS = {"dense": ("dense", 1), "host-select": ("host-select", 1),
            "drive-select-rerank1": ("drive-select", 1),
            "drive-select": ("drive-select", 4)}  # name -> (mode, rerank)
-SCHEMES = ("plain", "int8_g64", "int4_g64", "kivi4_g32_r128")
+# KIVI without a residual: the host's tail (the tokens of the block not yet full) is KIVI's
+# full-precision window; with r128 a 64-token block would keep every token in fp16
+SCHEMES = ("plain", "int8_g64", "int4_g64", "kivi4_g32_r0")
 BLOCK_TOKENS, PAGE_TOKENS = 64, 16
 
 

@@ -69,14 +69,17 @@ class DriveKV:
     def _key(self, i: int) -> bytes:
         return (self.prefix + b"/" + i.to_bytes(4, "big"))[-16:]
 
-    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray, store: bool = True) -> None:
         """Tokens' keys and values (T, kv_heads, head_dim) of one layer; a block is stored
-        when every layer has filled it."""
+        when every layer has filled it (store=False: not yet, the caller stores)."""
         self.tail_k[layer] = np.concatenate([self.tail_k[layer], k.astype(np.float16)])
         self.tail_v[layer] = np.concatenate([self.tail_v[layer], v.astype(np.float16)])
-        if layer == self.cfg.layers - 1:
-            while self.tail_k[0].shape[0] >= self.block_tokens:
-                self._store_block()
+        if store and layer == self.cfg.layers - 1:
+            self._store_full()
+
+    def _store_full(self) -> None:
+        while self.tail_k[0].shape[0] >= self.block_tokens:
+            self._store_block()
 
     def _store_block(self) -> None:
         n = self.block_tokens
@@ -122,8 +125,17 @@ class DriveKV:
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """decode_step's attend: the new token's KV joins the tail; attention over the
-        drive's blocks and the tail, by this run's mode."""
-        self.append(layer, k[None], v[None])
+        drive's blocks and the tail, by this run's mode.  A block the step fills is stored
+        after the last layer has attended: every layer of a step sees the blocks stored
+        before it and the tail (before, the last layer's attention missed the block stored
+        under it, in dense mode, where the step's blocks were read at its start)."""
+        self.append(layer, k[None], v[None], store=False)
+        out = self._attend(layer, q)
+        if layer == self.cfg.layers - 1:
+            self._store_full()
+        return out
+
+    def _attend(self, layer: int, q: np.ndarray) -> np.ndarray:
         tail_k = self.tail_k[layer].astype(np.float32)
         tail_v = self.tail_v[layer].astype(np.float32)
         if self.mode == "dense":
