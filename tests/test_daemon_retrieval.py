@@ -637,3 +637,28 @@ def test_the_byte_lru_counts_a_replaced_entry_once_and_entries_of_nothing():
     assert len(small) == 10 and small.bytes == 1000
     small.put("big", 0, 2000)  # larger than the whole cache: not kept
     assert small.get("big") is None and small.bytes <= 1000
+
+
+def test_another_clients_one_block_topk_is_not_queued_behind_a_long_one(daemon, dev):
+    """Retrieval runs on as many workers as the firmware's threads: while one client's long
+    TOPK (48 blocks read, decoded, summarized) runs, another's one-block TOPK is served by
+    another worker and completes first (before: one worker, first come first served, so it
+    waited for the long one to end)."""
+    if dev.log()["retrieval"]["workers"] < 2:
+        pytest.skip("one retrieval worker on a 1-core host: nothing to overtake with")
+    rng = np.random.default_rng(83)
+    keys = [f"lng2/{i:02d}".encode() for i in range(48)]
+    for key, b in zip(keys, _blocks(rng, 48, 512, 4, 4, 64), strict=True):  # 1 MiB each
+        dev.kv_put(key, b.view(np.uint16).tobytes())
+    q = rng.standard_normal((8, 64)).astype(np.float32)
+    with hostlib.connect(daemon.socket_path) as other:
+        short_keys = _store(other, "short", _blocks(rng, 1, 64, 4, 4, 64))
+        long = dev.topk_pages_async(keys, q, layer=3, layers=4, kv_heads=4, k=8)
+        short = other.topk_pages_async(short_keys, q, layer=3, layers=4, kv_heads=4, k=1)
+        short.result()
+        assert not long.done()  # the short one did not wait for it
+        long.result()
+        for key in short_keys:
+            other.kv_delete(key)
+    for key in keys:
+        dev.kv_delete(key)

@@ -2,11 +2,12 @@
 them (c/wire/sde_queue.h says the wire form).
 
 The data plane hands these two opcodes to the daemon (its opcode table routes them to the
-host side), where one worker thread runs them, so that the control plane's own loop (hello,
-buffers, admin) never waits for one: read the blocks through the store (real reads of the
-media), summarize, score, select and attend with the firmware's kernels (firmware/
-retrieval.py, compiled, nogil), write the result into the client's registered buffer, and
-complete the command at its modelled time.
+host side), where worker threads run them (as many as the firmware's threads, taken fairly
+between uids and their clients: fair_queue.py), so that the control plane's own loop (hello,
+buffers, admin) never waits for one, nor one client's long command another's: read the
+blocks through the store (real reads of the media), summarize, score, select and attend
+with the firmware's kernels (firmware/retrieval.py, compiled, nogil), write the result into
+the client's registered buffer, and complete the command at its modelled time.
 
 Summaries: per block, layer and page size, the per-channel min and max of each KV head's
 keys.  A block stored with its layout (KV_STORE_QUANTIZED with a summary page, any scheme,
@@ -33,7 +34,7 @@ from __future__ import annotations
 import collections
 import importlib
 import logging
-import queue
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from firmware.layout import (
     ELEMENT_BYTES,
     storage_dtype,
 )
+from ssdemu.device.fair_queue import FairQueue
 from ssdemu.device.store import CorruptValue, KeyNotFound
 from ssdemu.sim.cost import (
     attend_cost,
@@ -271,17 +273,23 @@ class ByteLRU:
         self.capacity, self.entry_bytes = capacity, entry_bytes
         self.bytes = 0
         self._d: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()  # the retrieval workers share it
 
     def __len__(self) -> int:
         return len(self._d)
 
     def get(self, key):
-        v = self._d.get(key)
-        if v is not None:
-            self._d.move_to_end(key)
-        return v
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
 
     def put(self, key, value, nbytes: int) -> None:
+        with self._lock:
+            self._put(key, value, nbytes)
+
+    def _put(self, key, value, nbytes: int) -> None:
         nbytes += self.entry_bytes
         old = self._d.pop(key, None)
         if old is not None:
@@ -305,47 +313,61 @@ class Retrieval:
         self.cache = ByteLRU(self.profile.retrieval.summary_dram_bytes)
         # blocks' layers decoded, in this host's memory (see DECODED_BYTES)
         self.decoded = ByteLRU(DECODED_BYTES, entry_bytes=256)
-        self._q: queue.Queue = queue.Queue()
-        self._t = threading.Thread(target=self._loop, name="ssdemu-retrieval", daemon=True)
-        self._t.start()
         self._lock = threading.Lock()
         self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
                        "summary_hits": 0, "summary_misses": 0, "summary_reads": 0,
                        "block_reads": 0, "decoded_hits": 0, "decoded_misses": 0,
                        "kernels": {}}
-        self._memo_left = MEMO_BYTES
+        self._local = threading.local()  # a command's own state, on its worker's thread
+        # as many workers as the firmware has threads (the drive's compute units, at most
+        # one per core of this host), fair between uids (fair_queue.py)
+        self.workers = max(1, min(self.profile.compute.units, os.cpu_count() or 1))
+        self._q = FairQueue(self.workers)
+        self._threads = [threading.Thread(target=self._loop, name=f"ssdemu-retrieval-{i}",
+                                          daemon=True) for i in range(self.workers)]
+        for t in self._threads:
+            t.start()
 
     def submit(self, cmd) -> None:
-        """An admin-queue command (sde_admin_cmd, copied): runs on the worker, completes."""
-        self._q.put(cmd)
+        """An admin-queue command (sde_admin_cmd, copied): queued for a worker, fairly
+        between uids, run there and completed."""
+        client = self.d.clients.get(cmd[1])
+        self._q.put(client.uid if client is not None else -1, cmd[1], cmd)
 
     def close(self) -> None:
-        self._q.put(None)
-        self._t.join(timeout=30)
+        self._q.close()
+        for t in self._threads:
+            t.join(timeout=30)
 
     def _loop(self) -> None:
         while True:
-            cmd = self._q.get()
-            if cmd is None:
+            got = self._q.get()
+            if got is None:
                 return
-            qp, client_id, t0, sqe = cmd
-            status, result, nbytes, device_ns = STATUS["INTERNAL"], 0, 0, 0.0
-            h0 = time.perf_counter_ns()
             try:
-                result, nbytes, device_ns = self.run(self.d.clients.get(client_id), sqe)
-                status = STATUS["SUCCESS"]
-            except Refused as e:
-                status = STATUS[e.status]
-                log.debug("retrieval command refused: %s", e)
-            except Exception:  # a bug on our side: the client gets an error, we go on
-                log.exception("retrieval command %d failed", sqe["opcode"])
-            with self._lock:
-                s = self._stats
-                s["commands"] += 1
-                s["errors"] += status != STATUS["SUCCESS"]
-                s["device_ns"] += device_ns
-                s["host_ns"] += time.perf_counter_ns() - h0
-            self.d.complete_host(qp, sqe, t0, status, result, nbytes, device_ns)
+                self._serve(got[1])
+            finally:
+                self._q.done(got[0])
+
+    def _serve(self, cmd) -> None:
+        qp, client_id, t0, sqe = cmd
+        status, result, nbytes, device_ns = STATUS["INTERNAL"], 0, 0, 0.0
+        h0 = time.perf_counter_ns()
+        try:
+            result, nbytes, device_ns = self.run(self.d.clients.get(client_id), sqe)
+            status = STATUS["SUCCESS"]
+        except Refused as e:
+            status = STATUS[e.status]
+            log.debug("retrieval command refused: %s", e)
+        except Exception:  # a bug on our side: the client gets an error, we go on
+            log.exception("retrieval command %d failed", sqe["opcode"])
+        with self._lock:
+            s = self._stats
+            s["commands"] += 1
+            s["errors"] += status != STATUS["SUCCESS"]
+            s["device_ns"] += device_ns
+            s["host_ns"] += time.perf_counter_ns() - h0
+        self.d.complete_host(qp, sqe, t0, status, result, nbytes, device_ns)
 
     def stats(self) -> dict:
         """For the log page: commands, their modelled and host time, the summaries' DRAM
@@ -354,6 +376,8 @@ class Retrieval:
             out = {k: v for k, v in self._stats.items() if k != "kernels"}
             out["kernels"] = {k: dict(v) for k, v in self._stats["kernels"].items()}
         out["summary_dram_bytes"] = self.cache.bytes
+        out["workers"] = self.workers
+        out["waiting"] = self._q.waiting()
         out["decoded_host_bytes"] = self.decoded.bytes
         return out
 
@@ -389,7 +413,7 @@ class Retrieval:
             raise Refused("INVALID_BUFFER", f"the output needs {req.out_bytes()} bytes")
         timing = _Timing(self.profile, len(inp))
         blocks = self._blocks(req, nsid)
-        self._memo_left = MEMO_BYTES  # one command at a time on this thread
+        self._local.memo_left = MEMO_BYTES  # this command's, on this worker
         if op == "TOPK_PAGES":
             payload, result = self._topk(req, nsid, blocks, timing)
         else:
@@ -443,8 +467,8 @@ class Retrieval:
         k, v = to_f32(lk, b.code), to_f32(lv, b.code)
         b.tokens = k.shape[1]
         b.token_bytes = max(1, b.length // max(1, b.tokens))
-        if k.nbytes + v.nbytes <= self._memo_left:
-            self._memo_left -= k.nbytes + v.nbytes
+        if k.nbytes + v.nbytes <= self._local.memo_left:
+            self._local.memo_left -= k.nbytes + v.nbytes
             b.kv = (k, v)
         return k, v
 

@@ -1,0 +1,86 @@
+"""The retrieval workers' queue: fair between uids, and between a uid's clients.
+
+Commands wait in a FIFO per client; workers take the next uid in turn that has one waiting,
+and within it the next client in turn.  While more than one uid has work (waiting or being
+served), no uid holds more than workers - 1 of the workers: a uid whose commands are long
+cannot make another's wait for all of them to end (the data plane bounds in-flight commands
+per uid the same way).  Pure logic with a condition variable: tested alone."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class FairQueue:
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.workers = workers
+        self._cv = threading.Condition()
+        self._flows: dict[int, collections.OrderedDict] = {}  # uid -> cid -> deque
+        self._turn: collections.deque = collections.deque()  # uids with waiting commands
+        self._serving: collections.Counter = collections.Counter()  # uid -> in service
+        self._closed = False
+
+    def put(self, uid: int, cid: int, item) -> None:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the queue is closed")
+            clients = self._flows.setdefault(uid, collections.OrderedDict())
+            if not clients:
+                self._turn.append(uid)
+            clients.setdefault(cid, collections.deque()).append(item)
+            self._cv.notify()
+
+    def _cap(self) -> int:
+        active = set(self._turn) | {u for u, n in self._serving.items() if n}
+        return self.workers - 1 if len(active) > 1 and self.workers > 1 else self.workers
+
+    def _take(self):
+        cap = self._cap()
+        for _ in range(len(self._turn)):
+            uid = self._turn[0]
+            self._turn.rotate(-1)
+            if self._serving[uid] >= cap:
+                continue
+            clients = self._flows[uid]
+            cid, fifo = next(iter(clients.items()))
+            item = fifo.popleft()
+            clients.move_to_end(cid)  # its next command after the uid's other clients'
+            if not fifo:
+                del clients[cid]
+            if not clients:
+                del self._flows[uid]
+                self._turn.remove(uid)
+            self._serving[uid] += 1
+            return uid, item
+        return None
+
+    def get(self):
+        """(uid, item) of the next command to serve (call done(uid) after it), or None once
+        the queue is closed."""
+        with self._cv:
+            while True:
+                if self._closed:
+                    return None
+                got = self._take()
+                if got is not None:
+                    return got
+                self._cv.wait()
+
+    def done(self, uid: int) -> None:
+        with self._cv:
+            self._serving[uid] -= 1
+            if not self._serving[uid]:
+                del self._serving[uid]
+            self._cv.notify_all()  # a uid held at its cap may go on
+
+    def waiting(self) -> int:
+        with self._cv:
+            return sum(len(f) for c in self._flows.values() for f in c.values())
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
