@@ -149,7 +149,7 @@ def _quest(q, mins, maxs) -> np.ndarray:
     return s[0]
 
 
-def _accuracy(suite, seed: int) -> dict:
+def accuracy_on(suite, seed: int) -> dict:
     """The methods' metrics on a suite: n, keys (n, D), values, q (queries, G, D), kind and
     needle_at per query (a needle's token, for the queries of kind "needle")."""
     n = suite.n
@@ -259,7 +259,7 @@ def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0, model_con
     t0 = time.perf_counter()
     accuracy = {}
     for n in lengths:
-        accuracy[str(n)] = _accuracy(Suite(n, seed), seed)
+        accuracy[str(n)] = accuracy_on(Suite(n, seed), seed)
     agg = {}
     for m in ("quest", "quest_rerank", "quest_rerank_bound"):
         agg[m] = float(np.mean([accuracy[str(n)][f"{b:g}"][m]["mass_captured"]

@@ -19,7 +19,7 @@ import pathlib
 
 import numpy as np
 
-from ssdemu.bench.retrieval import BUDGETS, PAGE, _accuracy, dense_masses
+from ssdemu.bench.retrieval import BUDGETS, PAGE, accuracy_on, dense_masses
 
 METHODS = ("quest", "quest_int8", "quest_rerank", "quest_rerank_bound", "random")
 FIRST_LAYER = 2
@@ -84,7 +84,7 @@ def real_model_accuracy(context: int = 2048, queries: int = 16, seed: int = 0,
         for h in range(cfg.kv_heads):
             suite = RealSuite(keys[layer][:, h], values[layer][:, h],
                               np.ascontiguousarray(qs[:, layer, h * g:(h + 1) * g]))
-            acc = _accuracy(suite, seed)
+            acc = accuracy_on(suite, seed)
             for b, row in acc.items():
                 shape[b] = {k: row[k] for k in ("pages", "pages_attended", "budget_fraction",
                                                  "rerank_key_fraction")}

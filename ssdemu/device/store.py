@@ -203,10 +203,7 @@ class Store:
 
     def lookup(self, key: bytes, nsid: int = 0) -> tuple[int, int, int] | None:
         """(offset, length, content hash) of the key's value on the media, or None."""
-        off, n, h = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        with self._locked():
-            st = lib.sde_store_lookup(self._st, nsid, bytes(key), len(key), off, n, h)
-        return (off[0], n[0], h[0]) if st == lib.SDE_SC_SUCCESS else None
+        return self.lookup_many((key,), nsid)[0]
 
     def lookup_many(self, keys, nsid: int = 0) -> list[tuple[int, int, int] | None]:
         """lookup of each key, under one hold of the data plane's lock (each hold wakes the

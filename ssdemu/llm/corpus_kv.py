@@ -33,26 +33,29 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(home) / "ssdemu" / "real-kv"
 
 
-def chunks_available(tokens: int) -> int:
-    return tokens // CHUNK
-
-
 class CorpusKV:
     """The model and the corpus' tokens; chunk(i) is chunk i's KV (made or from the cache)."""
 
     def __init__(self, model_path: str | None = None, root: pathlib.Path = LICENSES):
-        from ssdemu.llm.forward import Llama
         from ssdemu.llm.gguf_model import default_path, load
 
-        self.cfg, w, tok = load(model_path)
-        self.model = Llama(self.cfg, w)
+        self.cfg, self._weights, tok = load(model_path)
+        self._model = None  # made for the first chunk not in the cache
         text = corpus_text(root)
         self.tokens = tok.encode(text)
-        self.chunks = chunks_available(len(self.tokens))
+        self.chunks = len(self.tokens) // CHUNK
         path = pathlib.Path(model_path or default_path())
         tag = hashlib.sha256(f"{path.name}:{path.stat().st_size}:{CHUNK}:".encode()
                              + text.encode()).hexdigest()[:16]
         self._stem = f"{self.cfg.name.replace(' ', '_')}-{tag}"
+
+    @property
+    def model(self):
+        from ssdemu.llm.forward import Llama
+
+        if self._model is None:
+            self._model = Llama(self.cfg, self._weights)
+        return self._model
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ Nothing bypasses the drive: the host keeps only the tokens of the block not yet 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -62,6 +63,15 @@ class DriveKV:
         self.summaries: list[tuple[np.ndarray, np.ndarray]] = []
         self._read: dict[int, np.ndarray] = {}
 
+    @contextlib.contextmanager
+    def _in_drive(self):
+        """Time spent in the drive's commands (sent and waited for), into drive_s."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.drive_s += time.perf_counter() - t0
+
     def __len__(self) -> int:
         return len(self.keys) * self.block_tokens + self.tail_k[0].shape[0]
 
@@ -87,10 +97,9 @@ class DriveKV:
         v = np.stack([t[:n] for t in self.tail_v], axis=1)
         block = np.ascontiguousarray(np.stack([k, v], axis=1)).view(np.uint16)
         key = self._key(len(self.keys))
-        t0 = time.perf_counter()
-        self.dev.kv_put_quantized(key, block, "fp16", self.scheme, nsid=self.nsid,
-                                  summary_page=self.page_tokens)
-        self.drive_s += time.perf_counter() - t0
+        with self._in_drive():
+            self.dev.kv_put_quantized(key, block, "fp16", self.scheme, nsid=self.nsid,
+                                      summary_page=self.page_tokens)
         pages = k.astype(np.float32).reshape(n // self.page_tokens, self.page_tokens,
                                              *k.shape[1:])  # (pages, tokens, layers, h, d)
         self.summaries.append((pages.min(axis=1).transpose(1, 2, 0, 3),
@@ -113,9 +122,8 @@ class DriveKV:
         blocks = []
         for key in self.keys:
             out = np.empty(shape, np.uint16)
-            t0 = time.perf_counter()
-            self.dev.kv_get_dequantized(key, out, nsid=self.nsid)
-            self.drive_s += time.perf_counter() - t0
+            with self._in_drive():
+                self.dev.kv_get_dequantized(key, out, nsid=self.nsid)
             self.commands["retrieve"] += 1
             blocks.append(out.view(np.float16))
         kv = np.concatenate(blocks)  # (tokens, 2, layers, heads, dim)
@@ -154,9 +162,8 @@ class DriveKV:
         if i not in self._read:
             c = self.cfg
             out = np.empty((self.block_tokens, 2, c.layers, c.kv_heads, c.head_dim), np.uint16)
-            t0 = time.perf_counter()
-            self.dev.kv_get_dequantized(self.keys[i], out, nsid=self.nsid)
-            self.drive_s += time.perf_counter() - t0
+            with self._in_drive():
+                self.dev.kv_get_dequantized(self.keys[i], out, nsid=self.nsid)
             self.commands["retrieve"] += 1
             self._read[i] = out.view(np.float16)
         return self._read[i]
@@ -203,12 +210,11 @@ class DriveKV:
             q32 = np.ascontiguousarray(q, np.float32)
             pages = len(self.keys) * self.block_tokens // self.page_tokens
             k = max(1, min(self.budget_pages, pages - self.sink_pages - self.recent_pages))
-            t0 = time.perf_counter()
-            ids, _ = self.dev.topk_pages(self.keys, q32, kv_heads=c.kv_heads, k=k,
-                                         rerank=self.rerank, **kw)
-            self.last_ids[layer] = (ids, len(self.keys) * self.block_tokens)
-            out, lse = self.dev.attend(self.keys, q32, ids, **kw)
-            self.drive_s += time.perf_counter() - t0
+            with self._in_drive():
+                ids, _ = self.dev.topk_pages(self.keys, q32, kv_heads=c.kv_heads, k=k,
+                                             rerank=self.rerank, **kw)
+                self.last_ids[layer] = (ids, len(self.keys) * self.block_tokens)
+                out, lse = self.dev.attend(self.keys, q32, ids, **kw)
             self.commands["topk"] += 1
             self.commands["attend"] += 1
             parts.append((out, lse))

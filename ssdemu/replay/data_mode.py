@@ -203,7 +203,7 @@ class DataDrive:
         self._sample = (np.arange(0, n, SAMPLE_EVERY // 2)[:, None]
                         + np.arange(SAMPLE_RUN)).reshape(-1)
         self._sample = self._sample[self._sample < n]
-        self._tolerance = self._error_bound()
+        self._tolerance, self.quant_error = self._error_bound()
         self.expected: dict[int, int] = {}  # block id -> CRC-32 of the bytes it must read
         self.data_errors = 0
         self.verified = 0
@@ -219,15 +219,14 @@ class DataDrive:
         per = -(-self._stored // st["block"]) * st["block"]
         return max(0, min(st["free_bytes"] // per, st["index_keys"] - st["keys"]))
 
-    def _error_bound(self) -> float:
+    def _error_bound(self) -> tuple[float, dict | None]:
         """How far a dequantized element may lie from the stored one: four times the host's
         own largest error over ERROR_BLOCKS blocks spread over the sequence (synthetic
         blocks differ in their groups, not their spread; a real model's differ more: its
         first tokens are attention sinks); 0 without quantization.  Their relative L2 error
         is the report's quantization error."""
-        self.quant_error = None
         if not self.quant:
-            return 0.0
+            return 0.0, None
         worst, num, den = 0.0, 0.0, 0.0
         for b in np.linspace(0, self.kv.ids - 1, ERROR_BLOCKS).astype(np.int64):
             base = self.kv.window(int(b))
@@ -236,9 +235,8 @@ class DataDrive:
             worst = max(worst, float(np.abs(diff).max()))
             num += float(np.square(diff, dtype=np.float64).sum())
             den += float(np.square(_f32(base), dtype=np.float64).sum())
-        self.quant_error = {"relative_l2": float(np.sqrt(num / max(den, 1e-30))),
-                            "max_abs": worst, "blocks": ERROR_BLOCKS}
-        return float(4 * worst + 1e-3)
+        return float(4 * worst + 1e-3), {"relative_l2": float(np.sqrt(num / max(den, 1e-30))),
+                                         "max_abs": worst, "blocks": ERROR_BLOCKS}
 
     def _at(self, b: int) -> int:
         """Block b's place in the sequence: the next free one when b is new."""
