@@ -187,3 +187,18 @@ def test_bench_forward_prints_one_json_object_with_its_baselines(model):
     assert r["weights_bytes"] > 500e6 and r["memcpy_gb_s"] > 0
     assert r["numpy"]["decode_ms_per_token"] > 0 and 0 < r["numpy"]["weights_over_memcpy"]
     assert "torch" in r
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["eval", "--context", "32"], "--context: at least 64 tokens"),
+    (["bench", "retrieval", "--model-context", "512"], "--model-context: at least 1K"),
+])
+def test_a_context_too_short_is_one_line(argv, says):
+    """Refused before the model loads or any work: one line, exit 1."""
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ssdemu", *argv], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ssdemu: error: {says}"), lines
