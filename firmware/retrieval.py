@@ -138,16 +138,35 @@ def select_channels(head_dim):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def channel_range_sums(mins, maxs, acc):
+    """acc (H, D) float64 += per KV head and channel the sum of max - min over the pages, in
+    order: a sequence's pages a block at a time add up to the same bits as all at once."""
+    H, P, D = mins.shape
+    for h in range(H):
+        for d in range(D):
+            s = acc[h, d]
+            for p in range(P):
+                s += np.float64(maxs[h, p, d]) - np.float64(mins[h, p, d])
+            acc[h, d] = s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def spread_of_sums(acc, pages, spread):
+    """spread (H, D) float32 from channel_range_sums's acc over `pages` pages: the mean."""
+    H, D = acc.shape
+    for h in range(H):
+        for d in range(D):
+            spread[h, d] = np.float32(acc[h, d] / pages) if pages > 0 else np.float32(0.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def channel_spread(mins, maxs, spread):
     """spread (H, D) float32: per KV head and channel the mean over pages of max - min (in
     float64, pages in order): how wide a page's range in that channel usually is."""
     H, P, D = mins.shape
-    for h in range(H):
-        for d in range(D):
-            s = 0.0
-            for p in range(P):
-                s += np.float64(maxs[h, p, d]) - np.float64(mins[h, p, d])
-            spread[h, d] = np.float32(s / P) if P > 0 else np.float32(0.0)
+    acc = np.zeros((H, D), np.float64)
+    channel_range_sums(mins, maxs, acc)
+    spread_of_sums(acc, P, spread)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

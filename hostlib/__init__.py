@@ -19,6 +19,7 @@ from hostlib.errors import (
     MediaError,
     NamespaceError,
     OutOfRangeError,
+    RetrievalLimitError,
 )
 
 __all__ = [
@@ -26,6 +27,6 @@ __all__ = [
     "DeviceGoneError", "Future",
     "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
     "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "KeyPinnedError", "MediaError",
-    "NamespaceError", "OutOfRangeError", "QueuePair", "connect", "control_request",
-    "merge_attention", "owner_key", "reinsert",
+    "NamespaceError", "OutOfRangeError", "QueuePair", "RetrievalLimitError", "connect",
+    "control_request", "merge_attention", "owner_key", "reinsert",
 ]

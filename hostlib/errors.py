@@ -58,6 +58,12 @@ class KeyPinnedError(InvalidCommandError):
     force=True as the namespace's owner or an admin)."""
 
 
+class RetrievalLimitError(InvalidCommandError):
+    """TOPK_PAGES / ATTEND past what one command may ask of the drive (its keys, the summary
+    elements it scores, the pages it reads, its result: ssdemu_wire.layout
+    RETRIEVAL_MAX_*): split the sequence, or ask for fewer pages."""
+
+
 class InvalidKeySizeError(InvalidCommandError):
     """KV: keys are 1 to 16 bytes."""
 
@@ -95,6 +101,7 @@ _BY_STATUS = {
     STATUS["KV_KEY_PINNED"]: KeyPinnedError,
     STATUS["KV_INVALID_KEY_SIZE"]: InvalidKeySizeError,
     STATUS["KV_INVALID_VALUE_SIZE"]: InvalidValueSizeError,
+    STATUS["RETRIEVAL_LIMIT"]: RetrievalLimitError,
 }
 
 

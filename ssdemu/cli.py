@@ -519,6 +519,17 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
     hb.add_argument("--rounds", type=_positive_int, default=20)
     hb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    fb = bsub.add_parser("fairness", help="one client's worst legal retrievals (each bound of "
+                         "a command) against another client's one-block TOPK and NOPs, and "
+                         "the daemon's memory")
+    fb.add_argument("--media", default="mem:1G", help="media of the daemon started here")
+    fb.add_argument("--profile", help="the daemon's profile (default: its own)")
+    fb.add_argument("--seconds", type=_positive_float, default=5.0,
+                    help="the victim's TOPKs, then its NOPs, this long per hog")
+    fb.add_argument("--hogs", default="keys,scored,rerank,result",
+                    help="which worst cases, comma-separated (keys, scored, rerank, result)")
+    fb.add_argument("--json", action="store_true", help="print one JSON object")
+
 
 def _add_bench_model(bsub: argparse._SubParsersAction):
     """The benchmarks of the model and the firmware: device, replay, retrieval,
@@ -747,6 +758,18 @@ def _cmd_bench_hops(args) -> int:
     return 0 if report["data_ok"] else EXIT_FAILURE
 
 
+def _cmd_bench_fairness(args) -> int:
+    from ssdemu.bench.fairness import KINDS, bench_fairness, format_table
+
+    kinds = [k for k in args.hogs.split(",") if k]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise SsdemuError(f"--hogs takes some of {', '.join(KINDS)}, got {args.hogs!r}")
+    report = bench_fairness(args.media, args.seconds, tuple(kinds), args.profile)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
 def _cmd_bench_kv(args) -> int:
     from ssdemu.bench.kv import bench_kv, format_table
     from ssdemu.bench.neighbours import Neighbours
@@ -920,6 +943,7 @@ COMMANDS = {
     ("bench", "queue"): _cmd_bench_queue,
     ("bench", "kv"): _cmd_bench_kv,
     ("bench", "hops"): _cmd_bench_hops,
+    ("bench", "fairness"): _cmd_bench_fairness,
     ("bench", "lmcache"): _cmd_bench_lmcache,
     ("serve", None): _cmd_serve,
     ("format", None): _cmd_format,

@@ -40,6 +40,40 @@ COUNTERS_DTYPE = dtype_of_struct("sde_counters")
 RETRIEVAL_MAGIC = lib.SDE_RETRIEVAL_MAGIC
 RETRIEVAL_INT8 = lib.SDE_RETRIEVAL_INT8
 PROTOCOL_VERSION = lib.SDE_PROTOCOL_VERSION
+# what one retrieval command may ask (c/wire/sde_queue.h SDE_RETRIEVAL_MAX_*)
+RETRIEVAL_MAX_KEYS = lib.SDE_RETRIEVAL_MAX_KEYS
+RETRIEVAL_MAX_SCORED = lib.SDE_RETRIEVAL_MAX_SCORED
+RETRIEVAL_MAX_READ = lib.SDE_RETRIEVAL_MAX_READ
+RETRIEVAL_MAX_RESULT = lib.SDE_RETRIEVAL_MAX_RESULT
+
+
+def retrieval_over_limit(op: str, *, kv_heads: int, head_dim: int, page_tokens: int,
+                         nkeys: int, k: int, sink_pages: int, recent_pages: int,
+                         rerank: int) -> str | None:
+    """Why a TOPK_PAGES or ATTEND of this shape is past the bounds one command may ask
+    (SDE_RETRIEVAL_MAX_*: the drive answers RETRIEVAL_LIMIT), or None.  What the header
+    alone tells: the drive also stops scoring once the sequence's pages pass
+    RETRIEVAL_MAX_SCORED (each block holds at least one page: checked here as a floor)."""
+    if nkeys > RETRIEVAL_MAX_KEYS:
+        return f"{nkeys} blocks: a command takes at most {RETRIEVAL_MAX_KEYS}"
+    if kv_heads * nkeys * head_dim > RETRIEVAL_MAX_SCORED:
+        return (f"{nkeys} blocks of at least a page each, x {kv_heads} KV heads x {head_dim} "
+                f"channels: more than the {RETRIEVAL_MAX_SCORED} summary elements a command "
+                "scores")
+    page = page_tokens * kv_heads * head_dim
+    if op == "TOPK_PAGES":
+        if kv_heads * k * 8 > RETRIEVAL_MAX_RESULT:
+            return (f"k={k} x {kv_heads} KV heads: a result of {kv_heads * k * 8} bytes, more "
+                    f"than {RETRIEVAL_MAX_RESULT}")
+        if max(1, rerank) > 1 and k * rerank * page > RETRIEVAL_MAX_READ:
+            return (f"a re-rank of k={k} x rerank={rerank} pages of {page_tokens} tokens x "
+                    f"{kv_heads} KV heads x {head_dim} channels reads more than "
+                    f"{RETRIEVAL_MAX_READ} key elements")
+    elif (k + sink_pages + recent_pages) * page > RETRIEVAL_MAX_READ:
+        return (f"attention over k={k} + {sink_pages} sink + {recent_pages} recent pages of "
+                f"{page_tokens} tokens x {kv_heads} KV heads x {head_dim} channels reads more "
+                f"than {RETRIEVAL_MAX_READ} elements of keys (and as many of values)")
+    return None
 
 
 def _constants(prefix: str) -> dict[str, int]:
@@ -90,9 +124,12 @@ def pack_retrieval_request(*, dtype_code: int, layer: int, layers: int, kv_heads
                            q_heads: int, head_dim: int, page_tokens: int, keys, k: int,
                            sink_pages: int = 1, recent_pages: int = 1, rerank: int = 1,
                            int8: bool = False, queries: np.ndarray,
-                           page_ids: np.ndarray | None = None) -> np.ndarray:
+                           page_ids: np.ndarray | None = None,
+                           check_limits: bool = True) -> np.ndarray:
     """TOPK_PAGES / ATTEND's buffer (c/wire/sde_queue.h): the header, the block keys (16 bytes
-    each), the queries (float32), and ATTEND's page ids (int32)."""
+    each), the queries (float32), and ATTEND's page ids (int32).  A request past the bounds
+    one command may ask (retrieval_over_limit) raises ValueError before anything is sent
+    (check_limits=False: to see the drive refuse it)."""
     keys = [bytes(key) for key in keys]
     klen = len(keys[0]) if keys else 0
     if not keys or any(len(key) != klen for key in keys) or not 0 < klen <= 16:
@@ -100,6 +137,13 @@ def pack_retrieval_request(*, dtype_code: int, layer: int, layers: int, kv_heads
         raise ValueError(f"a sequence is one or more keys of one length, 1 to 16 bytes (the "
                          f"request carries one key length); got lengths {lengths}: name the "
                          f"blocks with keys of one length, e.g. zero-padded numbers")
+    why = retrieval_over_limit(
+        "ATTEND" if page_ids is not None else "TOPK_PAGES", kv_heads=kv_heads,
+        head_dim=head_dim, page_tokens=page_tokens, nkeys=len(keys), k=k,
+        sink_pages=sink_pages, recent_pages=recent_pages, rerank=rerank)
+    if why and check_limits:
+        raise ValueError(f"past a retrieval command's bounds: {why}; split the sequence or "
+                         "ask for fewer pages")
     h = np.zeros(1, REQUEST_DTYPE)
     for name, v in (("magic", RETRIEVAL_MAGIC), ("dtype", dtype_code),
                     ("flags", RETRIEVAL_INT8 if int8 else 0), ("layer", layer),

@@ -662,3 +662,67 @@ def test_another_clients_one_block_topk_is_not_queued_behind_a_long_one(daemon, 
             other.kv_delete(key)
     for key in keys:
         dev.kv_delete(key)
+
+
+def test_a_request_past_a_commands_bounds_is_refused_before_sending_and_by_the_drive(dev):
+    """Each bound the header shows (keys, the result, a re-rank's reads, an ATTEND's reads):
+    hostlib refuses it with ValueError naming the bound before anything is sent; sent anyway,
+    the drive answers RETRIEVAL_LIMIT without reading a block, and serves on.  One under
+    each bound is not refused for it."""
+    from ssdemu_wire import layout as W
+    rng = np.random.default_rng(41)
+    keys = _store(dev, "lim", _blocks(rng, 1, 32, 1, 1, 16))
+    q = np.ones((1, 16), np.float32)
+    good = dict(dtype_code=1, layer=0, layers=1, kv_heads=1, q_heads=1, head_dim=16,
+                page_tokens=PAGE, keys=keys, k=1, queries=q)
+    missing = [b"lim/none"]  # under a bound, the drive looks the keys up: KeyNotFound
+    cases = (  # (past, under) a bound
+        (dict(keys=missing * (W.RETRIEVAL_MAX_KEYS + 1)), dict(keys=missing)),
+        (dict(k=W.RETRIEVAL_MAX_RESULT // 8 + 1), dict(k=W.RETRIEVAL_MAX_RESULT // 8,
+                                                         keys=missing)),
+        (dict(k=1024, rerank=W.RETRIEVAL_MAX_READ // (1024 * PAGE * 16) + 1),
+         dict(k=1024, rerank=W.RETRIEVAL_MAX_READ // (1024 * PAGE * 16), keys=missing)),
+    )
+    for past, under in cases:
+        with pytest.raises(ValueError, match="past a retrieval command's bounds"):
+            pack_retrieval_request(**{**good, **past})
+        with pytest.raises(hostlib.RetrievalLimitError):
+            _raw(dev, pack_retrieval_request(**{**good, **past}, check_limits=False), 8)
+        with pytest.raises(hostlib.KeyNotFoundError):
+            _raw(dev, pack_retrieval_request(**{**good, **under}),
+                 max(8, under.get("k", 1) * 8))
+    many = np.zeros((1, W.RETRIEVAL_MAX_READ // (PAGE * 16)), np.int32)  # + sink + recent
+    with pytest.raises(ValueError, match="past a retrieval command's bounds"):
+        dev.attend(keys, q, many, layer=0, layers=1)
+    with pytest.raises(hostlib.RetrievalLimitError):
+        _raw(dev, pack_retrieval_request(**{**good, "k": many.shape[1]}, page_ids=many,
+                                         check_limits=False), 68, opcode="ATTEND")
+    with pytest.raises(ValueError, match="more than"):
+        dev.topk_pages(keys * 2, q, layer=0, layers=1, kv_heads=1,
+                       k=W.RETRIEVAL_MAX_RESULT)
+    assert dev.topk_pages(keys, q, layer=0, layers=1, kv_heads=1, k=1)[0].shape == (1, 1)
+
+
+def test_a_sequence_past_the_pages_a_command_scores_stops_at_the_bound(dev):
+    """The pages are known once the blocks are read: a sequence whose pages pass what one
+    command scores ends with RETRIEVAL_LIMIT once they do (its work and memory stop there),
+    one a block shorter is scored."""
+    from ssdemu_wire import layout as W
+    rng = np.random.default_rng(43)
+    dim, tokens = 64, 4096  # page_tokens 1: a page a token, 4096 a block
+    per_block = tokens * dim
+    n = W.RETRIEVAL_MAX_SCORED // per_block  # exactly at the bound
+    keys = [f"big/{i:03d}".encode() for i in range(n + 1)]
+    for key in keys:
+        dev.kv_put(key, rng.standard_normal((tokens, 2, 1, 1, dim)).astype(np.float16)
+                   .view(np.uint16).tobytes())
+    q = rng.standard_normal((1, dim)).astype(np.float32)
+    args = dict(layer=0, layers=1, kv_heads=1, k=4, page_tokens=1)
+    before = dev.log()["retrieval"]["block_reads"]
+    with pytest.raises(hostlib.RetrievalLimitError, match="RETRIEVAL_LIMIT"):
+        dev.topk_pages(keys, q, **args)
+    assert dev.log()["retrieval"]["block_reads"] - before == n + 1  # none after the bound
+    ids, _ = dev.topk_pages(keys[:n], q, **args)
+    assert (ids >= 0).all()
+    for key in keys:
+        dev.kv_delete(key)

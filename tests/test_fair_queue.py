@@ -15,9 +15,9 @@ from ssdemu.device.fair_queue import FairQueue
 def _drain(q, n):
     out = []
     for _ in range(n):
-        uid, item = q.get()
+        flow, item = q.get()
         out.append(item)
-        q.done(uid)
+        q.done(flow)
     return out
 
 
@@ -44,19 +44,35 @@ def test_no_uid_holds_every_worker_while_another_waits():
         q.put(1, 1, ("a", i))
     first = q.get()  # uid 1 alone: it may have both workers
     second = q.get()
-    assert first[0] == second[0] == 1
+    assert first[0] == second[0] == (1, 1)
     q.put(2, 2, ("b", 0))
-    q.done(1)  # a worker frees: uid 2 waits, so uid 1 may hold one worker, not two
-    assert q.get() == (2, ("b", 0))
+    q.done((1, 1))  # a worker frees: uid 2 waits, so uid 1 may hold one worker, not two
+    assert q.get() == ((2, 2), ("b", 0))
     q.put(2, 2, ("b", 1))
     got = []
     t = threading.Thread(target=lambda: got.append(q.get()))
     t.start()
     t.join(0.2)
     assert t.is_alive()  # uid 2 is at its cap (1 of 2 workers), uid 1 too
-    q.done(2)
+    q.done((2, 2))
     t.join(5)
-    assert got and got[0][0] in (1, 2)
+    assert got and got[0][0][0] in (1, 2)
+
+
+def test_no_client_of_a_uid_holds_every_worker_while_another_of_its_clients_waits():
+    """The same rule between one uid's clients: its long-running client cannot take both
+    workers from its other client's short command."""
+    q = FairQueue(2)
+    for i in range(3):
+        q.put(5, 1, ("long", i))
+    assert q.get()[0] == (5, 1)
+    assert q.get()[0] == (5, 1)  # alone: both workers
+    q.put(5, 2, ("short", 0))
+    q.done((5, 1))
+    assert q.get() == ((5, 2), ("short", 0))  # not ("long", 2), though it came first
+    q.done((5, 2))
+    q.done((5, 1))
+    assert q.get() == ((5, 1), ("long", 2))
 
 
 @settings(max_examples=50, deadline=None)

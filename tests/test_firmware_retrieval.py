@@ -148,6 +148,28 @@ def _selective(q, mins, maxs):
     return spread, r, s
 
 
+@settings(max_examples=100, deadline=None)
+@given(layer(), st.data())
+def test_the_spread_summed_a_block_at_a_time_is_the_spread_of_all_the_pages(case, data):
+    """The drive scores a sequence a block at a time (its memory is a block's, not the
+    sequence's): channel_range_sums over the pages split anywhere, then spread_of_sums, gives
+    the bits channel_spread gives over all of them at once, and the reference's."""
+    q, keys, page = case
+    mins, maxs = _bounds(keys, page)
+    P = mins.shape[1]
+    cuts = sorted(data.draw(st.lists(st.integers(0, P), max_size=4)))
+    acc = np.zeros((mins.shape[0], mins.shape[2]), np.float64)
+    for a, b in zip([0, *cuts], [*cuts, P], strict=True):
+        R.channel_range_sums(np.ascontiguousarray(mins[:, a:b]),
+                             np.ascontiguousarray(maxs[:, a:b]), acc)
+    split = np.empty(acc.shape, np.float32)
+    R.spread_of_sums(acc, P, split)
+    whole = np.empty(acc.shape, np.float32)
+    R.channel_spread(mins, maxs, whole)
+    assert np.array_equal(split, whole)
+    assert np.array_equal(whole, ref.channel_spread(mins, maxs))
+
+
 @settings(max_examples=300, deadline=None)
 @given(layer(), st.booleans(), st.integers(1, 40), st.data())
 @example((np.array([[1.0, 0.0, -2.0, 0.0]], np.float32),  # zero spreads, zero query parts

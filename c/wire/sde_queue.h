@@ -111,6 +111,9 @@
 /* vendor specific (NVMe's C0h-FFh): a delete of a key pinned by in-flight work (unpin it,
  * or force the delete as the namespace's owner or an admin) */
 #define SDE_SC_KV_KEY_PINNED 0xC0
+/* vendor specific: a retrieval command past a bound on the work, memory or result one command
+ * may ask of the drive (SDE_RETRIEVAL_MAX_*): split it, or ask for fewer pages */
+#define SDE_SC_RETRIEVAL_LIMIT 0xC1
 
 /* KV_DELETE's param0: delete the key even though other clients pinned it (their pins go).
  * An admin's, or the namespace's owner's (a private namespace's or a shared one's creator);
@@ -172,6 +175,17 @@ typedef struct sde_quant_req {
 /* TOPK_PAGES and ATTEND's request (64 bytes), at the start of the command's buffer. */
 #define SDE_RETRIEVAL_MAGIC 0x51525253u /* "SRRQ" */
 #define SDE_RETRIEVAL_INT8 1            /* flags: score on int8 summaries (rounded outwards) */
+/* What one retrieval command may ask (past them: SDE_SC_RETRIEVAL_LIMIT), so that no client's
+ * command holds a worker, or the drive's memory, without bound.  The drive streams over the
+ * blocks; what it keeps per command is its summaries and the pages it reads. */
+#define SDE_RETRIEVAL_MAX_KEYS 16384    /* blocks of a sequence: 1M tokens at 64 a block */
+#define SDE_RETRIEVAL_MAX_SCORED 4194304 /* kv_heads x pages x head_dim scored: Llama-3-8B's
+                                          * 64K tokens at 16-token pages (32 MiB of float32
+                                          * bounds while scoring) */
+#define SDE_RETRIEVAL_MAX_READ 4194304  /* kv_heads x tokens x head_dim of keys a re-rank reads
+                                         * ((k x rerank) pages a head), or of keys and values an
+                                         * ATTEND reads ((k + sink + recent) pages) */
+#define SDE_RETRIEVAL_MAX_RESULT 1048576 /* bytes of TOPK_PAGES' result (kv_heads x k x 8) */
 typedef struct sde_retrieval_req {
     uint32_t magic;
     uint8_t dtype;         /* element type of plain blocks (ssdemu_wire.codes); a quantized

@@ -4,7 +4,8 @@ Commands wait in a FIFO per client; workers take the next uid in turn that has o
 and within it the next client in turn.  While more than one uid has work (waiting or being
 served), no uid holds more than workers - 1 of the workers: a uid whose commands are long
 cannot make another's wait for all of them to end (the data plane bounds in-flight commands
-per uid the same way).  Pure logic with a condition variable: tested alone."""
+per uid the same way).  Within a uid, the same between its clients: while more than one has
+work, none holds more than workers - 1.  Pure logic with a condition variable: tested alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class FairQueue:
         self._flows: dict[int, collections.OrderedDict] = {}  # uid -> cid -> deque
         self._turn: collections.deque = collections.deque()  # uids with waiting commands
         self._serving: collections.Counter = collections.Counter()  # uid -> in service
+        self._client_serving: collections.Counter = collections.Counter()  # (uid, cid) -> ...
         self._closed = False
 
     def put(self, uid: int, cid: int, item) -> None:
@@ -33,19 +35,32 @@ class FairQueue:
             clients.setdefault(cid, collections.deque()).append(item)
             self._cv.notify()
 
-    def _cap(self) -> int:
-        active = set(self._turn) | {u for u, n in self._serving.items() if n}
+    def _cap(self, active) -> int:
         return self.workers - 1 if len(active) > 1 and self.workers > 1 else self.workers
 
+    def _client(self, uid: int):
+        """The uid's next client in turn that is under its cap, or None."""
+        clients = self._flows[uid]
+        active = set(clients) | {c for (u, c), n in self._client_serving.items()
+                                 if u == uid and n}
+        cap = self._cap(active)
+        for cid in clients:
+            if self._client_serving[(uid, cid)] < cap:
+                return cid
+        return None
+
     def _take(self):
-        cap = self._cap()
+        cap = self._cap(set(self._turn) | {u for u, n in self._serving.items() if n})
         for _ in range(len(self._turn)):
             uid = self._turn[0]
             self._turn.rotate(-1)
             if self._serving[uid] >= cap:
                 continue
+            cid = self._client(uid)
+            if cid is None:
+                continue
             clients = self._flows[uid]
-            cid, fifo = next(iter(clients.items()))
+            fifo = clients[cid]
             item = fifo.popleft()
             clients.move_to_end(cid)  # its next command after the uid's other clients'
             if not fifo:
@@ -54,12 +69,13 @@ class FairQueue:
                 del self._flows[uid]
                 self._turn.remove(uid)
             self._serving[uid] += 1
-            return uid, item
+            self._client_serving[(uid, cid)] += 1
+            return (uid, cid), item
         return None
 
     def get(self):
-        """(uid, item) of the next command to serve (call done(uid) after it), or None once
-        the queue is closed."""
+        """(flow, item) of the next command to serve (call done(flow) after it; flow is
+        (uid, client)), or None once the queue is closed."""
         with self._cv:
             while True:
                 if self._closed:
@@ -69,11 +85,15 @@ class FairQueue:
                     return got
                 self._cv.wait()
 
-    def done(self, uid: int) -> None:
+    def done(self, flow) -> None:
+        uid, _ = flow
         with self._cv:
             self._serving[uid] -= 1
             if not self._serving[uid]:
                 del self._serving[uid]
+            self._client_serving[flow] -= 1
+            if not self._client_serving[flow]:
+                del self._client_serving[flow]
             self._cv.notify_all()  # a uid held at its cap may go on
 
     def waiting(self) -> int:

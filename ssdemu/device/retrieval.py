@@ -18,6 +18,13 @@ NAND (its own bytes, not the block's).  Any other block (a plain KV_STORE, or su
 another page size) is read and summarized when first scored.  Either way they are then kept
 in the controller's DRAM (an LRU of the profile's retrieval.summary_dram_bytes), keyed by the
 value's place on the media, so a rewritten or deleted value's summaries are never used.
+That DRAM is modelled (which summaries it holds, and so which reads a command books); the
+arrays themselves live in this host's bounded cache of decoded data (DECODED_BYTES).
+
+Bounds (c/wire/sde_queue.h SDE_RETRIEVAL_MAX_*): a command's keys, the summary elements it
+scores, the key and value elements it reads and its result are bounded; past them it ends
+with RETRIEVAL_LIMIT (the pages are counted as the blocks are scored, so the work stops at
+the bound).  A command's memory is its summaries as float32 and the pages it reads.
 
 Timing (ssdemu.sim.cost and the timing model, as the drive would run it, the drive otherwise
 idle): the request over the link; each block's summaries from DRAM, or their stored run from
@@ -61,7 +68,15 @@ from ssdemu.sim.cost import (
     topk_cost,
 )
 from ssdemu.sim.timing import DeviceModel, budget_of
-from ssdemu_wire.layout import OPCODES, REQUEST_DTYPE, RETRIEVAL_INT8, RETRIEVAL_MAGIC, STATUS
+from ssdemu_wire.layout import (
+    OPCODES,
+    REQUEST_DTYPE,
+    RETRIEVAL_INT8,
+    RETRIEVAL_MAGIC,
+    RETRIEVAL_MAX_SCORED,
+    STATUS,
+    retrieval_over_limit,
+)
 
 log = logging.getLogger("ssdemu.retrieval")
 
@@ -86,15 +101,15 @@ _convert = _Firmware("firmware.convert")
 _quant = _Firmware("firmware.quant")
 BLOCK_MAGIC = b"SDKV"  # firmware/blockfmt.py's MAGIC (tests/test_constants.py)
 
-# bounds on a request, so that none asks the drive for unbounded work or memory
-MAX_KEYS = 1 << 16
+# bounds on a request's shape (the work, memory and result bounds are the wire format's:
+# ssdemu_wire.layout RETRIEVAL_MAX_*, checked by retrieval_over_limit and while scoring)
 MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 MAX_RERANK = 64
 KEY_BYTES = 16
 # decoded blocks one command keeps so as not to read and decode a block twice (the host's
 # memory, not the drive's: the modelled time charges each page read once either way)
-MEMO_BYTES = 64 << 20
+MEMO_BYTES = 16 << 20
 # blocks' layers decoded once and kept across commands, in this host's memory, not the
 # drive's: a decode step asks for the same blocks layer after layer, and reading and decoding
 # each whole block for each layer's command was most of the worker's wall time (2K tokens of
@@ -102,7 +117,13 @@ MEMO_BYTES = 64 << 20
 # content hash), so a rewritten or deleted value is never served; the modelled time books
 # every read a command makes either way, and the stored value's checksum was verified when
 # it was read.
-DECODED_BYTES = 128 << 20  # SmolLM2's 4K-token context: 47 MiB
+DECODED_BYTES = 128 << 20  # SmolLM2 (30 layers x 3 KV heads x 64): 94 MiB at 4K tokens
+
+
+# the workers' nice value: the data plane's thread (and the clients on this host) go first
+# when the cores are short; with two cores and a worker busy on a long command, a NOP's p99
+# rose 3-7x at nice 0
+WORKER_NICE = 10
 
 
 class Refused(Exception):
@@ -159,10 +180,15 @@ def parse(op: str, data: memoryview | bytes) -> Request:
         raise Refused("INVALID_FIELD", "dtype, flags or reserved fields")
     if not (0 < kv <= MAX_HEADS and 0 < qh <= MAX_HEADS and qh % kv == 0
             and 0 < d <= MAX_HEAD_DIM and page > 0 and 0 <= layer < layers
-            and 0 < n <= MAX_KEYS and 0 < klen <= KEY_BYTES and rerank <= MAX_RERANK):
+            and 0 < n and 0 < klen <= KEY_BYTES and rerank <= MAX_RERANK):
         raise Refused("INVALID_FIELD", "shape, layer, keys or re-rank out of range")
-    if (op == "TOPK_PAGES" and k <= 0) or (op == "ATTEND" and k < 0) or k > (1 << 20):
+    if (op == "TOPK_PAGES" and k <= 0) or (op == "ATTEND" and k < 0):
         raise Refused("INVALID_FIELD", "k out of range")
+    why = retrieval_over_limit(op, kv_heads=kv, head_dim=d, page_tokens=page, nkeys=n, k=k,
+                               sink_pages=int(h["sink_pages"]),
+                               recent_pages=int(h["recent_pages"]), rerank=rerank)
+    if why:
+        raise Refused("RETRIEVAL_LIMIT", why)
     at = REQUEST_DTYPE.itemsize
     need = at + n * KEY_BYTES + qh * d * 4 + (kv * k * 4 if op == "ATTEND" else 0)
     if len(data) < need:
@@ -309,7 +335,9 @@ class Retrieval:
     def __init__(self, daemon):
         self.d = daemon
         self.profile = daemon.profile
-        # the summaries in the controller's DRAM (modelled: a hit costs no NAND read)
+        # the summaries in the controller's DRAM, modelled: entries of their bytes holding
+        # only the block's token counts (a hit costs no NAND read); the arrays are this
+        # host's, in self.decoded (a profile's 16 GiB of DRAM is not this host's memory)
         self.cache = ByteLRU(self.profile.retrieval.summary_dram_bytes)
         # blocks' layers decoded, in this host's memory (see DECODED_BYTES)
         self.decoded = ByteLRU(DECODED_BYTES, entry_bytes=256)
@@ -340,6 +368,10 @@ class Retrieval:
             t.join(timeout=30)
 
     def _loop(self) -> None:
+        try:  # below the data plane: a long retrieval must not take its core (bench fairness)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+        except OSError:
+            pass
         while True:
             got = self._q.get()
             if got is None:
@@ -443,10 +475,11 @@ class Retrieval:
 
     def _read(self, req: Request, nsid: int, b: Block,
               value: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The block's layer as float32 K and V: read once per command as the drive would
-        (ATTEND reads an uncached block for its token count before it knows which pages it
-        needs), as long as the command's blocks fit in MEMO_BYTES; past that, read again.
-        Decoded from the emulator's DECODED_BYTES when it holds the value's layer."""
+        """The block's layer, K and V (kv_heads, tokens, D) in its element type (b.code):
+        read once per command as the drive would (ATTEND reads an uncached block for its
+        token count before it knows which pages it needs), as long as the command's blocks
+        fit in MEMO_BYTES; past that, read again.  Decoded from the emulator's DECODED_BYTES
+        when it holds the value's layer.  Callers convert to float32 only what they use."""
         if b.kv is not None:
             return b.kv
         with self._lock:
@@ -463,8 +496,7 @@ class Retrieval:
                 self.decoded.put((ident, layer), (lk, lv, code), lk.nbytes + lv.nbytes)
                 if layer == req.layer:
                     hit = ((lk, lv, code), 0)
-        (lk, lv, b.code), _ = hit
-        k, v = to_f32(lk, b.code), to_f32(lv, b.code)
+        (k, v, b.code), _ = hit
         b.tokens = k.shape[1]
         b.token_bytes = max(1, b.length // max(1, b.tokens))
         if k.nbytes + v.nbytes <= self._local.memo_left:
@@ -493,9 +525,10 @@ class Retrieval:
         if entry is None:
             return None, value
         lo, hi, tokens, token_bytes, code, off, nbytes = entry
-        timing.stored_summaries(b, off, nbytes)
-        with self._lock:
-            self._stats["summary_reads"] += 1
+        if timing is not None:
+            timing.stored_summaries(b, off, nbytes)
+            with self._lock:
+                self._stats["summary_reads"] += 1
         b.code = code
         return (lo, hi, tokens, token_bytes), value
 
@@ -524,81 +557,147 @@ class Retrieval:
                         *_blockfmt.summaries_at(header, layer)))
         return out
 
+    def _block_summaries(self, req: Request, nsid: int, b: Block, timing) -> tuple:
+        """A block's summaries of the request's layer and page, packed in its element type
+        (lo, hi: (kv_heads, pages, head_dim)).  The controller's DRAM (self.cache) is
+        modelled: it holds what the drive would keep (its profile's bytes) as entries of
+        their size, not the arrays; the arrays are kept in this host's bounded DECODED_BYTES.
+        A DRAM hit costs no NAND read whether or not this host still holds the arrays (when
+        it does not, they are read again, unbooked)."""
+        ck = _summary_key(req, nsid, b)
+        meta = self.cache.get(ck)
+        with self._lock:
+            self._stats["summary_hits" if meta is not None else "summary_misses"] += 1
+        host = self.decoded.get((ck, "bounds"))
+        if meta is not None and host is not None:
+            (b.tokens, b.token_bytes), _ = meta
+            (plo, phi, b.code), _ = host
+            return plo, phi
+        book = timing if meta is None else None
+        stored, value = self._stored(req, nsid, b, book)
+        if stored is not None:
+            plo, phi, tokens, token_bytes = stored
+        else:
+            lk, _ = self._read(req, nsid, b, value)
+            keys = to_f32(lk, b.code)
+            tokens, token_bytes = keys.shape[1], b.token_bytes
+            lo = np.empty((req.kv_heads, R.pages_of(tokens, req.page), req.head_dim),
+                          np.float32)
+            hi = np.empty_like(lo)
+            R.page_bounds(keys, req.page, lo, hi)
+            plo, phi = pack_bounds(lo, b.code), pack_bounds(hi, b.code)
+            if book is not None:
+                book.summarize(b, tokens, req)
+        b.tokens, b.token_bytes = tokens, token_bytes
+        nbytes = plo.nbytes + phi.nbytes
+        if meta is None:
+            self.cache.put(ck, (tokens, token_bytes), nbytes)
+        self.decoded.put((ck, "bounds"), (plo, phi, b.code), nbytes)
+        return plo, phi
+
     def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:
-        mins, maxs, first = [], [], 0
+        """The sequence's summaries, packed, a (lo, hi) per block (each block's first_page
+        set), and its pages.  The pages are counted block by block, and the command refused
+        (RETRIEVAL_LIMIT) as soon as they pass what one command may score: its work stops
+        there.  Scoring converts them to float32 a block at a time (_bounds)."""
+        packed, first = [], 0
         for i, b in enumerate(blocks):
-            ck = _summary_key(req, nsid, b)
-            hit = self.cache.get(ck)
-            with self._lock:
-                self._stats["summary_hits" if hit is not None else "summary_misses"] += 1
-            value = None
-            if hit is None:
-                stored, value = self._stored(req, nsid, b, timing)
-                if stored is not None:
-                    self.cache.put(ck, stored, stored[0].nbytes + stored[1].nbytes)
-                    hit = (stored, 0)
-            if hit is None:
-                keys, _ = self._read(req, nsid, b, value)
-                P = R.pages_of(keys.shape[1], req.page)
-                lo = np.empty((req.kv_heads, P, req.head_dim), np.float32)
-                hi = np.empty_like(lo)
-                R.page_bounds(keys, req.page, lo, hi)
-                plo, phi = pack_bounds(lo, b.code), pack_bounds(hi, b.code)
-                self.cache.put(ck, (plo, phi, keys.shape[1], b.token_bytes),
-                               plo.nbytes + phi.nbytes)
-                timing.summarize(b, keys.shape[1], req)
-            else:
-                (plo, phi, tokens, token_bytes), _ = hit
-                lo, hi = unpack_bounds(plo), unpack_bounds(phi)
-                b.tokens, b.token_bytes = tokens, token_bytes
+            plo, phi = self._block_summaries(req, nsid, b, timing)
             if b.tokens % req.page and i != len(blocks) - 1:
                 raise Refused("INVALID_FIELD", "every block but the last must hold whole pages")
             b.first_page = first
-            first += lo.shape[1]
-            mins.append(lo)
-            maxs.append(hi)
-        return np.concatenate(mins, axis=1), np.concatenate(maxs, axis=1)
+            first += plo.shape[1]
+            if req.kv_heads * first * req.head_dim > RETRIEVAL_MAX_SCORED:
+                raise Refused("RETRIEVAL_LIMIT", f"the sequence passes {first} pages at block "
+                              f"{i}: x {req.kv_heads} KV heads x {req.head_dim} channels, more "
+                              f"than the {RETRIEVAL_MAX_SCORED} summary elements a command "
+                              "scores")
+            packed.append((plo, phi))
+        return packed, first
 
-    def _pages(self, req: Request, nsid: int, blocks: list[Block], pages: np.ndarray,
+    @staticmethod
+    def _bounds(req: Request, plo: np.ndarray, phi: np.ndarray) -> tuple:
+        """A block's summaries as the score reads them: float32, through int8 when asked
+        (both per page: a block at a time gives the sequence's bits)."""
+        lo, hi = unpack_bounds(plo), unpack_bounds(phi)
+        if req.int8:
+            cmin = np.empty(lo.shape, np.int8)
+            cmax = np.empty(lo.shape, np.int8)
+            sc = np.empty(lo.shape[:2], np.float32)
+            R.bounds_to_int8(lo, hi, cmin, cmax, sc)
+            lo, hi = np.empty_like(lo), np.empty_like(hi)
+            R.int8_to_bounds(cmin, cmax, sc, lo, hi)
+        return lo, hi
+
+    def _pages(self, req: Request, nsid: int, blocks: list[Block], rows: np.ndarray,
                timing, values: bool):
-        """K (and V) of the given global page ids, compacted: (keys, values, id map)."""
-        pages = np.unique(pages[pages >= 0])
-        ks, vs, newid = [], [], {}
+        """Each KV head's own pages of rows (H, n) global page ids (-1: none) as float32:
+        (keys (H, T, D), values or None, local ids (H, n)).  Head h's pages, in ascending
+        order, take its slots 0, 1, ...; the sequence's last page, when it is partial, takes
+        slot n, the last (T ends with its tokens: the kernels cut a page at T), so that a
+        local id orders as its page does.  A command's memory is then what it reads: n pages
+        of each head, not every head of the pages any head chose.  Each page is booked once
+        as a read of its token rows (every head: the store keeps a block token by token)."""
+        H, n = rows.shape
+        P = sum(R.pages_of(b.tokens, req.page) for b in blocks)
+        last = blocks[-1]
+        last_len = last.tokens - (R.pages_of(last.tokens, req.page) - 1) * req.page
+        partial = last_len < req.page and bool((rows == P - 1).any())
+        T = n * req.page + (last_len if partial else 0)
+        keys = np.zeros((H, T, req.head_dim), np.float32)
+        vals = np.zeros_like(keys) if values else None
+        heads = [np.unique(rows[h][rows[h] >= 0]) for h in range(H)]
+        slot = [dict(zip(u.tolist(), range(len(u)), strict=True)) for u in heads]
+        if partial:
+            for h in range(H):
+                if P - 1 in slot[h]:
+                    slot[h][P - 1] = n
+        local = np.full((H, n), -1, np.int32)
+        for h in range(H):
+            for j, p in enumerate(rows[h]):
+                if p >= 0:
+                    local[h, j] = slot[h][int(p)]
+        union = np.unique(rows[rows >= 0])
         for b in blocks:
             nb = R.pages_of(b.tokens, req.page)
-            mine = pages[(pages >= b.first_page) & (pages < b.first_page + nb)]
+            mine = union[(union >= b.first_page) & (union < b.first_page + nb)]
             if not len(mine):
                 continue
-            k, v = self._read(req, nsid, b)
+            # a page's token rows at the stored value's bytes per token (as _read sets them)
+            b.token_bytes = max(1, b.length // max(1, b.tokens))
             for p in mine:
                 t0 = (int(p) - b.first_page) * req.page
-                t1 = min(b.tokens, t0 + req.page)
-                newid[int(p)] = len(newid)
-                ks.append(k[:, t0:t1])
-                vs.append(v[:, t0:t1])
-                timing.page_read(b, t0, t1 - t0)
-        if not ks:
-            empty = np.zeros((req.kv_heads, 0, req.head_dim), np.float32)
-            return empty, empty, newid
-        return (np.ascontiguousarray(np.concatenate(ks, axis=1)),
-                np.ascontiguousarray(np.concatenate(vs, axis=1)) if values else None, newid)
+                timing.page_read(b, t0, min(b.tokens, t0 + req.page) - t0)
+            k, v = self._read(req, nsid, b)
+            for h in range(H):  # the head's pages in this block, gathered in one go
+                ps = heads[h][(heads[h] >= b.first_page) & (heads[h] < b.first_page + nb)]
+                if not len(ps):
+                    continue
+                t0 = (ps - b.first_page) * req.page
+                lens = np.minimum(b.tokens, t0 + req.page) - t0
+                at = np.array([slot[h][int(p)] for p in ps]) * req.page
+                starts = np.cumsum(lens) - lens  # each page's place in the gathered run
+                step = np.arange(int(lens.sum())) - np.repeat(starts, lens)
+                src, dst = np.repeat(t0, lens) + step, np.repeat(at, lens) + step
+                keys[h, dst] = to_f32(k[h, src], b.code)
+                if values:
+                    vals[h, dst] = to_f32(v[h, src], b.code)
+        return keys, vals, local
 
     def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
-        mins, maxs = self._summaries(req, nsid, blocks, timing)
-        H, P, D = mins.shape
-        if req.int8:
-            cmin = np.empty(mins.shape, np.int8)
-            cmax = np.empty(mins.shape, np.int8)
-            sc = np.empty((H, P), np.float32)
-            R.bounds_to_int8(mins, maxs, cmin, cmax, sc)
-            R.int8_to_bounds(cmin, cmax, sc, mins, maxs)
+        packed, P = self._summaries(req, nsid, blocks, timing)
+        H, D = req.kv_heads, req.head_dim
         scores = np.empty((H, P), np.float32)
         c = req.k * req.rerank
         ids = np.empty((H, c), np.int32)
         sco = np.empty((H, c), np.float32)
         n = max(0, P - req.sinks - req.recent)
         if req.rerank == 1:
-            R.quest_scores(req.queries, mins, maxs, scores)
+            for b, (plo, phi) in zip(blocks, packed, strict=True):
+                lo, hi = self._bounds(req, plo, phi)
+                part = np.empty(lo.shape[:2], np.float32)
+                R.quest_scores(req.queries, lo, hi, part)
+                scores[:, b.first_page:b.first_page + part.shape[1]] = part
             timing.score(req, P)
             R.topk_pages(scores, c, req.sinks, req.recent, ids, sco)
             timing.topk(req, n, c)
@@ -606,30 +705,42 @@ class Retrieval:
             # the re-rank's candidates: half by Quest's bound, half by the channel-selective
             # score, both from one pass over the summaries (firmware/retrieval.py: the bound
             # alone misses keys that outlier channels hide); the spread is the mean range the
-            # summaries keep (host: from the bounds here; modelled: kept as they are made)
+            # summaries keep (host: summed from the bounds a block at a time here; modelled:
+            # kept as they are made)
+            acc = np.zeros((H, D), np.float64)
+            for plo, phi in packed:
+                R.channel_range_sums(*self._bounds(req, plo, phi), acc)
             spread = np.empty((H, D), np.float32)
-            R.channel_spread(mins, maxs, spread)
+            R.spread_of_sums(acc, P, spread)
             r = R.select_channels(D)
             sel = np.empty((H, P), np.float32)
-            R.selective_scores(req.queries, mins, maxs, spread, r, sel, scores)
+            for b, (plo, phi) in zip(blocks, packed, strict=True):
+                lo, hi = self._bounds(req, plo, phi)
+                psel = np.empty(lo.shape[:2], np.float32)
+                pbound = np.empty_like(psel)
+                R.selective_scores(req.queries, lo, hi, spread, r, psel, pbound)
+                sel[:, b.first_page:b.first_page + psel.shape[1]] = psel
+                scores[:, b.first_page:b.first_page + psel.shape[1]] = pbound
             timing.score(req, P)
             timing.selective(req, P, r)
             R.rerank_candidates(scores, sel, c, req.sinks, req.recent, ids)
             timing.topk(req, n, c)
             timing.topk(req, n, c)
-            keys, _, newid = self._pages(req, nsid, blocks, ids.reshape(-1), timing, False)
-            if not newid:  # the sink and recent pages cover every page: nothing to choose
+            if not (ids >= 0).any():  # the sink and recent pages cover every page
                 empty = np.full((H, req.k), -1, np.int32)
                 return (empty.astype("<i4").tobytes()
                         + np.full((H, req.k), -np.inf, "<f4").tobytes(), P)
-            back = np.array(sorted(newid, key=newid.get), np.int64)
-            local = np.vectorize(lambda p: newid.get(int(p), -1), otypes=[np.int32])(ids) \
-                if ids.size else ids
+            keys, _, local = self._pages(req, nsid, blocks, ids, timing, False)
             kids = np.empty((H, req.k), np.int32)
             ksc = np.empty((H, req.k), np.float32)
-            R.rerank_pages(req.queries, keys, req.page, local.astype(np.int32), req.k, kids,
-                           ksc)
-            ids = np.where(kids >= 0, back[np.maximum(kids, 0)], -1).astype(np.int32)
+            R.rerank_pages(req.queries, keys, req.page, local, req.k, kids, ksc)
+            # local ids back to the pages: a head's local id j is its j-th candidate slot
+            back = np.full((H, local.shape[1] + 2), -1, np.int64)
+            for h in range(H):
+                ok = local[h] >= 0
+                back[h, local[h][ok]] = ids[h][ok]
+            ids = np.where(kids >= 0, np.take_along_axis(back, np.maximum(kids, 0), 1),
+                           -1).astype(np.int32)
             sco = ksc
             timing.rerank(req, int((local >= 0).sum()))
         return ids.astype("<i4").tobytes() + sco.astype("<f4").tobytes(), P
@@ -640,7 +751,7 @@ class Retrieval:
             if hit is None:
                 self._read(req, nsid, b)
             else:
-                b.tokens, b.token_bytes = hit[0][2], hit[0][3]
+                (b.tokens, b.token_bytes), _ = hit
         first = 0
         for b in blocks:
             b.first_page = first
@@ -650,12 +761,13 @@ class Retrieval:
         ids = req.page_ids
         if np.any(ids >= P):
             raise Refused("INVALID_FIELD", f"a page id past the sequence's {P} pages")
-        want = np.concatenate([ids.reshape(-1), np.array(forced, np.int64)]).astype(np.int64)
-        keys, values, newid = self._pages(req, nsid, blocks, want, timing, True)
-        local = np.full((req.kv_heads, ids.shape[1] + len(forced)), -1, np.int32)
+        # each head's pages in the order given, then the forced ones (attention adds them
+        # up in this order)
+        rows = np.full((req.kv_heads, ids.shape[1] + len(forced)), -1, np.int64)
         for h in range(req.kv_heads):
-            row = [newid[int(p)] for p in ids[h] if p >= 0] + [newid[p] for p in forced]
-            local[h, :len(row)] = row
+            row = [int(p) for p in ids[h] if p >= 0] + forced
+            rows[h, :len(row)] = row
+        keys, values, local = self._pages(req, nsid, blocks, rows, timing, True)
         outv = np.empty((req.q_heads, req.head_dim), np.float32)
         lse = np.empty(req.q_heads, np.float32)
         R.attend_pages(req.queries, keys, values, req.page, local, outv, lse)
