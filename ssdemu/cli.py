@@ -530,6 +530,21 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
                     help="which worst cases, comma-separated (keys, scored, rerank, result)")
     fb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    ku = bsub.add_parser("keepup", help="on the real clock, a long context's decode steps "
+                         "(every layer's TOPK_PAGES with the default re-rank, then ATTEND): "
+                         "each command's host lag past its modelled completion")
+    ku.add_argument("--context", type=_positive_int, default=4096,
+                    help="tokens stored (a multiple of 64; default 4096)")
+    ku.add_argument("--tokens", type=_positive_int, default=64,
+                    help="decoded tokens measured (default 64)")
+    ku.add_argument("--budget", type=_positive_float, default=12.0,
+                    help="pages selected, %% of the context's (default 12)")
+    ku.add_argument("--rerank", type=_positive_int, default=4,
+                    help="the re-rank's candidates per selected page (default 4: the drive's)")
+    ku.add_argument("--profile", help="the daemon's profile (default: its own)")
+    ku.add_argument("--media", default="mem:2G", help="media of the daemon started here")
+    ku.add_argument("--json", action="store_true", help="print one JSON object")
+
 
 def _add_bench_model(bsub: argparse._SubParsersAction):
     """The benchmarks of the model and the firmware: device, replay, retrieval,
@@ -770,6 +785,18 @@ def _cmd_bench_fairness(args) -> int:
     return 0
 
 
+def _cmd_bench_keepup(args) -> int:
+    from ssdemu.bench.keepup import bench_keepup, format_table
+
+    try:
+        report = bench_keepup(args.context, args.tokens, args.budget, args.rerank,
+                              args.profile, args.media)
+    except ValueError as e:
+        raise SsdemuError(str(e)) from None
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
 def _cmd_bench_kv(args) -> int:
     from ssdemu.bench.kv import bench_kv, format_table
     from ssdemu.bench.neighbours import Neighbours
@@ -944,6 +971,7 @@ COMMANDS = {
     ("bench", "kv"): _cmd_bench_kv,
     ("bench", "hops"): _cmd_bench_hops,
     ("bench", "fairness"): _cmd_bench_fairness,
+    ("bench", "keepup"): _cmd_bench_keepup,
     ("bench", "lmcache"): _cmd_bench_lmcache,
     ("serve", None): _cmd_serve,
     ("format", None): _cmd_format,

@@ -374,6 +374,36 @@ def test_attend_reads_each_uncached_block_once(dev):
     np.testing.assert_allclose(lse, rlse, atol=1e-5)
 
 
+def test_a_sequence_of_mixed_element_types_attends_block_by_block(dev):
+    """A sequence whose blocks decode to different element types (a plain fp16 block beside
+    one stored in the block format from bf16) is not gathered as one array per layer (the
+    whole-sequence path): it goes block by block and attends to the exact values of each,
+    on every layer, the same as a sequence of one type does through the whole-sequence path."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((2, 64, 2, 3, 2, 32)).astype(np.float32)
+    fp16 = x[0].astype(np.float16)
+    bf16 = (x[1].view(np.uint32) >> 16).astype(np.uint16)
+    dev.kv_put(b"mix/0", fp16.view(np.uint16).tobytes())
+    dev.kv_put_quantized(b"mix/1", bf16, "bf16", "plain")
+    exact = np.concatenate([fp16.astype(np.float32),
+                            (bf16.astype(np.uint32) << 16).view(np.float32)])
+    same = [b.astype(np.float16) for b in x]
+    same_keys = _store(dev, "same", same)
+    q = rng.standard_normal((2, 32)).astype(np.float32)
+    ids = np.array([[0, 3, 5], [1, 4, 7]])  # pages in both blocks, both heads
+    for layer in range(3):
+        kw = dict(layer=layer, layers=3, sink_pages=0, recent_pages=0)
+        out, lse = dev.attend([b"mix/0", b"mix/1"], q, ids, **kw)
+        K, V = (exact[:, kv, layer].transpose(1, 0, 2) for kv in (0, 1))
+        rout, rlse = ref.attend(q, K, V, PAGE, ids)
+        np.testing.assert_allclose(out, rout, atol=1e-5)
+        np.testing.assert_allclose(lse, rlse, atol=1e-5)
+        out, lse = dev.attend(same_keys, q, ids, **kw)
+        rout, rlse = ref.attend(q, _layer(same, layer, 0), _layer(same, layer, 1), PAGE, ids)
+        np.testing.assert_allclose(out, rout, atol=1e-5)
+        np.testing.assert_allclose(lse, rlse, atol=1e-5)
+
+
 def test_another_clients_io_goes_on_while_a_long_retrieval_runs(daemon, dev):
     """The retrieval worker is a thread of its own, beside the data plane: a neighbour's block
     reads complete at their own pace while a long TOPK (48 blocks read, decoded, summarized)

@@ -56,7 +56,9 @@ from firmware.layout import (
     ELEMENT_BYTES,
     storage_dtype,
 )
+from ssdemu.device._device import lib as _device_lib
 from ssdemu.device.fair_queue import FairQueue
+from ssdemu.device.latency import bucket_values_ns, new_histogram, percentiles_us
 from ssdemu.device.store import CorruptValue, KeyNotFound
 from ssdemu.sim.cost import (
     attend_cost,
@@ -118,6 +120,9 @@ MEMO_BYTES = 16 << 20
 # every read a command makes either way, and the stored value's checksum was verified when
 # it was read.
 DECODED_BYTES = 128 << 20  # SmolLM2 (30 layers x 3 KV heads x 64): 94 MiB at 4K tokens
+# a sequence's decoded layers are kept whole (Retrieval._seq_kv) when they take at most this
+# share of DECODED_BYTES (SmolLM2's 4K-token context does)
+SEQUENCE_SHARE = 1
 
 
 # the workers' nice value: the data plane's thread (and the clients on this host) go first
@@ -347,6 +352,8 @@ class Retrieval:
                        "block_reads": 0, "decoded_hits": 0, "decoded_misses": 0,
                        "kernels": {}}
         self._local = threading.local()  # a command's own state, on its worker's thread
+        # real clock: how late past its modelled time each command's host work ended
+        self._lag, self._lag_max = new_histogram(), 0
         # as many workers as the firmware has threads (the drive's compute units, at most
         # one per core of this host), fair between uids (fair_queue.py)
         self.workers = max(1, min(self.profile.compute.units, os.cpu_count() or 1))
@@ -399,6 +406,13 @@ class Retrieval:
             s["errors"] += status != STATUS["SUCCESS"]
             s["device_ns"] += device_ns
             s["host_ns"] += time.perf_counter_ns() - h0
+        if self.d.clock == "real" and self.d.timing != "off" and status == STATUS["SUCCESS"]:
+            # how far past its modelled completion the host finished the command (the data
+            # plane's t0 and this are CLOCK_MONOTONIC): 0 when it kept up
+            lag = max(0, time.monotonic_ns() - t0 - int(device_ns))
+            with self._lock:
+                self._lag[_device_lib.sde_hist_bucket(lag)] += 1
+                self._lag_max = max(self._lag_max, lag)
         self.d.complete_host(qp, sqe, t0, status, result, nbytes, device_ns)
 
     def stats(self) -> dict:
@@ -411,6 +425,16 @@ class Retrieval:
         out["workers"] = self.workers
         out["waiting"] = self._q.waiting()
         out["decoded_host_bytes"] = self.decoded.bytes
+        with self._lock:
+            lag, worst = self._lag.copy(), self._lag_max
+        pcts = percentiles_us(lag) if lag.any() else [None] * 3
+        out["host_lag"] = {"commands": int(lag.sum()), "late": int(lag[1:].sum()),
+                           **dict(zip(("p50_us", "p99_us", "p999_us"), pcts, strict=True)),
+                           "max_us": worst / 1e3,
+                           # [lag us, commands] per non-empty bucket: a caller diffs two
+                           # readings for the commands between them
+                           "histogram": [[float(bucket_values_ns()[i] / 1e3), int(lag[i])]
+                                         for i in np.flatnonzero(lag)]}
         return out
 
     def _account(self, timing) -> None:
@@ -446,6 +470,9 @@ class Retrieval:
         timing = _Timing(self.profile, len(inp))
         blocks = self._blocks(req, nsid)
         self._local.memo_left = MEMO_BYTES  # this command's, on this worker
+        # the sequence as this request reads it: its blocks' places and contents, the layout
+        self._local.sid = (nsid, req.layers, req.kv_heads, req.head_dim, req.dtype,
+                           tuple((b.key, b.offset, b.length, b.vhash) for b in blocks))
         if op == "TOPK_PAGES":
             payload, result = self._topk(req, nsid, blocks, timing)
         else:
@@ -646,17 +673,17 @@ class Retrieval:
         T = n * req.page + (last_len if partial else 0)
         keys = np.zeros((H, T, req.head_dim), np.float32)
         vals = np.zeros_like(keys) if values else None
-        heads = [np.unique(rows[h][rows[h] >= 0]) for h in range(H)]
-        slot = [dict(zip(u.tolist(), range(len(u)), strict=True)) for u in heads]
-        if partial:
-            for h in range(H):
-                if P - 1 in slot[h]:
-                    slot[h][P - 1] = n
+        heads, slots = [], []
         local = np.full((H, n), -1, np.int32)
         for h in range(H):
-            for j, p in enumerate(rows[h]):
-                if p >= 0:
-                    local[h, j] = slot[h][int(p)]
+            u = np.unique(rows[h][rows[h] >= 0])
+            sl = np.arange(len(u))
+            if partial and len(u) and u[-1] == P - 1:
+                sl[-1] = n
+            ok = rows[h] >= 0
+            local[h, ok] = sl[np.searchsorted(u, rows[h][ok])]
+            heads.append(u)
+            slots.append(sl)
         union = np.unique(rows[rows >= 0])
         for b in blocks:
             nb = R.pages_of(b.tokens, req.page)
@@ -668,14 +695,33 @@ class Retrieval:
             for p in mine:
                 t0 = (int(p) - b.first_page) * req.page
                 timing.page_read(b, t0, min(b.tokens, t0 + req.page) - t0)
+        seq = self._seq_kv(req, nsid, blocks)
+        if seq is not None:  # the sequence's layer in one array: a gather per head
+            k, v, code = seq
+            tokens = k.shape[1]
+            step = np.arange(req.page)
+            for h in range(H):
+                src = (heads[h][:, None] * req.page + step).reshape(-1)
+                dst = (slots[h][:, None] * req.page + step).reshape(-1)
+                ok = src < tokens  # the partial last page's tokens only
+                src, dst = src[ok], dst[ok]
+                keys[h, dst] = to_f32(k[h, src], code)
+                if values:
+                    vals[h, dst] = to_f32(v[h, src], code)
+            return keys, vals, local
+        for b in blocks:
+            nb = R.pages_of(b.tokens, req.page)
+            if not ((union >= b.first_page) & (union < b.first_page + nb)).any():
+                continue
             k, v = self._read(req, nsid, b)
             for h in range(H):  # the head's pages in this block, gathered in one go
-                ps = heads[h][(heads[h] >= b.first_page) & (heads[h] < b.first_page + nb)]
+                inb = (heads[h] >= b.first_page) & (heads[h] < b.first_page + nb)
+                ps = heads[h][inb]
                 if not len(ps):
                     continue
                 t0 = (ps - b.first_page) * req.page
                 lens = np.minimum(b.tokens, t0 + req.page) - t0
-                at = np.array([slot[h][int(p)] for p in ps]) * req.page
+                at = slots[h][inb] * req.page
                 starts = np.cumsum(lens) - lens  # each page's place in the gathered run
                 step = np.arange(int(lens.sum())) - np.repeat(starts, lens)
                 src, dst = np.repeat(t0, lens) + step, np.repeat(at, lens) + step
@@ -683,6 +729,63 @@ class Retrieval:
                 if values:
                     vals[h, dst] = to_f32(v[h, src], b.code)
         return keys, vals, local
+
+    def _seq_kv(self, req: Request, nsid: int, blocks: list[Block]):
+        """(K, V, code): the request's layer over the whole sequence, (kv_heads, tokens, D)
+        each in the blocks' element type, kept in the host's DECODED_BYTES under the
+        sequence's identity (its blocks' places and content hashes).  Built for every layer
+        at once, each block read once, when the sequence's layers take at most
+        1 / SEQUENCE_SHARE of it (a decode step asks for the same sequence layer after layer;
+        gathering pages block by block in Python was most of a command's host time).  None
+        otherwise, or for blocks of mixed element types: the block-by-block path."""
+        sid = self._local.sid
+        got = self.decoded.get((sid, "kv", req.layer))
+        if got is not None:
+            return got[0]
+        if self.decoded.get((sid, "kv", None)) is not None:
+            return None  # known not to fit
+        T = sum(b.tokens for b in blocks)
+        arrays, code0, at = None, None, 0
+        for b in blocks:
+            layers = self._decoded_layers(req, nsid, b)  # this command read it already
+            if layers is None:
+                block, code = block_elements(self._value(b, nsid), req)
+                with self._lock:
+                    self._stats["block_reads"] += 1
+                    self._stats["decoded_misses"] += 1
+                layers = [(block[:, 0, i].transpose(1, 0, 2),  # views: copied once below
+                           block[:, 1, i].transpose(1, 0, 2), code)
+                          for i in range(req.layers)]
+            code, tokens = layers[0][2], layers[0][0].shape[1]
+            if arrays is None:
+                code0 = code
+                need = 2 * req.layers * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
+                if need > DECODED_BYTES // SEQUENCE_SHARE:
+                    self.decoded.put((sid, "kv", None), True, 0)
+                    return None
+                arrays = [np.empty((2, req.kv_heads, T, req.head_dim), layers[0][0].dtype)
+                          for _ in range(req.layers)]
+            if code != code0 or tokens != b.tokens or at + b.tokens > T:
+                self.decoded.put((sid, "kv", None), True, 0)  # not one array: per block
+                return None
+            for layer, (k, v, _) in enumerate(layers):
+                arrays[layer][0, :, at:at + b.tokens] = k
+                arrays[layer][1, :, at:at + b.tokens] = v
+            at += b.tokens
+        for layer, kv in enumerate(arrays):
+            self.decoded.put((sid, "kv", layer), (kv[0], kv[1], code0), kv.nbytes)
+        return arrays[req.layer][0], arrays[req.layer][1], code0
+
+    def _decoded_layers(self, req: Request, nsid: int, b: Block) -> list | None:
+        """The block's every layer as (K, V, code) from the host's DECODED_BYTES, when all
+        of them are there (an ATTEND read its uncached blocks for their token counts)."""
+        ident, out = _ident(req, nsid, b), []
+        for layer in range(req.layers):
+            hit = self.decoded.get((ident, layer))
+            if hit is None:
+                return None
+            out.append(hit[0])
+        return out
 
     def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
         packed, P = self._summaries(req, nsid, blocks, timing)

@@ -1,0 +1,120 @@
+"""`ssdemu bench keepup`: does the emulator finish a decode step's retrieval commands by the
+time the drive it models would, on the real clock?
+
+A daemon on the real clock with the detailed model (its profile); one sequence of a long
+context stored as a decoding engine stores it (64-token blocks with their page summaries, in
+the drive's block format); then, for each decoded token, every layer's TOPK_PAGES (the
+default re-rank) and ATTEND over the pages it chose, one after the other as DriveKV sends
+them.  The daemon measures each command's host lag: how far past its modelled completion its
+host work ended (0: it kept up).  The baseline in the same run is the modelled time itself:
+lag is reported against it.  The KV is Gaussian in SmolLM2-135M's shape (30 layers, 3 KV
+heads, 9 query heads, head_dim 64): the host's work per command depends on the shapes, not
+on the values."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+
+import hostlib
+from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
+
+SHAPE = dict(layers=30, kv_heads=3, q_heads=9, head_dim=64)
+BLOCK_TOKENS, PAGE = 64, 16
+
+
+def _hist(log: dict) -> dict[float, int]:
+    return {us: n for us, n in log["retrieval"]["host_lag"]["histogram"]}
+
+
+def _pcts(counts: dict[float, int], pcts=(50, 99, 99.9)) -> list[float | None]:
+    if not counts or sum(counts.values()) == 0:
+        return [None] * len(pcts)
+    vals = np.array(sorted(counts))
+    cum = np.cumsum([counts[v] for v in vals])
+    out = []
+    for p in pcts:
+        rank = max(1, int(np.ceil(cum[-1] * p / 100)))
+        out.append(float(vals[np.searchsorted(cum, rank)]))
+    return out
+
+
+def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0,
+                 rerank: int = 4,  # the eval's drive-select (ssdemu.bench.model_eval.METHODS)
+                 profile: str | None = None, media: str = "mem:2G",
+                 warmup: int = 2, seed: int = 0) -> dict:
+    if context < BLOCK_TOKENS or context % BLOCK_TOKENS:
+        raise ValueError(f"--context is a multiple of {BLOCK_TOKENS} tokens, got {context}")
+    s = SHAPE
+    where = socket_dir("ssdemu-keepup-", "sde.sock")
+    sock = os.path.join(where, "sde.sock")
+    extra = ("--profile", profile) if profile else ()
+    d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
+    rng = np.random.default_rng(seed)
+    try:
+        with hostlib.connect(sock) as dev:
+            keys = [f"ku/{i:05d}".encode() for i in range(context // BLOCK_TOKENS)]
+            for key in keys:
+                block = rng.standard_normal((BLOCK_TOKENS, 2, s["layers"], s["kv_heads"],
+                                             s["head_dim"])).astype(np.float16)
+                dev.kv_put_quantized(key, block.view(np.uint16), "fp16", "plain",
+                                     summary_page=PAGE)
+            pages = context // PAGE
+            k = max(1, min(round(pages * budget_pct / 100), pages - 2))
+            kw = dict(layers=s["layers"], page_tokens=PAGE, sink_pages=1, recent_pages=1)
+            wall, before = [], None
+            for t in range(warmup + tokens):
+                if t == warmup:
+                    before = dev.log()
+                t0 = time.perf_counter()
+                for layer in range(s["layers"]):
+                    q = rng.standard_normal((s["q_heads"], s["head_dim"])).astype(np.float32)
+                    ids, _ = dev.topk_pages(keys, q, kv_heads=s["kv_heads"], k=k,
+                                            rerank=rerank, layer=layer, **kw)
+                    dev.attend(keys, q, ids, layer=layer, **kw)
+                if t >= warmup:
+                    wall.append(time.perf_counter() - t0)
+            after = dev.log()
+            for key in keys:
+                dev.kv_delete(key)
+    finally:
+        code, err = d.terminate()
+        shutil.rmtree(where, ignore_errors=True)
+    if code != 0:
+        raise RuntimeError(f"the daemon exited {code}: {err[-500:]}")
+    h0, h1 = _hist(before), _hist(after)
+    lag = {us: n - h0.get(us, 0) for us, n in h1.items() if n - h0.get(us, 0)}
+    r0, r1 = before["retrieval"], after["retrieval"]
+    n = r1["commands"] - r0["commands"]
+    p50, p99, p999 = _pcts(lag)
+    modelled_ms = (r1["device_ns"] - r0["device_ns"]) / n / 1e6
+    host_ms = (r1["host_ns"] - r0["host_ns"]) / n / 1e6
+    return {"context_tokens": context, "decoded_tokens": tokens, "layers": s["layers"],
+            "budget_pages": k, "rerank": rerank, "commands": n,
+            "profile": after.get("model", {}).get("profile", profile),
+            "modelled_ms_per_command": modelled_ms, "host_ms_per_command": host_ms,
+            "host_vs_modelled": host_ms / modelled_ms,
+            "host_lag_us": {"p50": p50, "p99": p99, "p999": p999,
+                            "late_commands": sum(v for us, v in lag.items() if us > 0)},
+            "wall_ms_per_token": float(np.mean(wall) * 1e3),
+            "modelled_ms_per_token": modelled_ms * n / tokens}
+
+
+def format_table(r: dict) -> str:
+    lag = r["host_lag_us"]
+
+    def us(v):
+        return "n/a" if v is None else f"{v:.0f} us"
+    return (f"{r['context_tokens']}-token context, {r['layers']} layers x (TOPK rerank "
+            f"{r['rerank']}, k={r['budget_pages']} + ATTEND), {r['decoded_tokens']} tokens: "
+            f"{r['commands']} commands\n"
+            f"modelled {r['modelled_ms_per_command']:.3f} ms a command, host "
+            f"{r['host_ms_per_command']:.3f} ms ({r['host_vs_modelled']:.2f}x)\n"
+            f"host lag p50 {us(lag['p50'])}, p99 {us(lag['p99'])}, p99.9 {us(lag['p999'])}; "
+            f"late {lag['late_commands']} of {r['commands']}\n"
+            f"wall {r['wall_ms_per_token']:.1f} ms a token, modelled "
+            f"{r['modelled_ms_per_token']:.1f} ms")
+
