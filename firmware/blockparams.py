@@ -5,7 +5,9 @@ block's sizes.  No kind's code here: each kind is a module of its own."""
 
 import numpy as np
 from numba import njit
+from numba.extending import register_jitable
 
+from firmware import sizes
 from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for them)
     E_NONFINITE,
     E_OUT_SMALL,
@@ -18,7 +20,7 @@ from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for
 )
 from firmware.convert import bf16_to_f32, fp16_to_f32
 
-HEADER_BYTES = 64
+HEADER_BYTES = sizes.HEADER_BYTES
 MAGIC = 0x564B4453  # b"SDKV" little-endian
 VERSION = 1
 REQUEST_MAGIC = QUANT_MAGIC  # b"SQRQ": sde_quant_req (c/wire/sde_queue.h)
@@ -119,14 +121,11 @@ def parse_bits_group(name, n, pos, p):
 
 # ---- sizes -------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _pad8(n):
-    return (n + 7) & ~7
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _element_bytes(dtype):
-    return 4 if dtype == 2 else 2
+# the sizes' arithmetic is plain Python (firmware/sizes.py: model mode reads it without
+# Numba); compiled inline into the firmware's functions that call it, with their error model
+for _f in sizes.ARITHMETIC:
+    register_jitable(inline="always", nogil=True, error_model="numpy")(_f)
+_pad8, _element_bytes = sizes.pad8, sizes.element_bytes
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")

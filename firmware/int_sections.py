@@ -4,18 +4,11 @@ lay out alike (firmware/kind_int.py, firmware/kind_kivi.py)."""
 import numpy as np
 from numba import njit
 
+from firmware import sizes
 from firmware.blockparams import HEADER_BYTES, _pad8
 
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def int_section_used(n, group, bits, symmetric):
-    groups = (n + group - 1) // group
-    return 4 * groups * (1 if symmetric else 2) + (n if bits == 8 else (n + 1) // 2)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def int_section_bytes(n, group, bits, symmetric):
-    return _pad8(int_section_used(n, group, bits, symmetric))
+# the sizes are plain Python (firmware/sizes.py), compiled inline where the kernels call them
+int_section_used, int_section_bytes = sizes.int_section_used, sizes.int_section_bytes
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -6,6 +6,7 @@ layout.  A kind module: see firmware/kind_int.py."""
 import numpy as np
 from numba import njit
 
+from firmware import sizes
 from firmware.blockparams import (
     E_FIELDS,
     FLAG_PER_HEAD,
@@ -63,7 +64,7 @@ def _scales(p):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def body_bytes(p, quantized):
-    return _pad8(4 * _scales(p)) + _pad8(elements(p))
+    return sizes.fp8_body_bytes(elements(p), _scales(p))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")

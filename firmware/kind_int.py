@@ -11,6 +11,7 @@ check_fields, check_body, quantize, dequantize."""
 import numpy as np
 from numba import njit
 
+from firmware import sizes
 from firmware.blockparams import (
     E_FIELDS,
     E_SCHEME,
@@ -34,7 +35,6 @@ from firmware.int_sections import (
     _codes_at,
     _int_views,
     _int_views_zeroed,
-    int_section_bytes,
 )
 from firmware.quant_int import dequantize_int, quantize_int
 
@@ -77,7 +77,7 @@ def parse(name, n, p):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def body_bytes(p, quantized):
-    return int_section_bytes(elements(p), p[P_GROUP], p[P_BITS], p[P_SYM] != 0)
+    return sizes.int_body_bytes(elements(p), p[P_GROUP], p[P_BITS], p[P_SYM] != 0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")

@@ -8,6 +8,7 @@ see firmware/kind_int.py."""
 import numpy as np
 from numba import njit
 
+from firmware import sizes
 from firmware.blockparams import (
     E_FIELDS,
     E_KIVI_GROUPS,
@@ -24,7 +25,6 @@ from firmware.blockparams import (
     _element_bytes,
     _is,
     _nonfinite,
-    _pad8,
     _per_token,
     parse_bits_group,
 )
@@ -61,10 +61,7 @@ def parse(name, n, p):
     return 0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def kivi_quantized_tokens(tokens, group, residual):
-    """Tokens KIVI quantizes: whole groups of `group` tokens before the last `residual`."""
-    return max(0, tokens - residual) // group * group
+kivi_quantized_tokens = sizes.kivi_quantized_tokens  # plain Python, compiled inline
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -74,10 +71,8 @@ def quantized_tokens(p):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def body_bytes(p, quantized):
-    c = _per_token(p)
-    qn = quantized * c
-    raw = (p[P_TOKENS] - quantized) * 2 * c * _element_bytes(p[P_DTYPE])
-    return 2 * int_section_bytes(qn, p[P_GROUP], p[P_BITS], False) + _pad8(raw)
+    return sizes.kivi_body_bytes(p[P_TOKENS], quantized, _per_token(p), p[P_GROUP],
+                                 p[P_BITS], _element_bytes(p[P_DTYPE]))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")

@@ -5,6 +5,7 @@ format: how a block is stored with its layout so that the drive keeps its page s
 import numpy as np
 from numba import njit
 
+from firmware import sizes
 from firmware.blockparams import (
     E_FIELDS,
     P_BITS,
@@ -15,7 +16,6 @@ from firmware.blockparams import (
     _element_bytes,
     _is,
     _nonfinite,
-    _pad8,
     all_tokens,
     elements,
     no_body_check,
@@ -49,7 +49,7 @@ def parse(name, n, p):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def body_bytes(p, quantized):
-    return _pad8(elements(p) * _element_bytes(p[P_DTYPE]))
+    return sizes.plain_body_bytes(elements(p), _element_bytes(p[P_DTYPE]))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")

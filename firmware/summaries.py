@@ -15,23 +15,16 @@ layer's summaries are one contiguous run (TOPK_PAGES scores one layer), padded t
 import numpy as np
 from numba import njit
 
+from firmware import blockparams as _registers_sizes  # noqa: F401
+from firmware import sizes
 from firmware.bits import fp16_bits_as_f32, u32_as_f32
 
 MAX_PAGE = 4096  # tokens per page, as a profile's retrieval.page_tokens allows
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def pages_of(tokens, page):
-    return (tokens + page - 1) // page
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def section_bytes(tokens, layers, heads, head_dim, page, element_bytes):
-    """The summaries section's bytes (0 when page is 0: none)."""
-    if page <= 0:
-        return 0
-    n = layers * 2 * heads * pages_of(tokens, page) * head_dim * element_bytes
-    return (n + 7) & ~7
+# plain Python (firmware/sizes.py), compiled inline where the kernels call them
+# (firmware.blockparams registers them with Numba)
+pages_of, section_bytes = sizes.pages_of, sizes.summary_section_bytes
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")

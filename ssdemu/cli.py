@@ -459,6 +459,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     _add_bench_io(bsub)
+    _add_bench_keepup(bsub)
     _add_bench_model(bsub)
 
 
@@ -530,6 +531,9 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
                     help="which worst cases, comma-separated (keys, scored, rerank, result)")
     fb.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_bench_keepup(bsub: argparse._SubParsersAction):
+    """The real clock's retrieval: each command's host lag past its modelled time."""
     ku = bsub.add_parser("keepup", help="on the real clock, a long context's decode steps "
                          "(every layer's TOPK_PAGES with the default re-rank, then ATTEND): "
                          "each command's host lag past its modelled completion")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from firmware import sizes  # plain arithmetic: model mode never loads Numba
 from firmware.layout import KVShape
-from firmware.quant import compressed_nbytes
 from ssdemu.units import parse_size
 
 BLOCK_TOKENS = 512
@@ -47,7 +47,8 @@ class ModelConfig:
         """Bytes of one 512-token block in a tier that stores it under `quant` (None: fp16)."""
         if not quant:
             return self.block_bytes
-        return compressed_nbytes(self.block_shape(), quant, "fp16")
+        return sizes.compressed_nbytes(BLOCK_TOKENS, self.layers, self.kv_heads,
+                                       self.head_dim, quant, dtype=0)  # fp16
 
 
 MODELS = {

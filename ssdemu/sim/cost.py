@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 
 from ssdemu.sim import _model
 
-if TYPE_CHECKING:  # the firmware's parser is imported when a name is costed: it loads Numba
+if TYPE_CHECKING:  # firmware.quant loads Numba: model mode parses names with firmware.sizes
     from firmware.quant import Scheme
 
 ffi, lib = _model.ffi, _model.lib
@@ -98,14 +98,16 @@ def _cost(c) -> KernelCost:
 
 
 def _scheme(scheme: Scheme | str) -> tuple[int, int]:
-    if isinstance(scheme, str):
-        from firmware.quant import parse_scheme
-        s = parse_scheme(scheme)
-    else:
-        s = scheme
-    from firmware.kinds import modules  # a kind's code is its own (c/model/sde_kinds.h)
+    """(kind code, group) of a scheme or its name (firmware/sizes.py: plain Python, so
+    that model mode's costs load no Numba)."""
+    from firmware import sizes
 
-    return {m.NAME: m.CODE for m in modules()}[s.kind], s.group
+    if isinstance(scheme, str):
+        s = sizes.parse_scheme_name(scheme)
+        if s is None:
+            raise sizes.unknown_scheme(scheme)
+        return sizes.kind_code(s["kind"]), s["group"]
+    return sizes.kind_code(scheme.kind), scheme.group
 
 
 def quantize_cost(elements: int, element_bytes: int, scheme: Scheme | str,
