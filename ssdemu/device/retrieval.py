@@ -473,6 +473,13 @@ class Retrieval:
         # the sequence as this request reads it: its blocks' places and contents, the layout
         self._local.sid = (nsid, req.layers, req.kv_heads, req.head_dim, req.dtype,
                            tuple((b.key, b.offset, b.length, b.vhash) for b in blocks))
+        # a sequence bigger than the host's decoded cache keeps none of its blocks' layers
+        # there: an LRU cycled by more than it holds never hits, it only holds the memory
+        # (its stored bytes: the decoded size of a plain block; _seq_kv finds the rest)
+        verdict = self.decoded.get((self._local.sid, "kv", None))
+        self._local.keep_decoded = (sum(b.length for b in blocks)
+                                    <= DECODED_BYTES // SEQUENCE_SHARE
+                                    and (verdict is None or verdict[0] != "big"))
         if op == "TOPK_PAGES":
             payload, result = self._topk(req, nsid, blocks, timing)
         else:
@@ -518,9 +525,11 @@ class Retrieval:
         if hit is None:
             block, code = block_elements(value if value is not None
                                          else self._value(b, nsid), req)
-            for layer in range(req.layers):  # the commands for the next layers want them
-                lk, lv = layer_elements(block, layer)
-                self.decoded.put((ident, layer), (lk, lv, code), lk.nbytes + lv.nbytes)
+            keep = getattr(self._local, "keep_decoded", True)
+            for layer in range(req.layers) if keep else (req.layer,):
+                lk, lv = layer_elements(block, layer)  # the next layers' commands want them
+                if keep:
+                    self.decoded.put((ident, layer), (lk, lv, code), lk.nbytes + lv.nbytes)
                 if layer == req.layer:
                     hit = ((lk, lv, code), 0)
         (k, v, b.code), _ = hit
@@ -743,7 +752,7 @@ class Retrieval:
         if got is not None:
             return got[0]
         if self.decoded.get((sid, "kv", None)) is not None:
-            return None  # known not to fit
+            return None  # known not to fit, or of mixed element types (run() knows which)
         T = sum(b.tokens for b in blocks)
         arrays, code0, at = None, None, 0
         for b in blocks:
@@ -761,12 +770,13 @@ class Retrieval:
                 code0 = code
                 need = 2 * req.layers * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
                 if need > DECODED_BYTES // SEQUENCE_SHARE:
-                    self.decoded.put((sid, "kv", None), True, 0)
+                    self.decoded.put((sid, "kv", None), "big", 0)
+                    self._local.keep_decoded = False
                     return None
                 arrays = [np.empty((2, req.kv_heads, T, req.head_dim), layers[0][0].dtype)
                           for _ in range(req.layers)]
             if code != code0 or tokens != b.tokens or at + b.tokens > T:
-                self.decoded.put((sid, "kv", None), True, 0)  # not one array: per block
+                self.decoded.put((sid, "kv", None), "mixed", 0)  # not one array: per block
                 return None
             for layer, (k, v, _) in enumerate(layers):
                 arrays[layer][0, :, at:at + b.tokens] = k
