@@ -91,10 +91,12 @@ class _Firmware:
         self._name = name
         self._module = None
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr):  # only for names not yet looked up: kept once found
         if self._module is None:
             self._module = importlib.import_module(self._name)
-        return getattr(self._module, attr)
+        value = getattr(self._module, attr)
+        setattr(self, attr, value)
+        return value
 
 
 R = _Firmware("firmware.retrieval")
