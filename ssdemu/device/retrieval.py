@@ -482,6 +482,8 @@ class Retrieval:
         self._local.keep_decoded = (sum(b.length for b in blocks)
                                     <= DECODED_BYTES // SEQUENCE_SHARE
                                     and (verdict is None or verdict[0] != "big"))
+        if not self._local.keep_decoded:
+            self._local.memo_left = 0  # it streams: a block read again costs less than holding
         if op == "TOPK_PAGES":
             payload, result = self._topk(req, nsid, blocks, timing)
         else:
@@ -773,7 +775,7 @@ class Retrieval:
                 need = 2 * req.layers * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
                 if need > DECODED_BYTES // SEQUENCE_SHARE:
                     self.decoded.put((sid, "kv", None), "big", 0)
-                    self._local.keep_decoded = False
+                    self._local.keep_decoded, self._local.memo_left = False, 0
                     return None
                 arrays = [np.empty((2, req.kv_heads, T, req.head_dim), layers[0][0].dtype)
                           for _ in range(req.layers)]
