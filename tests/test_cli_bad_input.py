@@ -25,6 +25,9 @@ def _run(*args):
     (["--gpu-dequant-rate", "0"], 2, "positive finite"),
     (["--instances", "-2"], 2, "--instances"),
     (["--fabric", "1,2,3"], 1, "bad fabric"),
+    # model mode reads scheme names without the firmware (firmware/sizes.py): its words
+    (["--quant", "int7_g64"], 1, "unknown quantization scheme 'int7_g64': expected int8_gN"),
+    (["--quant", "kivi4_g48_r8"], 1, "unknown quantization scheme 'kivi4_g48_r8'"),
 ])
 def test_bad_replay_values(args, code, says):
     p = _run("replay", TRACE, "--requests", "5", "--no-progress", *args)

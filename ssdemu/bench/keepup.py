@@ -20,25 +20,19 @@ import time
 import numpy as np
 
 import hostlib
+from ssdemu.device.latency import bucket_values_ns, new_histogram, percentiles_us
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 
 SHAPE = dict(layers=30, kv_heads=3, q_heads=9, head_dim=64)
 BLOCK_TOKENS, PAGE = 64, 16
 
 
-def _hist(log: dict) -> dict[float, int]:
-    return {us: n for us, n in log["retrieval"]["host_lag"]["histogram"]}
-
-
-def _pcts(counts: dict[float, int], pcts=(50, 99, 99.9)) -> list[float | None]:
-    if not counts or sum(counts.values()) == 0:
-        return [None] * len(pcts)
-    vals = np.array(sorted(counts))
-    cum = np.cumsum([counts[v] for v in vals])
-    out = []
-    for p in pcts:
-        rank = max(1, int(np.ceil(cum[-1] * p / 100)))
-        out.append(float(vals[np.searchsorted(cum, rank)]))
+def _hist(log: dict) -> np.ndarray:
+    """The daemon's retrieval host-lag histogram, back in its buckets (ssdemu.device.latency)."""
+    out = new_histogram()
+    at_us = bucket_values_ns() / 1e3
+    for us, n in log["retrieval"]["host_lag"]["histogram"]:
+        out[int(np.searchsorted(at_us, us))] = n
     return out
 
 
@@ -85,11 +79,10 @@ def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0
         shutil.rmtree(where, ignore_errors=True)
     if code != 0:
         raise RuntimeError(f"the daemon exited {code}: {err[-500:]}")
-    h0, h1 = _hist(before), _hist(after)
-    lag = {us: n - h0.get(us, 0) for us, n in h1.items() if n - h0.get(us, 0)}
+    lag = _hist(after) - _hist(before)  # the measured tokens' commands
     r0, r1 = before["retrieval"], after["retrieval"]
     n = r1["commands"] - r0["commands"]
-    p50, p99, p999 = _pcts(lag)
+    p50, p99, p999 = percentiles_us(lag) if lag.any() else [None] * 3
     modelled_ms = (r1["device_ns"] - r0["device_ns"]) / n / 1e6
     host_ms = (r1["host_ns"] - r0["host_ns"]) / n / 1e6
     return {"context_tokens": context, "decoded_tokens": tokens, "layers": s["layers"],
@@ -98,7 +91,7 @@ def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0
             "modelled_ms_per_command": modelled_ms, "host_ms_per_command": host_ms,
             "host_vs_modelled": host_ms / modelled_ms,
             "host_lag_us": {"p50": p50, "p99": p99, "p999": p999,
-                            "late_commands": sum(v for us, v in lag.items() if us > 0)},
+                            "late_commands": int(lag[1:].sum())},  # bucket 0: no lag
             "wall_ms_per_token": float(np.mean(wall) * 1e3),
             "modelled_ms_per_token": modelled_ms * n / tokens}
 

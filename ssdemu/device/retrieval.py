@@ -121,10 +121,8 @@ MEMO_BYTES = 16 << 20
 # content hash), so a rewritten or deleted value is never served; the modelled time books
 # every read a command makes either way, and the stored value's checksum was verified when
 # it was read.
+# a sequence's layers are kept whole (Retrieval._seq_kv) when they fit in it
 DECODED_BYTES = 128 << 20  # SmolLM2 (30 layers x 3 KV heads x 64): 94 MiB at 4K tokens
-# a sequence's decoded layers are kept whole (Retrieval._seq_kv) when they take at most this
-# share of DECODED_BYTES (SmolLM2's 4K-token context does)
-SEQUENCE_SHARE = 1
 
 
 # the workers' nice value: the data plane's thread (and the clients on this host) go first
@@ -430,12 +428,13 @@ class Retrieval:
         with self._lock:
             lag, worst = self._lag.copy(), self._lag_max
         pcts = percentiles_us(lag) if lag.any() else [None] * 3
+        at_us = bucket_values_ns() / 1e3
         out["host_lag"] = {"commands": int(lag.sum()), "late": int(lag[1:].sum()),
                            **dict(zip(("p50_us", "p99_us", "p999_us"), pcts, strict=True)),
                            "max_us": worst / 1e3,
                            # [lag us, commands] per non-empty bucket: a caller diffs two
                            # readings for the commands between them
-                           "histogram": [[float(bucket_values_ns()[i] / 1e3), int(lag[i])]
+                           "histogram": [[float(at_us[i]), int(lag[i])]
                                          for i in np.flatnonzero(lag)]}
         return out
 
@@ -479,8 +478,7 @@ class Retrieval:
         # there: an LRU cycled by more than it holds never hits, it only holds the memory
         # (its stored bytes: the decoded size of a plain block; _seq_kv finds the rest)
         verdict = self.decoded.get((self._local.sid, "kv", None))
-        self._local.keep_decoded = (sum(b.length for b in blocks)
-                                    <= DECODED_BYTES // SEQUENCE_SHARE
+        self._local.keep_decoded = (sum(b.length for b in blocks) <= DECODED_BYTES
                                     and (verdict is None or verdict[0] != "big"))
         if not self._local.keep_decoded:
             self._local.memo_left = 0  # it streams: a block read again costs less than holding
@@ -529,7 +527,7 @@ class Retrieval:
         if hit is None:
             block, code = block_elements(value if value is not None
                                          else self._value(b, nsid), req)
-            keep = getattr(self._local, "keep_decoded", True)
+            keep = self._local.keep_decoded
             for layer in range(req.layers) if keep else (req.layer,):
                 lk, lv = layer_elements(block, layer)  # the next layers' commands want them
                 if keep:
@@ -747,8 +745,8 @@ class Retrieval:
         """(K, V, code): the request's layer over the whole sequence, (kv_heads, tokens, D)
         each in the blocks' element type, kept in the host's DECODED_BYTES under the
         sequence's identity (its blocks' places and content hashes).  Built for every layer
-        at once, each block read once, when the sequence's layers take at most
-        1 / SEQUENCE_SHARE of it (a decode step asks for the same sequence layer after layer;
+        at once, each block read once, when the sequence's layers fit in it (a decode step
+        asks for the same sequence layer after layer;
         gathering pages block by block in Python was most of a command's host time).  None
         otherwise, or for blocks of mixed element types: the block-by-block path."""
         sid = self._local.sid
@@ -773,7 +771,7 @@ class Retrieval:
             if arrays is None:
                 code0 = code
                 need = 2 * req.layers * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
-                if need > DECODED_BYTES // SEQUENCE_SHARE:
+                if need > DECODED_BYTES:
                     self.decoded.put((sid, "kv", None), "big", 0)
                     self._local.keep_decoded, self._local.memo_left = False, 0
                     return None
