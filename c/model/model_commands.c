@@ -10,8 +10,13 @@ void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes)
     uint64_t u0 = (offset + m->unit - 1) / m->unit, u1 = (offset + nbytes) / m->unit;
     if (u1 - u0 > m->ftl_units)
         u1 = u0 + m->ftl_units;
-    for (uint64_t u = u0; u < u1; u++)
-        sde_ftl_trim(m->ftl, u % m->ftl_units);
+    /* in runs split where logical units wrap */
+    for (uint64_t u = u0, lu = u0 % m->ftl_units; u < u1;) {
+        uint64_t k = u1 - u < m->ftl_units - lu ? u1 - u : m->ftl_units - lu;
+        sde_ftl_trim_run(m->ftl, lu, k);
+        u += k;
+        lu = 0;
+    }
 }
 
 /* ---- commands ----------------------------------------------------------------------------- */

@@ -14,17 +14,27 @@ static void rows_flush(sde_model *m, struct rows *r, double ready)
     r->n = 0;
 }
 
-/* Unit f was just appended: when it completes its row, the row joins the run. */
-static void rows_add(sde_model *m, struct rows *r, uint32_t f, double ready)
+/* Rows [first, first + n) were completed (in order): they join the run, or start a new one. */
+static void rows_add_range(sde_model *m, struct rows *r, uint64_t first, uint64_t n,
+                           double ready)
 {
-    if ((f + 1) % m->upr)
+    if (!n)
         return;
-    uint64_t row = f / m->upr;
-    if (r->n && row != r->first + r->n)
+    if (r->n && first != r->first + r->n)
         rows_flush(m, r, ready);
     if (!r->n)
-        r->first = row;
-    r->n++;
+        r->first = first;
+    r->n += n;
+}
+
+/* Units [f0, f0 + k) were just appended: the rows they complete join the run (unit f
+ * completes row f / upr when it is the row's last). */
+static void rows_add_units(sde_model *m, struct rows *r, uint64_t f0, uint64_t k,
+                           double ready)
+{
+    uint64_t lo = (f0 + m->upr) / m->upr - 1, hi = (f0 + k) / m->upr;
+    if (hi > lo)
+        rows_add_range(m, r, lo, hi - lo, ready);
 }
 
 static double dies_busy(const sde_model *m)
@@ -77,7 +87,7 @@ static void gc(sde_model *m, double t)
                 uint32_t f = sde_ftl_append(m->ftl, 1, u);
                 if (f == SDE_FTL_UNMAPPED)
                     break; /* no free line at all: cannot happen with the FTL's sizing */
-                rows_add(m, &r, f, sensed);
+                rows_add_units(m, &r, f, 1, sensed);
             }
             rows_flush(m, &r, sensed);
             run = 0;
@@ -100,15 +110,26 @@ double model_ftl_write(sde_model *m, double arrived, uint64_t offset, uint64_t n
 {
     struct rows r = {.programmed = arrived};
     uint64_t u0 = offset / m->unit, u1 = (offset + nbytes + m->unit - 1) / m->unit;
-    for (uint64_t u = u0; u < u1; u++) {
+    uint64_t lu = u0 % m->ftl_units; /* logical units wrap at the FTL's size */
+    for (uint64_t u = u0; u < u1;) {
+        /* GC runs only where a line opens: a run stops at its line's end */
         if (sde_ftl_next_slot(m->ftl, 0) % m->upl == 0 && sde_ftl_gc_needed(m->ftl)) {
             rows_flush(m, &r, arrived);
             gc(m, arrived);
         }
-        uint32_t f = sde_ftl_append(m->ftl, 0, u % m->ftl_units);
-        if (f == SDE_FTL_UNMAPPED)
+        uint64_t want = u1 - u;
+        if (want > m->ftl_units - lu)
+            want = m->ftl_units - lu;
+        if (want > UINT32_MAX)
+            want = UINT32_MAX;
+        uint32_t f0, k = sde_ftl_append_run(m->ftl, 0, lu, (uint32_t)want, &f0);
+        if (!k)
             break;
-        rows_add(m, &r, f, arrived);
+        rows_add_units(m, &r, f0, k, arrived);
+        u += k;
+        lu += k;
+        if (lu == m->ftl_units)
+            lu = 0;
     }
     rows_flush(m, &r, arrived);
     m->host_programmed_rows += r.bytes / m->p.page_bytes;

@@ -88,18 +88,83 @@ static void invalidate(sde_ftl *f, uint64_t u)
     f->nvalid--;
 }
 
-uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u)
+/* The write point with a slot left: its line, or a fresh one when it is full or missing;
+ * 0 when no free line is left. */
+static int wp_ready(sde_ftl *f, struct wpoint *w)
 {
-    struct wpoint *w = &f->wp[wp];
     if (w->line < 0 || w->pos == f->upl) {
         if (w->line >= 0)
             f->state[w->line] = LINE_FULL;
         if (!f->nfree)
-            return SDE_FTL_UNMAPPED;
+            return 0;
         w->line = f->free_stack[--f->nfree];
         f->state[w->line] = LINE_OPEN;
         w->pos = 0;
     }
+    return 1;
+}
+
+/* The valid count of old slots' lines, units after units: a block's units were appended
+ * together, so consecutive ones mostly share a line and the division is done once per line. */
+struct line_cursor {
+    uint32_t lo, hi; /* slots [lo, hi) are line `line`'s */
+    uint32_t line;
+};
+
+static inline void invalidate_run_unit(sde_ftl *f, uint64_t u, struct line_cursor *c)
+{
+    uint32_t old = f->l2p[u];
+    if (old == SDE_FTL_UNMAPPED)
+        return;
+    if (old < c->lo || old >= c->hi) {
+        c->line = old / f->upl;
+        c->lo = c->line * f->upl;
+        c->hi = c->lo + f->upl;
+    }
+    f->p2l[old] = SDE_FTL_UNMAPPED;
+    f->valid[c->line]--;
+    f->l2p[u] = SDE_FTL_UNMAPPED;
+    f->nvalid--;
+}
+
+uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_t *phys0)
+{
+    struct wpoint *w = &f->wp[wp];
+    if (!n || !wp_ready(f, w))
+        return 0;
+    uint32_t k = f->upl - w->pos < n ? f->upl - w->pos : n;
+    struct line_cursor c = {0, 0, 0};
+    uint32_t phys = (uint32_t)w->line * f->upl + w->pos;
+    for (uint32_t i = 0; i < k; i++) {
+        invalidate_run_unit(f, u0 + i, &c);
+        f->l2p[u0 + i] = phys + i;
+        f->p2l[phys + i] = (uint32_t)(u0 + i);
+    }
+    w->pos += k;
+    f->valid[w->line] += k;
+    f->nvalid += k;
+    if (wp)
+        f->gc_units += k;
+    else
+        f->host_units += k;
+    *phys0 = phys;
+    return k;
+}
+
+void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n)
+{
+    struct line_cursor c = {0, 0, 0};
+    uint64_t before = f->nvalid;
+    for (uint64_t u = u0; u < u0 + n; u++)
+        invalidate_run_unit(f, u, &c);
+    f->trimmed += before - f->nvalid;
+}
+
+uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u)
+{
+    struct wpoint *w = &f->wp[wp];
+    if (!wp_ready(f, w))
+        return SDE_FTL_UNMAPPED;
     invalidate(f, u);
     uint32_t phys = (uint32_t)w->line * f->upl + w->pos++;
     f->l2p[u] = phys;

@@ -34,8 +34,15 @@ uint32_t sde_ftl_lookup(const sde_ftl *f, uint64_t u);
  * Returns the physical unit, or SDE_FTL_UNMAPPED when no free line is left (the caller runs
  * GC first: sde_ftl_gc_needed). */
 uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u);
+/* Write units u0 .. u0 + k - 1 at consecutive slots of wp, k = min(n, the slots left in its
+ * line), each exactly as sde_ftl_append would (a full or missing line is replaced first).
+ * Returns k, 0 when no free line is left; *phys0: the first unit's slot.  A replay's block is
+ * thousands of units: one call per line instead of one per unit, and no division per unit. */
+uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_t *phys0);
 /* Forget u (a trim or deallocate). */
 void sde_ftl_trim(sde_ftl *f, uint64_t u);
+/* Forget units [u0, u0 + n) (u0 + n <= logical units), as sde_ftl_trim on each. */
+void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n);
 /* Whether a write point is at a line boundary and free lines are at most the threshold. */
 int sde_ftl_gc_needed(const sde_ftl *f);
 /* The full line with the fewest valid units (greedy), or -1 when none would free space. */
