@@ -34,9 +34,10 @@ MISSING_LIBURING = (
 MODEL_PARTS = ("core", "helper", "bulk", "batch", "nand", "ftl", "commands", "cache", "fixed",
                "loop", "life")
 MODEL = {"headers": ["model/sde_model.h", "model/sde_kinds.h", "model/sde_budget.h",
-                     "model/sde_recipe.h"],
+                     "model/sde_recipe.h", "model/sde_segmap.h"],
          "sources": [*(f"model/model_{part}.c" for part in MODEL_PARTS), "model/sde_ftl.c",
-                     "model/sde_gaps.c", "model/sde_budget.c", "model/sde_recipe.c"]}
+                     "model/sde_segmap.c", "model/sde_gaps.c", "model/sde_budget.c",
+                     "model/sde_recipe.c"]}
 # the device core, one file per responsibility (c/dev/dev_internal.h joins them)
 DEV_PARTS = ("finish", "bounce", "ctx", "args", "timing", "media", "kinds", "ops", "journal",
              "pins", "block", "counters", "kv", "compute", "faults", "loop", "core")

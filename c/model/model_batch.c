@@ -130,12 +130,16 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
             programmed[i] = h->programmed[i];
 }
 
-/* Not const: model_batch_reserve grows the batch table when n blocks need more slots. */
-static int batchable(sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nbytes)
+/* Not const: model_batch_reserve grows the batch table when n blocks need more slots.
+ * Programs with an FTL (programs) land where the FTL appends them, whatever offs says: their
+ * rows that take the page path, and GC, book the deferred dies first (model_defer_flush). */
+static int batchable(sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nbytes,
+                     int programs)
 {
-    if (m->p.fixed || m->ftl || m->deferring || !n || m->p.planes_per_die != 1)
+    if (m->p.fixed || (m->ftl && !programs) || m->deferring || !n ||
+        m->p.planes_per_die != 1)
         return 0;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; !m->ftl && i < n; i++)
         if (!model_use_bulk(m, offs[i], nbytes))
             return 0;
     return model_batch_reserve(m, n) == 0;
@@ -145,7 +149,7 @@ static int batchable(sde_model *m, const uint64_t *offs, uint32_t n, uint64_t nb
 int sde_model_read_batch(sde_model *m, double submit, const uint64_t *offs, uint32_t n,
                          uint64_t nbytes)
 {
-    if (submit < m->horizon || !batchable(m, offs, n, nbytes))
+    if (submit < m->horizon || !batchable(m, offs, n, nbytes, 0))
         return -1;
     model_advance(m, submit);
     uint32_t C = m->p.channels;
@@ -186,16 +190,43 @@ double sde_model_read_batched(sde_model *m, uint32_t i, int sense)
 int sde_model_defer_dies(sde_model *m, double submit, const uint64_t *offs, uint32_t n,
                          uint64_t nbytes)
 {
-    if (submit < m->horizon || !batchable(m, offs, n, nbytes))
+    if (submit < m->horizon || !batchable(m, offs, n, nbytes, 1))
         return -1;
+    if (n > m->cap_raise) {
+        double *r = realloc(m->defer_raise, n * sizeof(*r));
+        if (!r)
+            return -1;
+        m->defer_raise = r;
+        m->cap_raise = n;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        m->defer_raise[i] = 0.0;
     m->deferring = 1;
+    m->defer_next = 0;
     m->nbatch = 0;
     return 0;
 }
 
+void model_defer_flush(sde_model *m)
+{
+    if (!m->deferring || !m->nbatch)
+        return;
+    for (uint32_t s = 0; s < m->nbatch; s++)
+        m->batch_prog[s] = 0.0;
+    batch_dies_all(m, 1, m->batch_prog);
+    for (uint32_t s = 0; s < m->nbatch; s++) {
+        double *r = &m->defer_raise[m->batch_owner[s]];
+        if (m->batch_prog[s] > *r)
+            *r = m->batch_prog[s];
+    }
+    m->nbatch = 0;
+}
+
 void sde_model_run_deferred(sde_model *m, double *programmed)
 {
+    model_defer_flush(m);
     m->deferring = 0;
-    batch_dies_all(m, 1, programmed);
-    m->nbatch = 0;
+    for (uint32_t i = 0; i < m->defer_next; i++)
+        if (m->defer_raise[i] > programmed[i])
+            programmed[i] = m->defer_raise[i];
 }

@@ -95,13 +95,17 @@ double model_write_bulk(sde_model *m, double arrived, uint64_t offset, uint64_t 
         if (done + m->p.t_prog_ns > programmed)
             programmed = done + m->p.t_prog_ns;
     }
-    if (m->deferring && m->nbatch < m->cap_batch) { /* the dies later, die by die (sde_model_run_deferred) */
+    if (m->deferring) { /* the dies later, die by die (sde_model_run_deferred) */
+        if (m->nbatch == m->cap_batch && model_batch_reserve(m, 2 * m->cap_batch) < 0)
+            goto now; /* out of memory: booked now, ahead of the deferred ones on its dies */
+        m->batch_owner[m->nbatch] = m->defer_next - 1;
         struct batched *x = model_batch_slot(m, m->nbatch++, b, arrived);
         x->xfer = xfer;
         memcpy(&m->batch_first[(size_t)(x - m->batch) * m->p.channels], m->ch_ready,
                m->p.channels * sizeof(double));
         return programmed;
     }
+now:;
     uint32_t C = m->p.channels;
     FOR_BULK_PLANES(m, b, {
         double ready = m->ch_ready[c] + (i / C + 1) * xfer;
@@ -121,13 +125,28 @@ int model_batch_reserve(sde_model *m, uint32_t n)
     if (!b)
         return -ENOMEM;
     m->batch = b;
-    double *f, *l; /* a block's channels from a cache line's start: threads write them */
+    uint32_t *o = realloc(m->batch_owner, n * sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    m->batch_owner = o;
+    double *pr = realloc(m->batch_prog, n * sizeof(*pr));
+    if (!pr)
+        return -ENOMEM;
+    m->batch_prog = pr;
+    /* a block's channels from a cache line's start: threads write them.  Kept when the
+     * table grows (a deferred batch with an FTL grows as its blocks' rows come) */
+    size_t kept = (size_t)m->cap_batch * m->p.channels * sizeof(double);
+    double *f, *l;
     if (posix_memalign((void **)&f, 64, per))
         return -ENOMEM;
+    if (m->batch_first)
+        memcpy(f, m->batch_first, kept);
     free(m->batch_first);
     m->batch_first = f;
     if (posix_memalign((void **)&l, 64, per))
         return -ENOMEM;
+    if (m->batch_last)
+        memcpy(l, m->batch_last, kept);
     free(m->batch_last);
     m->batch_last = l;
     m->cap_batch = n;

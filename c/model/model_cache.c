@@ -60,6 +60,7 @@ double sde_model_write_programmed(sde_model *m, double submit, uint64_t offset,
     double in = model_hold(m, &m->link_in, t, (double)nbytes * m->ns_per_link_byte);
     double landed = model_dram(m, t, nbytes); /* into the DRAM write cache as it arrives */
     *arrived = in > landed ? in : landed;
+    m->defer_next += m->deferring; /* a deferred batch's next block */
     double programmed = model_nand_program(m, *arrived, offset, nbytes, leaving);
     m->nand_written += nbytes;
     m->link_bytes += nbytes;
@@ -105,6 +106,7 @@ double sde_model_flush(sde_model *m, double submit)
 double model_detailed_flush(sde_model *m, double submit)
 {
     double t = model_controller(m, submit);
+    model_defer_flush(m);
     if (m->ftl)
         model_ftl_pad(m, t);
     for (uint32_t i = 0; i < m->ndies; i++)

@@ -146,6 +146,7 @@ double sde_model_program_leaving(sde_model *m, double ready, uint64_t offset, ui
     *leaving = nbytes;
     ready = not_before_horizon(m, ready);
     m->nand_written += nbytes;
+    m->defer_next += m->deferring; /* a deferred batch's next block */
     return m->ops->program(m, ready, offset, nbytes, leaving);
 }
 

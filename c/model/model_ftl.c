@@ -7,6 +7,8 @@ static void rows_flush(sde_model *m, struct rows *r, double ready)
     if (!r->n)
         return;
     uint64_t row = m->p.page_bytes;
+    if (!model_use_bulk(m, r->first * row, r->n * row))
+        model_defer_flush(m); /* the page path books its dies now: deferred ones first */
     double done = model_program_stages(m, ready, r->first * row, r->n * row);
     if (done > r->programmed)
         r->programmed = done;
@@ -54,43 +56,37 @@ static double gc_sense(sde_model *m, double t, uint32_t f0, uint32_t n)
 
 static void gc(sde_model *m, double t)
 {
+    /* the programs deferred before it go on the dies before it, and its own are booked as it
+     * goes (each victim's erase after its relocations) */
+    model_defer_flush(m);
+    uint32_t deferring = m->deferring;
+    m->deferring = 0;
     double before = dies_busy(m);
-    uint32_t upl = m->upl;
     while (sde_ftl_gc_needed(m->ftl)) {
         int64_t victim = sde_ftl_victim(m->ftl);
         if (victim < 0)
             break;
         struct rows r = {0};
         double sensed_all = t;
-        uint32_t base = (uint32_t)victim * upl, run = 0;
-        /* each relocation rewrites a random logical unit's mapping: started GC_AHEAD units
-         * early, the loads overlap (bench device: 42% of its time in those misses before) */
-        enum { GC_AHEAD = 16 };
-        for (uint32_t s = 0; s < GC_AHEAD && s < upl; s++)
-            sde_ftl_prefetch_owner(m->ftl, base + s);
-        for (uint32_t s = 0; s <= upl; s++) {
-            if (s + GC_AHEAD < upl)
-                sde_ftl_prefetch_owner(m->ftl, base + s + GC_AHEAD);
-            uint32_t owner = s < upl ? sde_ftl_owner(m->ftl, base + s) : SDE_FTL_UNMAPPED;
-            if (owner != SDE_FTL_UNMAPPED) {
-                run++;
-                continue;
-            }
-            if (!run)
-                continue;
-            uint32_t f0 = base + s - run;
-            double sensed = gc_sense(m, t, f0, run);
+        uint32_t pos = 0, f0, len;
+        const uint32_t *owners;
+        /* each run of valid slots is sensed, then its units appended to the GC write point
+         * (consecutive logical units in one call) and the rows they complete programmed */
+        while ((len = sde_ftl_valid_run(m->ftl, (uint32_t)victim, &pos, &f0, &owners))) {
+            double sensed = gc_sense(m, t, f0, len);
             if (sensed > sensed_all)
                 sensed_all = sensed;
-            for (uint32_t k = 0; k < run; k++) {
-                uint32_t u = sde_ftl_owner(m->ftl, f0 + k);
-                uint32_t f = sde_ftl_append(m->ftl, 1, u);
-                if (f == SDE_FTL_UNMAPPED)
+            for (uint32_t k = 0; k < len;) {
+                uint32_t same = 1, at;
+                while (k + same < len && owners[k + same] == owners[k] + same)
+                    same++;
+                uint32_t put = sde_ftl_append_run(m->ftl, 1, owners[k], same, &at);
+                if (!put)
                     break; /* no free line at all: cannot happen with the FTL's sizing */
-                rows_add_units(m, &r, f, 1, sensed);
+                rows_add_units(m, &r, at, put, sensed);
+                k += put;
             }
             rows_flush(m, &r, sensed);
-            run = 0;
         }
         m->gc_programmed_rows += r.bytes / m->p.page_bytes;
         double erase = m->p.t_erase_ns * m->p.ftl_erase_share;
@@ -99,6 +95,7 @@ static void gc(sde_model *m, double t)
         sde_ftl_erase(m->ftl, (uint32_t)victim);
     }
     m->gc_ns += dies_busy(m) - before;
+    m->deferring = deferring;
 }
 
 /* Append the units of [offset, offset + nbytes) at the host write point (logical units wrap
@@ -145,6 +142,7 @@ double model_ftl_pad(sde_model *m, double ready)
     if (next % m->upr == 0)
         return ready;
     uint32_t left = m->upr - next % m->upr;
+    model_defer_flush(m); /* a row on the page path: the deferred programs go first */
     m->padding += (uint64_t)left * m->unit;
     uint64_t row = next / m->upr;
     sde_ftl_skip(m->ftl, 0, left);
@@ -159,11 +157,13 @@ static double ftl_read_stages(sde_model *m, double t, uint64_t offset, uint64_t 
 {
     uint64_t end = offset + nbytes, run_at = 0, run_len = 0;
     double done = t;
+    model_defer_flush(m); /* deferred programs go on their dies before these senses */
     for (uint64_t at = offset; at < end;) {
-        uint64_t u = at / m->unit, take = (u + 1) * m->unit - at;
-        if (take > end - at)
-            take = end - at;
-        uint32_t f = sde_ftl_lookup(m->ftl, u % m->ftl_units);
+        /* the units from at's on that live one after another (or are all unmapped) */
+        uint64_t u = at / m->unit;
+        uint32_t f;
+        uint64_t k = sde_ftl_lookup_run(m->ftl, u % m->ftl_units, &f);
+        uint64_t stop = (u + k) * m->unit, take = (stop < end ? stop : end) - at;
         uint64_t where = f == SDE_FTL_UNMAPPED ? at : (uint64_t)f * m->unit + at % m->unit;
         if (run_len && where != run_at + run_len) {
             double d = model_read_stages(m, t, run_at, run_len, with_link);

@@ -83,6 +83,9 @@ void sde_model_free(sde_model *m)
     model_helper_stop(m->helper);
     free(m->batch);
     free(m->batch_first);
+    free(m->batch_owner);
+    free(m->batch_prog);
+    free(m->defer_raise);
     free(m->batch_last);
     sde_ftl_free(m->ftl);
     free(m);

@@ -98,6 +98,11 @@ struct sde_model {
      * (writes) */
     struct batched *batch;
     uint32_t nbatch, cap_batch, deferring;
+    /* deferred programs with an FTL: a block's rows may be several bulk programs, or none,
+     * so each slot names its block (batch_owner), the slots' times go to batch_prog, and a
+     * block's largest to defer_raise until run_deferred; defer_next: the next block */
+    uint32_t *batch_owner, defer_next, cap_raise;
+    double *batch_prog, *defer_raise;
     uint64_t batch_bytes;
     double *batch_first, *batch_last;
     uint32_t threads;      /* 2: a helper thread books half of a batch's dies */
@@ -111,6 +116,9 @@ struct sde_model {
 struct helper;
 /* a batch's dies booked (from_top: the helper's half, from the last die down) */
 typedef void (*model_dies_fn)(sde_model *m, int programs, double *programmed, int from_top);
+/* The deferred programs so far booked on their dies (before anything else books a die, so
+ * that every die sees its work in the order an unbatched run gives it). */
+void model_defer_flush(sde_model *m);
 
 /* ---- the bulk path -----------------------------------------------------------------------
  * A transfer of thousands of pages (a 512-token KV block of an 8B model is ~2,000 pages of

@@ -1,6 +1,8 @@
 /* The FTL's bookkeeping (sde_ftl.h). */
 #include "sde_ftl.h"
 
+#include "sde_segmap.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,11 +17,12 @@ struct wpoint {
 struct sde_ftl {
     uint64_t logical_units;
     uint32_t lines, upl, gc_free;
-    uint32_t *l2p;   /* logical unit -> physical unit */
-    uint32_t *p2l;   /* physical unit -> logical unit */
+    sde_segmap *l2p; /* logical unit -> physical unit */
+    sde_segmap *p2l; /* physical unit -> logical unit (its valid slots) */
     uint32_t *valid; /* valid units per line */
     uint8_t *state;
     uint32_t *free_stack, nfree;
+    uint32_t *owners; /* a GC run's logical units (sde_ftl_valid_run) */
     struct wpoint wp[2];
     uint64_t host_units, gc_units, erases, trimmed, nvalid;
 };
@@ -40,17 +43,17 @@ int sde_ftl_new(uint64_t logical_units, uint32_t lines, uint32_t units_per_line,
     f->lines = lines;
     f->upl = units_per_line;
     f->gc_free = gc_free_lines;
-    f->l2p = malloc(logical_units * sizeof(uint32_t));
-    f->p2l = malloc(phys * sizeof(uint32_t));
+    int rc = sde_segmap_new(logical_units, &f->l2p);
+    if (!rc)
+        rc = sde_segmap_new(phys, &f->p2l);
     f->valid = calloc(lines, sizeof(uint32_t));
     f->state = calloc(lines, 1);
     f->free_stack = malloc(lines * sizeof(uint32_t));
-    if (!f->l2p || !f->p2l || !f->valid || !f->state || !f->free_stack) {
+    f->owners = malloc(units_per_line * sizeof(uint32_t));
+    if (rc || !f->valid || !f->state || !f->free_stack || !f->owners) {
         sde_ftl_free(f);
         return -ENOMEM;
     }
-    memset(f->l2p, 0xff, logical_units * sizeof(uint32_t));
-    memset(f->p2l, 0xff, phys * sizeof(uint32_t));
     /* lines are taken in ascending order: a fresh drive's first writes land on line 0 */
     for (uint32_t i = 0; i < lines; i++)
         f->free_stack[i] = lines - 1 - i;
@@ -64,28 +67,23 @@ void sde_ftl_free(sde_ftl *f)
 {
     if (!f)
         return;
-    free(f->l2p);
-    free(f->p2l);
+    sde_segmap_free(f->l2p);
+    sde_segmap_free(f->p2l);
     free(f->valid);
     free(f->state);
     free(f->free_stack);
+    free(f->owners);
     free(f);
 }
 
 uint32_t sde_ftl_lookup(const sde_ftl *f, uint64_t u)
 {
-    return u < f->logical_units ? f->l2p[u] : SDE_FTL_UNMAPPED;
+    return u < f->logical_units ? sde_segmap_get(f->l2p, u) : SDE_FTL_UNMAPPED;
 }
 
-static void invalidate(sde_ftl *f, uint64_t u)
+uint64_t sde_ftl_lookup_run(const sde_ftl *f, uint64_t u, uint32_t *phys)
 {
-    uint32_t old = f->l2p[u];
-    if (old == SDE_FTL_UNMAPPED)
-        return;
-    f->p2l[old] = SDE_FTL_UNMAPPED;
-    f->valid[old / f->upl]--;
-    f->l2p[u] = SDE_FTL_UNMAPPED;
-    f->nvalid--;
+    return sde_segmap_run(f->l2p, u, f->logical_units, phys);
 }
 
 /* The write point with a slot left: its line, or a fresh one when it is full or missing;
@@ -104,27 +102,20 @@ static int wp_ready(sde_ftl *f, struct wpoint *w)
     return 1;
 }
 
-/* The valid count of old slots' lines, units after units: a block's units were appended
- * together, so consecutive ones mostly share a line and the division is done once per line. */
-struct line_cursor {
-    uint32_t lo, hi; /* slots [lo, hi) are line `line`'s */
-    uint32_t line;
-};
-
-static inline void invalidate_run_unit(sde_ftl *f, uint64_t u, struct line_cursor *c)
+/* Old slots [p, p + n) of logical units just unmapped: no longer valid where they live. */
+static void slots_gone(void *ctx, uint32_t p, uint32_t n)
 {
-    uint32_t old = f->l2p[u];
-    if (old == SDE_FTL_UNMAPPED)
-        return;
-    if (old < c->lo || old >= c->hi) {
-        c->line = old / f->upl;
-        c->lo = c->line * f->upl;
-        c->hi = c->lo + f->upl;
+    sde_ftl *f = ctx;
+    sde_segmap_clear(f->p2l, p, n, NULL, NULL);
+    f->nvalid -= n;
+    while (n) { /* a run of slots may cross into the next line */
+        uint32_t line = p / f->upl, take = (line + 1) * f->upl - p;
+        if (take > n)
+            take = n;
+        f->valid[line] -= take;
+        p += take;
+        n -= take;
     }
-    f->p2l[old] = SDE_FTL_UNMAPPED;
-    f->valid[c->line]--;
-    f->l2p[u] = SDE_FTL_UNMAPPED;
-    f->nvalid--;
 }
 
 uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_t *phys0)
@@ -133,13 +124,10 @@ uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_
     if (!n || !wp_ready(f, w))
         return 0;
     uint32_t k = f->upl - w->pos < n ? f->upl - w->pos : n;
-    struct line_cursor c = {0, 0, 0};
     uint32_t phys = (uint32_t)w->line * f->upl + w->pos;
-    for (uint32_t i = 0; i < k; i++) {
-        invalidate_run_unit(f, u0 + i, &c);
-        f->l2p[u0 + i] = phys + i;
-        f->p2l[phys + i] = (uint32_t)(u0 + i);
-    }
+    sde_segmap_clear(f->l2p, u0, k, slots_gone, f);
+    sde_segmap_set(f->l2p, u0, k, phys);
+    sde_segmap_set(f->p2l, phys, k, (uint32_t)u0);
     w->pos += k;
     f->valid[w->line] += k;
     f->nvalid += k;
@@ -151,39 +139,23 @@ uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_
     return k;
 }
 
-void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n)
-{
-    struct line_cursor c = {0, 0, 0};
-    uint64_t before = f->nvalid;
-    for (uint64_t u = u0; u < u0 + n; u++)
-        invalidate_run_unit(f, u, &c);
-    f->trimmed += before - f->nvalid;
-}
-
 uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u)
 {
-    struct wpoint *w = &f->wp[wp];
-    if (!wp_ready(f, w))
-        return SDE_FTL_UNMAPPED;
-    invalidate(f, u);
-    uint32_t phys = (uint32_t)w->line * f->upl + w->pos++;
-    f->l2p[u] = phys;
-    f->p2l[phys] = (uint32_t)u;
-    f->valid[w->line]++;
-    f->nvalid++;
-    if (wp)
-        f->gc_units++;
-    else
-        f->host_units++;
-    return phys;
+    uint32_t phys;
+    return sde_ftl_append_run(f, wp, u, 1, &phys) ? phys : SDE_FTL_UNMAPPED;
+}
+
+void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n)
+{
+    uint64_t before = f->nvalid;
+    sde_segmap_clear(f->l2p, u0, n, slots_gone, f);
+    f->trimmed += before - f->nvalid;
 }
 
 void sde_ftl_trim(sde_ftl *f, uint64_t u)
 {
-    if (u < f->logical_units && f->l2p[u] != SDE_FTL_UNMAPPED) {
-        invalidate(f, u);
-        f->trimmed++;
-    }
+    if (u < f->logical_units)
+        sde_ftl_trim_run(f, u, 1);
 }
 
 int sde_ftl_gc_needed(const sde_ftl *f) { return f->nfree <= f->gc_free; }
@@ -199,13 +171,29 @@ int64_t sde_ftl_victim(const sde_ftl *f)
     return best;
 }
 
-uint32_t sde_ftl_owner(const sde_ftl *f, uint32_t phys) { return f->p2l[phys]; }
-
-void sde_ftl_prefetch_owner(const sde_ftl *f, uint32_t phys)
+uint32_t sde_ftl_valid_run(sde_ftl *f, uint32_t line, uint32_t *pos, uint32_t *start,
+                           const uint32_t **owners)
 {
-    uint32_t u = f->p2l[phys];
-    if (u != SDE_FTL_UNMAPPED)
-        __builtin_prefetch(&f->l2p[u], 1);
+    uint64_t at = (uint64_t)line * f->upl + *pos, end = (uint64_t)(line + 1) * f->upl;
+    uint32_t v, len = 0;
+    while (at < end) { /* past the invalid slots */
+        uint64_t k = sde_segmap_run(f->p2l, at, end, &v);
+        if (v != SDE_FTL_UNMAPPED)
+            break;
+        at += k;
+    }
+    *start = (uint32_t)at;
+    while (at < end) { /* the valid ones after them, run by run of their owners */
+        uint64_t k = sde_segmap_run(f->p2l, at, end, &v);
+        if (v == SDE_FTL_UNMAPPED)
+            break;
+        for (uint64_t i = 0; i < k; i++)
+            f->owners[len++] = v + (uint32_t)i;
+        at += k;
+    }
+    *pos = (uint32_t)(at - (uint64_t)line * f->upl);
+    *owners = f->owners;
+    return len;
 }
 
 void sde_ftl_erase(sde_ftl *f, uint32_t line)

@@ -30,6 +30,9 @@ void sde_ftl_free(sde_ftl *f);
 
 /* Where logical unit u lives (a physical unit), or SDE_FTL_UNMAPPED. */
 uint32_t sde_ftl_lookup(const sde_ftl *f, uint64_t u);
+/* The run at u (< logical units): *phys is u's place (SDE_FTL_UNMAPPED or a physical unit);
+ * returns how many units from u on live at *phys, *phys + 1, ... (or are all unmapped). */
+uint64_t sde_ftl_lookup_run(const sde_ftl *f, uint64_t u, uint32_t *phys);
 /* Write u at the next slot of write point wp (0 host, 1 GC): the old slot is invalidated.
  * Returns the physical unit, or SDE_FTL_UNMAPPED when no free line is left (the caller runs
  * GC first: sde_ftl_gc_needed). */
@@ -47,11 +50,11 @@ void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n);
 int sde_ftl_gc_needed(const sde_ftl *f);
 /* The full line with the fewest valid units (greedy), or -1 when none would free space. */
 int64_t sde_ftl_victim(const sde_ftl *f);
-/* The logical unit in a physical slot, or SDE_FTL_UNMAPPED when it holds nothing valid. */
-uint32_t sde_ftl_owner(const sde_ftl *f, uint32_t phys);
-/* Start loading the mapping entry of physical unit phys's owner (a GC relocation ahead):
- * its logical unit's entry is a random one in a table of megabytes, a cache miss each. */
-void sde_ftl_prefetch_owner(const sde_ftl *f, uint32_t phys);
+/* The next run of valid slots of `line` from its slot *pos (counted in the line) on: returns
+ * its length (0 when none is left), its first physical unit in *start and its logical units
+ * in *owners (valid until the next call), and moves *pos past it. */
+uint32_t sde_ftl_valid_run(sde_ftl *f, uint32_t line, uint32_t *pos, uint32_t *start,
+                           const uint32_t **owners);
 /* A victim whose valid units have all been relocated becomes free (erased). */
 void sde_ftl_erase(sde_ftl *f, uint32_t line);
 /* Leave the next n slots of wp empty (padding of a row programmed partly full). */
