@@ -59,6 +59,7 @@ def test_ftl_timing_gives_the_pinned_figures():
     assert sorted(got) == sorted(want)
     for case in want:
         assert got[case]["stats"] == want[case]["stats"], case
-        bad = [i for i, (a, b) in enumerate(zip(got[case]["times"], want[case]["times"]))
-               if a != b]
-        assert len(got[case]["times"]) == len(want[case]["times"]) and bad == [], (case, bad[:5])
+        assert len(got[case]["times"]) == len(want[case]["times"]), case
+        bad = [i for i, (a, b) in enumerate(zip(got[case]["times"], want[case]["times"],
+                                                strict=True)) if a != b]
+        assert bad == [], (case, bad[:5])
