@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ssdemu.sim._model import ffi, lib
 
 NONE = lib.SDE_SEGMAP_NONE
