@@ -5,11 +5,11 @@ Header (little-endian):
 | offset | size | field |
 |---|---|---|
 | 0 | 4 | magic `SDKV` |
-| 4 | 2 | format version (1) |
+| 4 | 2 | format version (2; version 1 blocks, token-major, are still read) |
 | 6 | 2 | header bytes (64) |
 | 8 | 1 | scheme: 1 group-wise int, 2 KIVI, 3 fp8 e4m3, 4 plain |
 | 9 | 1 | bits (8 or 4; 8 for fp8; the element's for plain) |
-| 10 | 1 | flags: bit 0 symmetric (int), bit 1 one scale per KV head (fp8) |
+| 10 | 1 | flags: 0 symmetric (int), 1 scale per KV head (fp8), 2 host's rows 2LT, 3 by head |
 | 11 | 1 | element dtype of the original block (0 fp16, 1 bf16, 2 fp32) |
 | 12 | 4 | group size (32, 64, 128; 0 for fp8 and plain) |
 | 16 | 16 | tokens, layers, kv_heads, head_dim (u32 each) |
@@ -27,6 +27,15 @@ Bodies (firmware/quant.py lays them out, each section padded to 8 bytes):
   then the full-precision tokens, raw, in the original element type.
 - fp8: scales float32[1 or 2 * layers * kv_heads], then one e4m3 code per element.
 - plain: the block's elements as they were given (either layout).
+
+Flag bit 2: the host sent LMCache's (2, layers, tokens) rows.  Flag bit 3 (version 2): the
+body is laid out by head.  The drive lays a plain or integer block's rows out as (layers,
+kv_heads, 2, tokens, head_dim) before it quantizes them, whatever the host's order (bit 2
+keeps that, and retrieves give it back): one layer's page of one KV head is then one run of
+keys and one of values a block's tokens apart (plain), or runs of codes, scales and zero
+points (integer); the re-rank reads the keys' runs, ATTEND both (page_extents).  The values
+are the same either way (the integer kind's groups divide head_dim, or the block stays
+token-major); fp8 and KIVI index the token order and stay token-major.
 
 Page summaries (firmware/summaries.py), when the header gives a page: after the body, the
 per-channel min and max of each page's keys, (layers, 2, kv_heads, pages, head_dim) in the
@@ -46,13 +55,15 @@ from firmware.checksum import sum64
 from firmware.layout import KVShape
 
 MAGIC = b"SDKV"
-VERSION = 1
+VERSION = B.VERSION
 HEADER_BYTES = 64
 SCHEME_NAMES = {m.CODE: m.NAME for m in kinds.modules()}  # firmware/kinds.py
 FLAG_SYMMETRIC = B.FLAG_SYMMETRIC
 FLAG_PER_HEAD = B.FLAG_PER_HEAD
 FLAG_LAYOUT_2LT = B.FLAG_LAYOUT_2LT
+FLAG_BY_HEAD = B.FLAG_BY_HEAD
 INT_GROUPS = (32, 64, 128)
+SCHEME_PLAIN = next(c for c, n in SCHEME_NAMES.items() if n == "plain")
 
 _HEADER = struct.Struct("<4sHHBBBBI4IQQIH10x")
 assert _HEADER.size == HEADER_BYTES
@@ -82,6 +93,10 @@ class BlockHeader:
     @property
     def per_head(self) -> bool:
         return bool(self.flags & FLAG_PER_HEAD)
+
+    @property
+    def by_head(self) -> bool:
+        return bool(self.flags & FLAG_BY_HEAD)
 
     def pack(self, checksum: int = 0) -> bytes:
         s = self.shape
@@ -119,7 +134,8 @@ def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
     if e:
         raise CorruptBlockError(_problem(e, buf, p))
     flags = ((FLAG_SYMMETRIC if p[B.P_SYM] else 0) | (FLAG_PER_HEAD if p[B.P_PER_HEAD] else 0)
-             | (FLAG_LAYOUT_2LT if p[B.P_LAYOUT] else 0))
+             | (FLAG_LAYOUT_2LT if p[B.P_LAYOUT] else 0)
+             | (FLAG_BY_HEAD if p[B.P_BY_HEAD] else 0))
     shape = KVShape(*(int(p[i]) for i in (B.P_TOKENS, B.P_LAYERS, B.P_HEADS, B.P_HDIM)))
     header = BlockHeader(int(p[B.P_KIND]), int(p[B.P_BITS]), flags, int(p[B.P_DTYPE]),
                          int(p[B.P_GROUP]), shape, int(p[B.P_BODY]), int(p[B.P_RESIDUAL]),
@@ -128,6 +144,47 @@ def open_block(blob) -> tuple[BlockHeader, np.ndarray]:
 
 
 _CARRIERS = {0: np.uint16, 1: np.uint16, 2: np.float32}
+
+
+def page_runs(header: BlockHeader, layer: int, kv, head, t0, t1) -> tuple[np.ndarray, np.ndarray]:
+    """page_extents of many pages at once (kv, head, t0, t1: arrays of one length, or
+    scalars): the runs' offsets and bytes, each an int64 array, in no particular order."""
+    s = header.shape
+    kv, head, t0, t1 = (np.asarray(x, np.int64) for x in (kv, head, t0, t1))
+    if not header.by_head:
+        per = max(1, header.body_bytes // s.tokens)  # a token row's share of the body
+        t0, t1 = np.broadcast_arrays(t0, t1)
+        return (HEADER_BYTES + t0 * per).ravel(), ((t1 - t0) * per).ravel()
+    row0 = ((layer * s.kv_heads + head) * 2 + kv) * s.tokens + t0  # head_dim rows
+    e0, n = row0 * s.head_dim, (t1 - t0) * s.head_dim  # elements
+    e0, n = np.broadcast_arrays(e0, n)
+    if header.scheme == SCHEME_PLAIN:
+        eb = np.dtype(_CARRIERS[header.dtype]).itemsize
+        return (HEADER_BYTES + e0 * eb).ravel(), (n * eb).ravel()
+    # integer: scales float32[groups], zero points (asymmetric), codes (8 or 4 bits)
+    total = s.tokens * 2 * s.layers * s.kv_heads * s.head_dim
+    groups = -(-total // header.group)
+    g0, ng = e0 // header.group, -(-n // header.group)
+    offs = [HEADER_BYTES + 4 * g0]
+    lens = [4 * ng]
+    if not header.symmetric:
+        offs.append(HEADER_BYTES + 4 * (groups + g0))
+        lens.append(4 * ng)
+    codes = HEADER_BYTES + 4 * groups * (1 if header.symmetric else 2)
+    offs.append(codes + e0 * header.bits // 8)
+    lens.append(n * header.bits // 8)
+    return np.concatenate([o.ravel() for o in offs]), np.concatenate([x.ravel() for x in lens])
+
+
+def page_extents(header: BlockHeader, layer: int, kv: int, head: int, t0: int,
+                 t1: int) -> list[tuple[int, int]]:
+    """Where in the block (offset, bytes) the drive reads tokens [t0, t1) of one layer's K
+    (kv 0) or V (kv 1) of one KV head: one run of a plain block laid out by head; its
+    scales, zero points and codes for an integer one; a token-major block (version 1, fp8,
+    KIVI) holds them in its whole token rows (every layer and head: the rows' share of its
+    body, as stored)."""
+    offs, lens = page_runs(header, layer, kv, head, t0, t1)
+    return [(int(o), int(n)) for o, n in zip(offs, lens, strict=True)]
 
 
 def summaries_at(header: BlockHeader, layer: int) -> tuple[int, int]:

@@ -51,16 +51,19 @@ from firmware.blockparams import (
     E_SHORT,
     E_VALUE_SIZE,
     E_VERSION,
+    FLAG_BY_HEAD,
     FLAG_LAYOUT_2LT,
     FLAG_PER_HEAD,
     FLAG_SYMMETRIC,
     HEADER_BYTES,
     LAYOUT_2LT,
+    LAYOUT_BY_HEAD,
     LAYOUT_T2L,
     MAGIC,
     NPARAM,
     P_BITS,
     P_BODY,
+    P_BY_HEAD,
     P_CHECKSUM,
     P_DTYPE,
     P_GROUP,
@@ -160,6 +163,8 @@ def _write_header(p, out, total, residual, lo, hi, s1, s2):
     out[9] = bits
     if p[P_LAYOUT] == LAYOUT_2LT:
         flags |= FLAG_LAYOUT_2LT
+    if p[P_BY_HEAD]:
+        flags |= FLAG_BY_HEAD
     out[10] = flags
     out[11] = p[P_DTYPE]
     _put(out, 12, 4, group)
@@ -190,6 +195,55 @@ def _reorder_rows(p, src, dst, to_tokens_first):
                     dst[a:a + row] = src[b:b + row]
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row_at(layout, t, kv, layer, head, tokens, layers, heads):
+    """The place, in head_dim rows, of row (token, K or V, layer, head) in a layout."""
+    if layout == LAYOUT_T2L:
+        return ((t * 2 + kv) * layers + layer) * heads + head
+    if layout == LAYOUT_2LT:
+        return ((kv * layers + layer) * tokens + t) * heads + head
+    return ((layer * heads + head) * 2 + kv) * tokens + t  # LAYOUT_BY_HEAD
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def move_rows(p, src, src_layout, dst, dst_layout):
+    """Copy a block's head_dim rows from one layout to another (bytes to bytes)."""
+    tokens, layers, heads = p[P_TOKENS], p[P_LAYERS], p[P_HEADS]
+    row = p[P_HDIM] * (4 if p[P_DTYPE] == 2 else 2)
+    for layer in range(layers):
+        for kv in range(2):
+            for head in range(heads):
+                for t in range(tokens):
+                    a = _row_at(src_layout, t, kv, layer, head, tokens, layers, heads) * row
+                    b = _row_at(dst_layout, t, kv, layer, head, tokens, layers, heads) * row
+                    dst[b:b + row] = src[a:a + row]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def by_head_allowed(p):
+    """Whether a kind's values are the same whatever the order of the rows: plain, and
+    the integer kind when its groups divide head_dim (they then never span two rows).  fp8's
+    per-head scales and KIVI's per-channel keys index the token order: they keep it."""
+    if kind_body_is_elements(p):
+        return True
+    return p[P_KIND] == kind_int.CODE and p[P_HDIM] % p[P_GROUP] == 0
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _in_media_order(p, src):
+    """The block's rows in the order its kind quantizes them: by head (p[P_BY_HEAD]), token
+    order for kinds that need it, or as the host sent them."""
+    if p[P_BY_HEAD]:
+        ordered = np.empty(src.shape[0], np.uint8)
+        move_rows(p, src, p[P_LAYOUT], ordered, LAYOUT_BY_HEAD)
+        return ordered
+    if p[P_LAYOUT] == LAYOUT_2LT and not kind_keeps_order(p):
+        ordered = np.empty(src.shape[0], np.uint8)
+        _reorder_rows(p, src, ordered, True)
+        return ordered
+    return src
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_block(p, src, out):
     """Quantize a KV block (src: its bytes, fp16/bf16/fp32 as p[P_DTYPE] says, shape as p
@@ -205,10 +259,8 @@ def quantize_block(p, src, out):
     if out.shape[0] < total:
         return E_OUT_SMALL
     body = out[HEADER_BYTES:total - summary_bytes(p)]
-    if p[P_LAYOUT] == LAYOUT_2LT and not kind_keeps_order(p):
-        ordered = np.empty(src.shape[0], np.uint8)  # token order, for kinds that need it
-        _reorder_rows(p, src, ordered, True)
-        src = ordered
+    p[P_BY_HEAD] = 1 if p[P_BY_HEAD] and by_head_allowed(p) else 0
+    src = _in_media_order(p, src)
     if dtype == 2:
         bad, residual, lo, hi, s1, s2 = kind_quantize(p, src.view(np.float32), src, body)
     else:
@@ -248,6 +300,15 @@ def _summarize(p, residual, body, section):
     plain = kind_body_is_elements(p)
     x = body[:nbytes] if plain else np.empty(nbytes, np.uint8)
     two_lt = p[P_LAYOUT] == LAYOUT_2LT and kind_keeps_order(p)
+    if p[P_BY_HEAD]:  # the summaries read the keys in token order
+        if not plain:
+            if dtype == 2:
+                kind_dequantize(p, body, x.view(np.float32), x)
+            else:
+                kind_dequantize(p, body, x.view(np.uint16), x)
+        t2l = np.empty(nbytes, np.uint8)
+        move_rows(p, x, LAYOUT_BY_HEAD, t2l, LAYOUT_T2L)
+        x, plain, two_lt = t2l, True, False
     if dtype == 2:
         xs = x.view(np.float32)
         if not plain:
@@ -300,7 +361,8 @@ def _read_header(blob, p):
         return E_SHORT
     if _get(blob, 0, 4) != MAGIC:
         return E_MAGIC
-    if _get(blob, 4, 2) != VERSION or _get(blob, 6, 2) != HEADER_BYTES:
+    version = _get(blob, 4, 2)
+    if version < 1 or version > VERSION or _get(blob, 6, 2) != HEADER_BYTES:
         return E_VERSION
     flags = blob[10]
     p[P_KIND], p[P_BITS], p[P_DTYPE] = blob[8], blob[9], blob[11]
@@ -316,6 +378,7 @@ def _read_header(blob, p):
     p[P_SYM] = 1 if flags & FLAG_SYMMETRIC else 0
     p[P_PER_HEAD] = 1 if flags & FLAG_PER_HEAD else 0
     p[P_LAYOUT] = LAYOUT_2LT if flags & FLAG_LAYOUT_2LT else LAYOUT_T2L
+    p[P_BY_HEAD] = 1 if flags & FLAG_BY_HEAD else 0
     # a wrong shape or page is _check_fields' to name; the length is checked without them
     sb = summary_bytes(p) if p[P_SUMMARY_PAGE] <= MAX_PAGE and check_shape(p) == 0 else 0
     if p[P_BODY] < 0 or blob.shape[0] != HEADER_BYTES + p[P_BODY] + sb:
@@ -328,13 +391,16 @@ def _check_fields(blob, p):
     """0, or the first wrong field of a header read by _read_header (E_FIELDS ..
     E_KIVI_GROUPS): the fields every block has, then its kind's."""
     kind, bits, flags, dtype = blob[8], blob[9], blob[10], blob[11]
-    if not kind_known(kind) or dtype > 2 or flags & ~7 or p[P_SUMMARY_PAGE] > MAX_PAGE:
+    if not kind_known(kind) or dtype > 2 or flags & ~15 or p[P_SUMMARY_PAGE] > MAX_PAGE:
         return E_FIELDS
-    e = kind_check_fields(p, bits, flags, dtype)
+    e = kind_check_fields(p, bits, flags & ~FLAG_BY_HEAD, dtype)
     if e:
         return e
     if check_shape(p):
         return E_SHAPE
+    # by head only from version 2 on, and only for the kinds that allow it
+    if p[P_BY_HEAD] and (_get(blob, 4, 2) < 2 or not by_head_allowed(p)):
+        return E_FIELDS
     quantized = p[P_TOKENS] - p[P_RESIDUAL]
     e = kind_check_body(p, quantized)
     if e:
@@ -381,7 +447,7 @@ def dequantize_block(blob, out, p):
         return e
     # the integer kind's fast path: its codes summed for the checksum as they are decoded
     fused = (_check_fields(blob, p) == 0 and p[P_KIND] == kind_int.CODE
-             and kind_int.can_fuse(p))
+             and kind_int.can_fuse(p) and not p[P_BY_HEAD])
     dtype = p[P_DTYPE]
     need = elements(p) * _element_bytes(dtype) if fused else 0
     if not fused or out.shape[0] < need:  # a corrupt block says so before E_OUT_SMALL
@@ -401,13 +467,15 @@ def dequantize_block(blob, out, p):
         if np.int64(sum64_around(blob, CHECKSUM_WORD, lo, hi, s1, s2)) != p[P_CHECKSUM]:
             return E_CHECKSUM
         return need
-    reorder = p[P_LAYOUT] == LAYOUT_2LT and not kind_keeps_order(p)
+    reorder = p[P_BY_HEAD] or (p[P_LAYOUT] == LAYOUT_2LT and not kind_keeps_order(p))
     into = np.empty(need, np.uint8) if reorder else dst
     if dtype == 2:
         kind_dequantize(p, body, into.view(np.float32), into)
     else:
         kind_dequantize(p, body, into.view(np.uint16), into)
-    if reorder:
+    if p[P_BY_HEAD]:  # back to the host's order
+        move_rows(p, into, LAYOUT_BY_HEAD, dst, p[P_LAYOUT])
+    elif reorder:
         _reorder_rows(p, into, dst, False)
     return need
 

@@ -22,7 +22,9 @@ from firmware.convert import bf16_to_f32, fp16_to_f32
 
 HEADER_BYTES = sizes.HEADER_BYTES
 MAGIC = 0x564B4453  # b"SDKV" little-endian
-VERSION = 1
+# 2: FLAG_BY_HEAD may be set (version 1 blocks, written before it, are token-major and
+# still read)
+VERSION = 2
 REQUEST_MAGIC = QUANT_MAGIC  # b"SQRQ": sde_quant_req (c/wire/sde_queue.h)
 FLAG_SYMMETRIC = 1
 FLAG_PER_HEAD = 2
@@ -33,7 +35,15 @@ FLAG_PER_HEAD = 2
 # block's rows in that order first (inside the drive: the host sends and gets its own
 # layout either way)
 FLAG_LAYOUT_2LT = 4
+# the body is laid out by head, (layers, kv_heads, 2, tokens, head_dim), whatever order the
+# host sent (FLAG_LAYOUT_2LT then says the host's, which retrieves give back): one layer's
+# page of one KV head is one contiguous run of the body (a few runs for the integer kind:
+# its codes, scales and zero points), so the retrieval commands read only the bytes they
+# score, as a drive built for them would.  Set by the drive for the kinds whose values do
+# not depend on the order (plain; int when its groups divide head_dim)
+FLAG_BY_HEAD = 8
 LAYOUT_T2L, LAYOUT_2LT = QUANT_LAYOUT_T2L, QUANT_LAYOUT_2LT
+LAYOUT_BY_HEAD = 2  # on the media only: never a request's layout
 CHECKSUM_WORD = 5  # the checksum's 8 bytes at offset 40
 MAX_DIM = 1 << 31  # a shape field past this is refused (products then fit an int64)
 MAX_ELEMENTS = 1 << 40
@@ -43,7 +53,8 @@ P_DTYPE, P_KIND, P_BITS, P_GROUP, P_SYM, P_RESIDUAL, P_PER_HEAD = 0, 1, 2, 3, 4,
 P_TOKENS, P_LAYERS, P_HEADS, P_HDIM, P_BODY, P_CHECKSUM = 7, 8, 9, 10, 11, 12
 P_LAYOUT = 13
 P_SUMMARY_PAGE = 14  # tokens per page of the block's page summaries (0: none)
-NPARAM = 15
+P_BY_HEAD = 15  # quantize: lay the body out by head where the kind allows; opened: it is
+NPARAM = 16
 
 # failures (negative returns); 1..9 describe a corrupt compressed block
 E_SHORT, E_MAGIC, E_VERSION, E_LENGTH, E_CHECKSUM = -1, -2, -3, -4, -5

@@ -31,6 +31,7 @@ from firmware.blockops import (
     E_REQUEST,
     NPARAM,
     P_BITS,
+    P_BY_HEAD,
     P_DTYPE,
     P_GROUP,
     P_KIND,
@@ -65,16 +66,14 @@ def _info(p, info, compressed):
     info[INFO_SUMMARY_BYTES] = summary_bytes(p)
 
 
-@cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
-def fw_quantize(req, src, src_len, out, out_cap, info):
-    """Quantize the block at src (src_len bytes) as the 64-byte request at req says, into
-    out (out_cap bytes, 8-byte aligned).  out_cap 0: check the request only and give the
-    sizes in info.  Returns the compressed size."""
+@njit(cache=True, nogil=True)
+def _quantize(req, src, src_len, out, out_cap, info, by_head):
     p = np.zeros(NPARAM, np.int64)
     inf = carray(info, 8)
     e = parse_request(carray(req, 64), p)
     if e:
         return e
+    p[P_BY_HEAD] = by_head
     _info(p, inf, compressed_bytes(p))
     if out_cap < inf[INFO_COMPRESSED]:
         return E_OUT_SMALL
@@ -82,6 +81,22 @@ def fw_quantize(req, src, src_len, out, out_cap, info):
     if n > 0 and inf[INFO_SUMMARY_BYTES]:
         n = add_summaries(carray(out, n), np.zeros(NPARAM, np.int64))
     return n
+
+
+@cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
+def fw_quantize(req, src, src_len, out, out_cap, info):
+    """Quantize the block at src (src_len bytes) as the 64-byte request at req says, into
+    out (out_cap bytes, 8-byte aligned), laid out by head where its kind allows
+    (firmware/blockfmt.py).  out_cap 0: check the request only and give the sizes in info.
+    Returns the compressed size."""
+    return _quantize(req, src, src_len, out, out_cap, info, 1)
+
+
+@cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
+def fw_quantize_token_major(req, src, src_len, out, out_cap, info):
+    """fw_quantize keeping the token order (`ssdemu serve --kv-layout token`: the layout
+    before version 2, for comparing the two)."""
+    return _quantize(req, src, src_len, out, out_cap, info, 0)
 
 
 
@@ -116,6 +131,8 @@ def fw_hash_chain(tokens, ntokens, block_tokens, root, keys):
                       carray(keys, (nblocks, 16)))
 
 
-def addresses() -> tuple[int, int, int]:
-    """The entry points' addresses, for sde_dev_set_firmware."""
-    return fw_quantize.address, fw_dequantize.address, fw_hash_chain.address
+def addresses(by_head: bool = True) -> tuple[int, int, int]:
+    """The entry points' addresses, for sde_dev_set_firmware (by_head: the drive lays blocks
+    out by head; False: token-major, as before format version 2)."""
+    quantize = fw_quantize if by_head else fw_quantize_token_major
+    return quantize.address, fw_dequantize.address, fw_hash_chain.address

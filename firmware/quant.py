@@ -65,9 +65,11 @@ def _scheme_of(p: np.ndarray) -> Scheme:
                   bool(p[B.P_SYM]), int(p[B.P_RESIDUAL]), bool(p[B.P_PER_HEAD]))
 
 
-def params(shape: KVShape, scheme: Scheme | str, dtype: str, summary_page: int = 0) -> np.ndarray:
+def params(shape: KVShape, scheme: Scheme | str, dtype: str, summary_page: int = 0,
+           by_head: bool = True) -> np.ndarray:
     """The compiled code's int64 description of a scheme, a block shape and an element type
-    (summary_page: tokens per page of the page summaries the block carries; 0: none)."""
+    (summary_page: tokens per page of the page summaries the block carries; 0: none;
+    by_head: lay the body out by head where the kind allows, as the drive does)."""
     if not 0 <= summary_page <= MAX_PAGE:
         raise ValueError(f"summary_page is 0 (none) to {MAX_PAGE} tokens, got {summary_page}")
     if isinstance(scheme, str):
@@ -81,6 +83,7 @@ def params(shape: KVShape, scheme: Scheme | str, dtype: str, summary_page: int =
     p[B.P_TOKENS], p[B.P_LAYERS] = shape.tokens, shape.layers
     p[B.P_HEADS], p[B.P_HDIM] = shape.kv_heads, shape.head_dim
     p[B.P_SUMMARY_PAGE] = summary_page
+    p[B.P_BY_HEAD] = by_head
     return p
 
 
@@ -116,17 +119,19 @@ def _check_out(out: np.ndarray, dtype: np.dtype, size: int, what: str) -> np.nda
 
 
 def quantize(block: np.ndarray, dtype: str, scheme: Scheme | str,
-             out: np.ndarray | None = None, summary_page: int = 0) -> np.ndarray:
+             out: np.ndarray | None = None, summary_page: int = 0,
+             by_head: bool = True) -> np.ndarray:
     """block: (tokens, 2, layers, kv_heads, head_dim) as uint16 (fp16/bf16 bits) or float32.
     Returns the compressed block (uint8), written into `out` when given (see
     compressed_nbytes), with its page summaries when summary_page is not 0
-    (firmware/summaries.py; block_summaries reads them).  inf or NaN in the input raises
+    (firmware/summaries.py; block_summaries reads them), laid out by head where the kind
+    allows unless by_head is False (firmware/blockfmt.py).  inf or NaN in the input raises
     ValueError."""
     code = dtype_code(dtype)
     want = storage_dtype(code)
     if block.dtype != want:
         raise ValueError(f"a {dtype} block is carried as {want}, got {block.dtype}")
-    p = params(_block_shape(block), scheme, dtype, summary_page)
+    p = params(_block_shape(block), scheme, dtype, summary_page, by_head)
     size = int(B.compressed_bytes(p))
     if out is None:
         blob = np.empty(size, np.uint8)

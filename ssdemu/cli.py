@@ -230,6 +230,10 @@ def _add_serve_limits(serve: argparse.ArgumentParser) -> None:
                        help="virtual: SQEs carry submission times, CQEs completion times")
     serve.add_argument("--format", action="store_true",
                        help="format the media even if it holds something else")
+    serve.add_argument("--kv-layout", choices=("head", "token"), default="head",
+                       help="how the firmware lays out a stored KV block: by head (the "
+                       "default: one layer's page of one KV head is one run, what retrieval "
+                       "reads), or token by token (format version 1's order, for comparing)")
     serve.add_argument("--journal-blocks", type=_positive_int, default=0,
                        help="when formatting: the journal's length in logical blocks "
                        "(default about 1%% of the media)")
@@ -547,6 +551,8 @@ def _add_bench_keepup(bsub: argparse._SubParsersAction):
                     help="the re-rank's candidates per selected page (default 4: the drive's)")
     ku.add_argument("--profile", help="the daemon's profile (default: its own)")
     ku.add_argument("--media", default="mem:2G", help="media of the daemon started here")
+    ku.add_argument("--kv-layout", choices=("head", "token"), default="head",
+                    help="the daemon's block layout (serve --kv-layout)")
     ku.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -590,6 +596,11 @@ def _add_bench_model(bsub: argparse._SubParsersAction):
                     "context; 0: the synthetic suite alone")
     rt.add_argument("--model-file", default=None,
                     help="a Llama GGUF for that part (default: SmolLM2-135M-Instruct)")
+    rt.add_argument("--layout-context", type=_nonnegative_int, default=2048, metavar="TOKENS",
+                    help="the drive's re-rank and ATTEND on blocks laid out by head against "
+                    "token by token (two daemons), at this context; 0: skip")
+    rt.add_argument("--layout-scheme", default="plain",
+                    help="the blocks' scheme for that part (plain, or an integer scheme)")
     rt.add_argument("--json", action="store_true", help="print one JSON object")
 
     fb = bsub.add_parser("forward", help="the real model's CPU forward (numpy) against torch on "
@@ -635,8 +646,15 @@ def _cmd_bench_retrieval(args) -> int:
         raise ValueError("--lengths: contexts of at least 1K tokens (a 1% budget needs pages)")
     if args.model_context and args.model_context < 1024:
         raise ValueError("--model-context: at least 1K tokens (a 1% budget needs pages), or 0")
+    if args.layout_context and args.layout_context % 64:
+        raise ValueError("--layout-context: a multiple of 64 tokens (the blocks'), or 0")
+    from firmware.quant import parse_scheme
+
+    parse_scheme(args.layout_scheme)  # a bad name says so before minutes of work
     report = bench_retrieval(tuple(lengths), tuple(profiles), args.seed,
-                             model_context=args.model_context, model_path=args.model_file)
+                             model_context=args.model_context, model_path=args.model_file,
+                             layout_context=args.layout_context,
+                             layout_scheme=args.layout_scheme)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
@@ -726,7 +744,8 @@ def _cmd_serve(args) -> int:
         return serve(profile, media, args.socket, {os.getuid(), 0, *args.allow_uid},
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      quotas, args.power_cut, args.metrics, admin_key=admin_key,
-                     poll=args.poll, realtime=args.realtime, media_io=args.media_io)
+                     poll=args.poll, realtime=args.realtime, media_io=args.media_io,
+                     kv_layout=args.kv_layout)
 
 
 def _cmd_owner_key(args) -> int:
@@ -794,7 +813,7 @@ def _cmd_bench_keepup(args) -> int:
 
     try:
         report = bench_keepup(args.context, args.tokens, args.budget, args.rerank,
-                              args.profile, args.media)
+                              args.profile, args.media, kv_layout=args.kv_layout)
     except ValueError as e:
         raise SsdemuError(str(e)) from None
     print(json.dumps(report) if args.json else format_table(report))

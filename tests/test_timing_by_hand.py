@@ -236,16 +236,35 @@ def test_a_quantized_store_topk_and_attend_take_the_times_worked_out_by_hand(dri
     done = d.transfer(t, KV_HEADS * 1 * 8)
     assert topk_ns == math.floor(SUBMIT + done) - SUBMIT
 
-    # ATTEND: the sink, the chosen and the recent pages' token rows sensed (every layer and
-    # head of a token: the store keeps a block token by token), attention over them
+    # ATTEND: the block is laid out by head (format version 2: int8_g64's groups divide
+    # head_dim), so each KV head's own pages (the sink, its chosen one, the recent one) of
+    # layer 1 are read: K then V, each a run of codes (a byte per element) and a run of
+    # scales and of zero points (a float32 per 64 elements), after the header; a head's
+    # adjacent pages are one run; the runs are sensed in the order of their offsets
+    assert header.by_head
     d = Drive(dram=True)
     ready = d.receive(0.0, request + 4 * KV_HEADS)
-    token_bytes = length // TOKENS
+    elements = TOKENS * 2 * LAYERS * KV_HEADS * DIM
+    groups = elements // 64
+    codes_at = 64 + 4 * groups * 2
+    runs = []
+    for h in range(KV_HEADS):
+        for p in sorted({0, PAGES - 1, int(chosen[h, 0])}):
+            for kv in (0, 1):
+                e0 = (((1 * KV_HEADS + h) * 2 + kv) * TOKENS + p * PAGE_TOKENS) * DIM
+                n = PAGE_TOKENS * DIM
+                runs += [(64 + 4 * (e0 // 64), 4 * n // 64),
+                         (64 + 4 * (groups + e0 // 64), 4 * n // 64), (codes_at + e0, n)]
+    joined = []
+    for off, n in sorted(runs):
+        if joined and off <= joined[-1][0] + joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], off + n - joined[-1][0]))
+        else:
+            joined.append((off, n))
+    assert sum(n for _, n in joined) < 3 * PAGE_TOKENS * length // TOKENS  # not token rows
     sensed = ready
-    read = sorted({0, PAGES - 1, *(int(c) for c in chosen[:, 0])})
-    for p in read:
-        sensed = max(sensed, d.sense(ready, offset + p * PAGE_TOKENS * token_bytes,
-                                     PAGE_TOKENS * token_bytes))
+    for off, n in joined:
+        sensed = max(sensed, d.sense(ready, offset + off, n))
     # each head attends the most pages any head has: its own, the sink and the recent one
     attended = max(len({0, PAGES - 1, int(c)}) for c in chosen[:, 0]) * PAGE_TOKENS
     t = max(d.kernel(sensed, attend(attended, GROUP, DIM)) for _ in range(KV_HEADS))

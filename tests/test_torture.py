@@ -10,7 +10,17 @@ import sys
 
 import pytest
 
-from ssdemu.tools.torture import Tally, crash_run, value_of, version_in
+from ssdemu.tools.torture import (
+    QUANT_EVERY,
+    QUANT_SCHEMES,
+    Tally,
+    compressed_of,
+    crash_run,
+    quantized,
+    scheme_of,
+    value_of,
+    version_in,
+)
 
 
 @pytest.mark.slow
@@ -23,6 +33,7 @@ def test_a_short_torture_run_is_clean():
     assert r["leaked_fds"] == r["leaked_mappings"] == r["leaked_pins"] == 0
     assert r["kills"] + r["power_cuts"] >= 1 and r["runs"] >= 1 and r["client_kills"] >= 2
     assert r["fuzzed_sqes"] > 1000 and r["acknowledged"] > 100
+    assert r["quantized"] > 0 and r["quantized_checked"] > 0  # KV blocks crashed on too
     assert r["problems"] == []
 
 
@@ -35,6 +46,23 @@ def test_the_value_check_catches_mix_ups():
     flipped[-3] ^= 1
     assert version_in(b"k1", bytes(flipped)) is None
     assert version_in(b"k1", value_of(b"k1", 6)) == 6
+
+
+def test_the_value_check_knows_the_quantized_versions():
+    """A compressed block is the version whose block it is, byte for byte, among the
+    candidates; another version's, a torn or flipped one is none; every scheme is used."""
+    assert {scheme_of(v) for v in range(0, 60, QUANT_EVERY)} == set(QUANT_SCHEMES)
+    v = next(x for x in range(30, 60) if quantized(x) and scheme_of(x) == "int8_g64")
+    blob = compressed_of(b"k1", v).tobytes()
+    assert version_in(b"k1", blob, {None, v}) == v
+    assert version_in(b"k1", blob, {None}) is None  # not a candidate
+    assert version_in(b"k2", blob, {v}) is None  # another key's block
+    other = v + QUANT_EVERY
+    assert version_in(b"k1", compressed_of(b"k1", other).tobytes(), {v}) is None
+    assert version_in(b"k1", blob[:-1], {v}) is None  # torn
+    flipped = bytearray(blob)
+    flipped[200] ^= 1
+    assert version_in(b"k1", bytes(flipped), {v}) is None
 
 
 def test_a_change_a_flush_covered_that_is_missing_counts_as_lost(tmp_path):

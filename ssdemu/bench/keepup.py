@@ -39,13 +39,13 @@ def _hist(log: dict) -> np.ndarray:
 def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0,
                  rerank: int = 4,  # the eval's drive-select (ssdemu.bench.model_eval.METHODS)
                  profile: str | None = None, media: str = "mem:2G",
-                 warmup: int = 2, seed: int = 0) -> dict:
+                 warmup: int = 2, seed: int = 0, kv_layout: str = "head") -> dict:
     if context < BLOCK_TOKENS or context % BLOCK_TOKENS:
         raise ValueError(f"--context is a multiple of {BLOCK_TOKENS} tokens, got {context}")
     s = SHAPE
     where = socket_dir("ssdemu-keepup-", "sde.sock")
     sock = os.path.join(where, "sde.sock")
-    extra = ("--profile", profile) if profile else ()
+    extra = ("--kv-layout", kv_layout) + (("--profile", profile) if profile else ())
     d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
     rng = np.random.default_rng(seed)
     try:
@@ -86,6 +86,7 @@ def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0
     modelled_ms = (r1["device_ns"] - r0["device_ns"]) / n / 1e6
     host_ms = (r1["host_ns"] - r0["host_ns"]) / n / 1e6
     return {"context_tokens": context, "decoded_tokens": tokens, "layers": s["layers"],
+            "kv_layout": kv_layout,
             "budget_pages": k, "rerank": rerank, "commands": n,
             "profile": after.get("model", {}).get("profile", profile),
             "modelled_ms_per_command": modelled_ms, "host_ms_per_command": host_ms,

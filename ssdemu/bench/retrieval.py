@@ -36,6 +36,8 @@ import time
 import numpy as np
 
 from firmware import retrieval as R
+from ssdemu.bench.retrieval_layout import format_table as layout_table
+from ssdemu.bench.retrieval_layout import layout_comparison
 from ssdemu.sim.profile import load
 from ssdemu.sim.retrieval import MODES, AttentionShape, decode_step, selection_step
 
@@ -253,9 +255,11 @@ def _costs(lengths, profiles) -> dict:
 
 
 def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0, model_context: int = 0,
-                    model_queries: int = 16, model_path: str | None = None) -> dict:
+                    model_queries: int = 16, model_path: str | None = None,
+                    layout_context: int = 0, layout_scheme: str = "plain") -> dict:
     """model_context > 0: also the real model's part (ssdemu/bench/retrieval_real.py) at that
-    many tokens of context."""
+    many tokens of context; layout_context > 0: the drive's commands on both block layouts
+    (ssdemu/bench/retrieval_layout.py)."""
     t0 = time.perf_counter()
     accuracy = {}
     for n in lengths:
@@ -279,6 +283,8 @@ def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0, model_con
         "cost": _costs(lengths, profiles),
         **(_real_part(model_context, model_queries, seed, model_path, agg)
            if model_context else {}),
+        **({"layout": layout_comparison(layout_context, scheme=layout_scheme, seed=seed)}
+           if layout_context else {}),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -334,4 +340,6 @@ def format_table(r: dict) -> str:
             lines.append(f"{prof:<10} {x['context_tokens']:>8} selection, batch {x['batch']:<3} "
                          f"{'':<14} {x['latency_ms']:10.2f} {'':>10} "
                          f"{x['compute_utilization']:5.2f} mac {x['mac_utilization']:.2f}")
+    if "layout" in r:
+        lines.append(layout_table(r["layout"]))
     return "\n".join(lines)

@@ -56,6 +56,11 @@ log = logging.getLogger("ssdemu.serve")
 # tmpfs) in the data plane's thread and the rest through io_uring; "io_uring" all through it
 MEDIA_IO = ("auto", "io_uring")
 REALTIME_PRIORITY = 1  # serve --realtime: the lowest SCHED_RR priority, above every normal task
+# serve --kv-layout: how the firmware lays a stored block out (firmware/blockfmt.py): by
+# head (the default), or in the token order of format version 1, for comparing the two
+KV_LAYOUTS = ("head", "token")
+# read by sde_fw_load_python, which the C side calls with no daemon at hand (one per process)
+_kv_layout = {"by_head": True}
 
 
 
@@ -66,7 +71,7 @@ def sde_fw_load_python(addresses) -> int:
     try:
         from firmware import entry
 
-        for i, a in enumerate(entry.addresses()):
+        for i, a in enumerate(entry.addresses(by_head=_kv_layout["by_head"])):
             addresses[i] = a
         log.info("firmware loaded")
         return 0
@@ -82,9 +87,12 @@ class Daemon:
                  group: int | None = None, quotas: Quotas | None = None,
                  power_cut: bool = False, metrics: str | None = None,
                  admin_key: str | None = None, poll: bool = False,
-                 realtime: bool = False, media_io: str = "auto"):
+                 realtime: bool = False, media_io: str = "auto", kv_layout: str = "head"):
         if media_io not in MEDIA_IO:
             raise ValueError(f"media_io is one of {', '.join(MEDIA_IO)}, not {media_io!r}")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout is one of {', '.join(KV_LAYOUTS)}, not {kv_layout!r}")
+        _kv_layout["by_head"] = kv_layout == "head"  # before the firmware's first load
         self.profile = profile
         self.poll = poll  # the data plane never sleeps (serve --poll)
         self.realtime = realtime  # the data plane runs SCHED_RR (serve --realtime)
@@ -454,7 +462,7 @@ def serve(profile: Profile, media: Media, socket_path: str,
           group: int | None = None, quotas: Quotas | None = None,
           power_cut: bool = False, metrics: str | None = None,
           admin_key: str | None = None, poll: bool = False, realtime: bool = False,
-          media_io: str = "auto") -> int:
+          media_io: str = "auto", kv_layout: str = "head") -> int:
     check_socket_path(socket_path)  # before the media is touched
     tune_process()
     if realtime:
@@ -463,7 +471,7 @@ def serve(profile: Profile, media: Media, socket_path: str,
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
                     journal_blocks, group, quotas, power_cut, metrics, admin_key, poll,
-                    realtime, media_io)
+                    realtime, media_io, kv_layout)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

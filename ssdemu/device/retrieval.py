@@ -30,10 +30,12 @@ Timing (ssdemu.sim.cost and the timing model, as the drive would run it, the dri
 idle): the request over the link; each block's summaries from DRAM, or their stored run from
 NAND, or the block from NAND and the summarize kernel;
 score and top-k per KV head on the TOPS budget; the re-rank's and attention's pages read from
-NAND; the result back over the link.  The store keeps a block token by token (as it was
-written), so one page of one head costs a read of the page's whole token rows: every layer
-and head.  ssdemu/sim/retrieval.py models the head-by-head layout a drive built for this
-would use.
+NAND; the result back over the link.  The firmware lays a stored block out by head (format
+version 2, firmware/blockfmt.py: plain and integer schemes), so the re-rank reads only its
+candidates' keys of the request's layer and head, ATTEND its pages' keys and values, as
+ssdemu/sim/retrieval.py models a drive built for this; a block stored token by token (a
+plain KV_STORE, fp8, KIVI, `serve --kv-layout token`, version 1) costs a page's whole token
+rows: every layer and head.
 """
 
 from __future__ import annotations
@@ -282,6 +284,17 @@ def unpack_bounds(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _joined(offs: np.ndarray, lens: np.ndarray) -> list:
+    """(offset, bytes) runs, sorted, with adjacent or overlapping ones joined."""
+    order = np.argsort(offs, kind="stable")
+    offs, ends = offs[order], offs[order] + lens[order]
+    reach = np.maximum.accumulate(ends)
+    # a run starts where it begins past every earlier run's end
+    starts = np.flatnonzero(np.r_[True, offs[1:] > reach[:-1]])
+    stops = np.r_[starts[1:], len(offs)] - 1
+    return [(int(offs[a]), int(reach[z] - offs[a])) for a, z in zip(starts, stops, strict=True)]
+
+
 def _ident(req: Request, nsid: int, b: Block) -> tuple:
     """A stored value as a request reads it: its place, length and content hash, and the
     layout a plain block is read in."""
@@ -350,7 +363,7 @@ class Retrieval:
         self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
                        "summary_hits": 0, "summary_misses": 0, "summary_reads": 0,
                        "block_reads": 0, "decoded_hits": 0, "decoded_misses": 0,
-                       "kernels": {}}
+                       "nand_bytes_read": 0, "kernels": {}}
         self._local = threading.local()  # a command's own state, on its worker's thread
         # real clock: how late past its modelled time each command's host work ended
         self._lag, self._lag_max = new_histogram(), 0
@@ -440,6 +453,7 @@ class Retrieval:
 
     def _account(self, timing) -> None:
         with self._lock:
+            self._stats["nand_bytes_read"] += timing.nand_bytes
             for name, k in timing.budget.kernels.items():
                 agg = self._stats["kernels"].setdefault(name, {"calls": 0, "device_ns": 0.0})
                 agg["calls"] += k.calls
@@ -552,6 +566,7 @@ class Retrieval:
         got, value = self.decoded.get(key), None
         if got is None:
             value = self._value(b, nsid)
+            self._keep_header(req, nsid, b, value)
             for layer, entry in enumerate(self._stored_runs(req, value)):
                 nbytes = 0 if entry is None else entry[0].nbytes + entry[1].nbytes
                 self.decoded.put(key[:3] + (layer,), entry, nbytes)
@@ -569,6 +584,68 @@ class Retrieval:
                 self._stats["summary_reads"] += 1
         b.code = code
         return (lo, hi, tokens, token_bytes), value
+
+    def _keep_header(self, req: Request, nsid: int, b: Block, value: bytes):
+        """A stored value's block header (None: a plain value, token rows as sent), kept
+        with its decoded data: where its pages lie (firmware/blockfmt.page_extents)."""
+        header = None
+        if value[:4] == BLOCK_MAGIC:
+            try:
+                header, _ = _blockfmt.open_block(value)
+            except _blockfmt.CorruptBlockError as e:
+                raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
+        self.decoded.put((_ident(req, nsid, b), "header"), header, 64)
+        return header
+
+    def _header(self, req: Request, nsid: int, b: Block):
+        got = self.decoded.get((_ident(req, nsid, b), "header"))
+        if got is not None:
+            return got[0]
+        return self._keep_header(req, nsid, b, self._value(b, nsid))
+
+    def _book_pages(self, req: Request, nsid: int, blocks: list[Block], heads: list,
+                    union: np.ndarray, timing, values: bool) -> None:
+        """The NAND reads of the pages a command uses.  Blocks laid out by head: each head's
+        own pages of the request's layer, keys (and values, for ATTEND), the runs they
+        occupy (firmware/blockfmt.page_runs), runs adjacent on the media read as one.  A
+        token-major block (a plain value, a version-1 block, fp8, KIVI): each page any head
+        chose, as its whole token rows.  The blocks of one header are booked together (a
+        numpy pass over all their pages: block by block it was most of a command's host
+        time)."""
+        first = np.array([b.first_page for b in blocks])
+        touched = np.unique(np.searchsorted(first, union, side="right") - 1)
+        by_header: dict = {}
+        for i in touched:
+            by_header.setdefault(self._header(req, nsid, blocks[i]), []).append(i)
+        hs = np.concatenate([np.full(len(p), h) for h, p in enumerate(heads)])
+        ps = np.concatenate(heads)
+        blk = np.searchsorted(first, ps, side="right") - 1
+        for header, members in by_header.items():
+            if header is None or not header.by_head:
+                for i in members:
+                    self._book_token_rows(req, blocks[i], union, timing)
+                continue
+            mine = np.isin(blk, members)
+            bi, t0 = blk[mine], (ps[mine] - first[blk[mine]]) * req.page
+            t1 = np.minimum(header.shape.tokens, t0 + req.page)
+            at = np.array([b.offset for b in blocks])[bi]
+            offs, lens = [], []
+            for kv in (0, 1) if values else (0,):
+                o, n = _blockfmt.page_runs(header, req.layer, kv, hs[mine], t0, t1)
+                offs.append(o + np.tile(at, len(o) // max(1, len(at))))  # one per stream
+                lens.append(n)
+            for off, n in _joined(np.concatenate(offs), np.concatenate(lens)):
+                timing.media_read(off, n)
+
+    @staticmethod
+    def _book_token_rows(req: Request, b: Block, union: np.ndarray, timing) -> None:
+        nb = R.pages_of(b.tokens, req.page)
+        mine = union[(union >= b.first_page) & (union < b.first_page + nb)]
+        # a page's token rows at the stored value's bytes per token (as _read sets them)
+        b.token_bytes = max(1, b.length // max(1, b.tokens))
+        for p in mine:
+            t0 = (int(p) - b.first_page) * req.page
+            timing.page_read(b, t0, min(b.tokens, t0 + req.page) - t0)
 
     @staticmethod
     def _stored_runs(req: Request, value: bytes) -> list:
@@ -674,8 +751,8 @@ class Retrieval:
         order, take its slots 0, 1, ...; the sequence's last page, when it is partial, takes
         slot n, the last (T ends with its tokens: the kernels cut a page at T), so that a
         local id orders as its page does.  A command's memory is then what it reads: n pages
-        of each head, not every head of the pages any head chose.  Each page is booked once
-        as a read of its token rows (every head: the store keeps a block token by token)."""
+        of each head, not every head of the pages any head chose.  The NAND reads are
+        booked as the block's layout places the pages (_book_pages)."""
         H, n = rows.shape
         P = sum(R.pages_of(b.tokens, req.page) for b in blocks)
         last = blocks[-1]
@@ -696,16 +773,7 @@ class Retrieval:
             heads.append(u)
             slots.append(sl)
         union = np.unique(rows[rows >= 0])
-        for b in blocks:
-            nb = R.pages_of(b.tokens, req.page)
-            mine = union[(union >= b.first_page) & (union < b.first_page + nb)]
-            if not len(mine):
-                continue
-            # a page's token rows at the stored value's bytes per token (as _read sets them)
-            b.token_bytes = max(1, b.length // max(1, b.tokens))
-            for p in mine:
-                t0 = (int(p) - b.first_page) * req.page
-                timing.page_read(b, t0, min(b.tokens, t0 + req.page) - t0)
+        self._book_pages(req, nsid, blocks, heads, union, timing, values)
         seq = self._seq_kv(req, nsid, blocks)
         if seq is not None:  # the sequence's layer in one array: a gather per head
             k, v, code = seq
@@ -902,8 +970,10 @@ class _Timing:
         self.ready = self.model.receive(0.0, request_bytes)
         self.t = self.ready
         self.sensed = self.ready  # NAND reads go out from here
+        self.nand_bytes = 0  # what the command read from NAND (the log page sums them)
 
     def _sense(self, offset: int, nbytes: int) -> float:
+        self.nand_bytes += max(1, nbytes)
         return self.model.sense(self.ready, offset, max(1, nbytes))
 
     def stored_summaries(self, b: Block, offset: int, nbytes: int) -> None:
@@ -941,8 +1011,12 @@ class _Timing:
 
     def page_read(self, b: Block, t0: int, tokens: int) -> None:
         # token rows t0..t0+tokens of the block: every layer and head of them
-        self.sensed = max(self.sensed, self.model.sense(
-            max(self.ready, 0.0), b.offset + t0 * b.token_bytes, tokens * b.token_bytes))
+        self.sensed = max(self.sensed, self._sense(b.offset + t0 * b.token_bytes,
+                                                   tokens * b.token_bytes))
+
+    def media_read(self, offset: int, nbytes: int) -> None:
+        """A run of the media (stored blocks' bytes) read from NAND."""
+        self.sensed = max(self.sensed, self._sense(offset, nbytes))
 
     def rerank(self, req: Request, pages: int) -> None:
         start = max(self.t, self.sensed)

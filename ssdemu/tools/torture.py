@@ -3,7 +3,8 @@
 Rounds until the time is up, each of four parts (all real processes, media under a temp dir):
 
 - **crash loop**: a daemon on a file (with power-cut emulation), a client storing and
-  deleting versioned values with a flush every few changes, kill -9 or a power cut (seeded)
+  deleting versioned values with a flush every few changes (every third version a KV block
+  stored quantized, laid out by the firmware: QUANT_SCHEMES), kill -9 or a power cut (seeded)
   at a random moment, a restart, and a check of every key:
   what a completed flush covered must be there (else `lost`), whatever is there must be a
   version that was written, byte for byte (else `corrupt`; a read error counts as corrupt);
@@ -68,6 +69,8 @@ class Tally:
     seconds: float = 0.0
     seed: int = 0
     version: int = 0          # the last value version written (never reused)
+    quantized: int = 0        # crash-loop stores of KV blocks quantized in the drive
+    quantized_checked: int = 0  # such blocks found after a restart and checked
     problems: list[str] = field(default_factory=list)
 
 
@@ -81,8 +84,48 @@ def value_of(key: bytes, version: int) -> bytes:
     return head + body
 
 
-def version_in(key: bytes, data: bytes) -> int | None:
-    """The version a stored value claims to be, if it is exactly that version's bytes."""
+# every third version of a crash-loop key is a KV block stored quantized, laid out by the
+# firmware (by head where its kind allows: format version 2) with its page summaries, one
+# scheme after another, so that crashes and power cuts land in those stores too
+QUANT_EVERY = 3
+QUANT_SCHEMES = ("plain", "int8_g64", "int4_g32_sym", "fp8_head", "kivi4_g32_r16")
+QUANT_SHAPE = (48, 2, 2, 2, 64)  # tokens, K/V, layers, KV heads, head_dim
+QUANT_PAGE = 16
+
+
+def quantized(version: int) -> bool:
+    return version % QUANT_EVERY == 0
+
+
+def block_of(key: bytes, version: int) -> np.ndarray:
+    """The fp16 KV block (as uint16 bits) version `version` of a key stores quantized."""
+    seed = int.from_bytes(hashlib.blake2b(b"%s:%d:q" % (key, version), digest_size=8)
+                          .digest(), "little")
+    x = np.random.default_rng(seed).standard_normal(QUANT_SHAPE).astype(np.float16)
+    return x.view(np.uint16)
+
+
+def scheme_of(version: int) -> str:
+    return QUANT_SCHEMES[(version // QUANT_EVERY) % len(QUANT_SCHEMES)]
+
+
+def compressed_of(key: bytes, version: int) -> np.ndarray:
+    """The compressed block the drive makes of that version (the same firmware, here)."""
+    from firmware import quant
+
+    return quant.quantize(block_of(key, version), "fp16", scheme_of(version),
+                          summary_page=QUANT_PAGE)
+
+
+def version_in(key: bytes, data: bytes, candidates=()) -> int | None:
+    """The version a stored value claims to be, if it is exactly that version's bytes (a
+    compressed block names no version: it is one of the candidates', byte for byte, or
+    none)."""
+    if data[:4] == b"SDKV":
+        for v in candidates:
+            if v is not None and quantized(v) and data == compressed_of(key, v).tobytes():
+                return v
+        return None
     try:
         name, ver, _ = data.split(b":", 2)
         v = int(ver)
@@ -174,6 +217,10 @@ class _Churn:
         try:
             if state is None:
                 self.dev.kv_delete(key)
+            elif quantized(state):
+                self.dev.kv_put_quantized(key, block_of(key, state), "fp16", scheme_of(state),
+                                          summary_page=QUANT_PAGE)
+                self.t.quantized += 1
             else:
                 self.dev.kv_put(key, value_of(key, state))
         except hostlib.KeyNotFoundError:
@@ -232,16 +279,36 @@ def _check_keys(t: Tally, dev, durable: dict, written: dict, known: dict) -> Non
             t.corrupt += 1
             t.problems.append(f"{key!r} reads as {e.status_name}")
             continue
-        got = None if data is None else version_in(key, data)
+        got = None if data is None else version_in(key, data, allowed)
         if data is not None and got is None:
             t.corrupt += 1
             t.problems.append(f"{key!r} holds bytes no client wrote")
             continue
+        if got is not None and quantized(got):
+            t.quantized_checked += 1
+            if not _decodes(dev, key, got):
+                t.corrupt += 1
+                t.problems.append(f"{key!r}: the drive's dequantize of version {got} is wrong")
+                continue
         if got not in allowed:
             t.lost += 1
             t.problems.append(f"{key!r}: {got} after a flush that covered "
                               f"{durable.get(key)}")
         known[key] = got
+
+
+def _decodes(dev, key: bytes, version: int) -> bool:
+    """The drive gives back, dequantized in the host's order, what the firmware's own
+    dequantize of that version's block gives."""
+    from firmware import quant
+
+    want, _ = quant.dequantize(compressed_of(key, version))
+    out = np.empty(QUANT_SHAPE, np.uint16)
+    try:
+        dev.kv_get_dequantized(key, out)
+    except hostlib.DeviceError:
+        return False
+    return bool(np.array_equal(out, want))
 
 
 # -- fuzzer ----------------------------------------------------------------------------------
@@ -469,7 +536,8 @@ def torture(seconds: float, seed: int = 0, workdir: str | None = None,
 
 def summary(t: Tally) -> str:
     return (f"torture {t.seconds:.0f} s seed {t.seed}: {t.runs} crash runs ({t.kills} kills, "
-            f"{t.power_cuts} power cuts), "
+            f"{t.power_cuts} power cuts; {t.quantized} KV blocks stored quantized, "
+            f"{t.quantized_checked} checked after restarts), "
             f"{t.operations} operations, {t.acknowledged} acknowledged, {t.lost} lost, "
             f"{t.corrupt} corrupt, {t.crashes} crashes, {t.fuzzed_sqes} fuzzed SQEs, "
             f"{t.client_kills} client kills; leaked fds {t.leaked_fds}, mappings "

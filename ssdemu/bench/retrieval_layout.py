@@ -1,0 +1,133 @@
+"""`ssdemu bench retrieval --layout-context N`: the drive's retrieval commands on blocks laid
+out by head (format version 2, the default) against the same blocks token by token (`serve
+--kv-layout token`, the order before it), in one run: each layout's daemon stores the same
+sequence and answers the same decode steps' TOPK_PAGES (the default re-rank) and ATTEND.
+
+Per layout, from the daemon's log page: each command's modelled device time and the NAND bytes
+it read (the re-rank reads its candidates' keys, ATTEND its pages' keys and values: by head, a
+page of one head of one layer; token by token, that page's whole token rows, every layer and
+head).  The selections must be identical (the layout moves bytes, not values).  The KV is
+Gaussian in SmolLM2-135M's shape (30 layers, 3 KV heads of 64 channels, 9 query heads), in the
+scheme asked (plain fp16 by default; an integer scheme reads codes and scales)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+import hostlib
+from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
+
+SHAPE = dict(layers=30, kv_heads=3, q_heads=9, head_dim=64)
+BLOCK_TOKENS, PAGE = 64, 16
+LAYOUTS = ("token", "head")
+
+
+def _phase(dev, run) -> dict:
+    """Commands, modelled ns and NAND bytes of the retrieval commands `run` sends."""
+    before = dev.log()["retrieval"]
+    out = run()
+    after = dev.log()["retrieval"]
+    n = after["commands"] - before["commands"]
+    return {"commands": n,
+            "modelled_ms_per_command": (after["device_ns"] - before["device_ns"]) / n / 1e6,
+            "nand_bytes_per_command": (after["nand_bytes_read"]
+                                       - before["nand_bytes_read"]) / n,
+            "result": out}
+
+
+def _one_layout(layout: str, blocks: list, queries: list, k: int, rerank: int,
+                scheme: str, profile: str | None, media: str) -> dict:
+    s = SHAPE
+    where = socket_dir("ssdemu-layout-", "sde.sock")
+    sock = os.path.join(where, "sde.sock")
+    extra = ("--kv-layout", layout) + (("--profile", profile) if profile else ())
+    d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
+    kw = dict(layers=s["layers"], page_tokens=PAGE, sink_pages=1, recent_pages=1)
+    try:
+        with hostlib.connect(sock) as dev:
+            keys = [f"lay/{i:05d}".encode() for i in range(len(blocks))]
+            for key, block in zip(keys, blocks, strict=True):
+                dev.kv_put_quantized(key, block.view(np.uint16), "fp16", scheme,
+                                     summary_page=PAGE)
+
+            def topk():
+                return [dev.topk_pages(keys, q, kv_heads=s["kv_heads"], k=k, rerank=rerank,
+                                       layer=layer, **kw)[0].copy()
+                        for layer, q in queries]
+
+            # the first pass reads every block's summaries into the drive's DRAM: measured
+            # apart, so that both layouts' steady state is compared
+            first = _phase(dev, topk)
+            steady = _phase(dev, topk)
+            ids = steady.pop("result")
+            first.pop("result")
+            attend = _phase(dev, lambda: [dev.attend(keys, q, i, layer=layer, **kw)[0].copy()
+                                          for (layer, q), i in zip(queries, ids, strict=True)])
+            outs = attend.pop("result")
+            for key in keys:
+                dev.kv_delete(key)
+    finally:
+        code, err = d.terminate()
+        shutil.rmtree(where, ignore_errors=True)
+    if code != 0:
+        raise RuntimeError(f"the {layout} daemon exited {code}: {err[-500:]}")
+    return {"topk_first_pass": first, "topk_rerank": steady, "attend": attend,
+            "ids": ids, "outputs": outs}
+
+
+def layout_comparison(context: int = 2048, steps: int = 2, rerank: int = 4,
+                      budget_pct: float = 12.0, scheme: str = "plain",
+                      profile: str | None = None, media: str = "mem:1G",
+                      seed: int = 0) -> dict:
+    if context < BLOCK_TOKENS or context % BLOCK_TOKENS:
+        raise ValueError(f"the layout context is a multiple of {BLOCK_TOKENS} tokens, got "
+                         f"{context}")
+    s = SHAPE
+    rng = np.random.default_rng(seed)
+    blocks = [rng.standard_normal((BLOCK_TOKENS, 2, s["layers"], s["kv_heads"],
+                                   s["head_dim"])).astype(np.float16)
+              for _ in range(context // BLOCK_TOKENS)]
+    queries = [(layer, rng.standard_normal((s["q_heads"], s["head_dim"])).astype(np.float32))
+               for _ in range(steps) for layer in range(s["layers"])]
+    pages = context // PAGE
+    k = max(1, min(round(pages * budget_pct / 100), pages - 2))
+    runs = {lay: _one_layout(lay, blocks, queries, k, rerank, scheme, profile, media)
+            for lay in LAYOUTS}
+    tok, head = runs["token"], runs["head"]
+    same_ids = all(np.array_equal(a, b) for a, b in zip(tok["ids"], head["ids"], strict=True))
+    same_out = all(np.array_equal(a, b) for a, b in zip(tok["outputs"], head["outputs"],
+                                                        strict=True))
+    out = {"context_tokens": context, "decode_steps": steps, "layers": s["layers"],
+           "kv_heads": s["kv_heads"], "head_dim": s["head_dim"], "scheme": scheme,
+           "budget_pages": k, "rerank": rerank, "selections_identical": same_ids,
+           "attention_identical": same_out}
+    for lay in LAYOUTS:
+        out[lay] = {part: runs[lay][part] for part in ("topk_first_pass", "topk_rerank",
+                                                       "attend")}
+    for part in ("topk_rerank", "attend"):
+        t, h = tok[part], head[part]
+        out[f"{part}_head_vs_token"] = {
+            "modelled_time": h["modelled_ms_per_command"] / t["modelled_ms_per_command"],
+            "nand_bytes": h["nand_bytes_per_command"] / t["nand_bytes_per_command"]}
+    return out
+
+
+def format_table(r: dict) -> str:
+    lines = [f"layout: {r['context_tokens']} tokens, {r['layers']} layers x {r['kv_heads']} KV "
+             f"heads x {r['head_dim']}, {r['scheme']}, k {r['budget_pages']} pages, rerank "
+             f"{r['rerank']}, {r['decode_steps']} decode steps",
+             f"{'command':<14} {'layout':<6} {'modelled ms':>12} {'NAND KiB':>10}"]
+    for part in ("topk_rerank", "attend"):
+        for lay in LAYOUTS:
+            x = r[lay][part]
+            lines.append(f"{part:<14} {lay:<6} {x['modelled_ms_per_command']:12.3f} "
+                         f"{x['nand_bytes_per_command'] / 1024:10.1f}")
+        ratio = r[f"{part}_head_vs_token"]
+        lines.append(f"{part:<14} head/token time {ratio['modelled_time']:.3f}, NAND bytes "
+                     f"{ratio['nand_bytes']:.3f}")
+    lines.append(f"selections identical: {r['selections_identical']}; attention identical: "
+                 f"{r['attention_identical']}")
+    return "\n".join(lines)
