@@ -867,8 +867,29 @@ class Retrieval:
             out.append(hit[0])
         return out
 
-    def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
+    def _seq_bounds(self, req: Request, nsid: int, blocks, timing) -> tuple:
+        """The sequence's summaries as the score reads them, (lo, hi) float32 (H, P, D)
+        over all its pages, and P.  Each block's summaries go through the drive's DRAM as
+        before (_summaries: the modelled LRU touched, its misses booked); the float32
+        arrays of the whole sequence are kept in the host's DECODED_BYTES under the
+        sequence's identity, so that a decode step's next command over the same sequence
+        scores it in one kernel call per pass, not one per block (the per-block calls and
+        conversions were most of a short command's host time).  The kernels work page by
+        page (channel_range_sums in page order), so the bits are the block-by-block ones."""
         packed, P = self._summaries(req, nsid, blocks, timing)
+        key = (self._local.sid, "bounds", req.layer, req.page, req.int8)
+        got = self.decoded.get(key)
+        if got is not None:
+            return (*got[0], P)
+        parts = [self._bounds(req, plo, phi) for plo, phi in packed]
+        lo = np.concatenate([a for a, _ in parts], axis=1)
+        hi = np.concatenate([b for _, b in parts], axis=1)
+        if self._local.keep_decoded:
+            self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
+        return lo, hi, P
+
+    def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
+        lo, hi, P = self._seq_bounds(req, nsid, blocks, timing)
         H, D = req.kv_heads, req.head_dim
         scores = np.empty((H, P), np.float32)
         c = req.k * req.rerank
@@ -876,11 +897,7 @@ class Retrieval:
         sco = np.empty((H, c), np.float32)
         n = max(0, P - req.sinks - req.recent)
         if req.rerank == 1:
-            for b, (plo, phi) in zip(blocks, packed, strict=True):
-                lo, hi = self._bounds(req, plo, phi)
-                part = np.empty(lo.shape[:2], np.float32)
-                R.quest_scores(req.queries, lo, hi, part)
-                scores[:, b.first_page:b.first_page + part.shape[1]] = part
+            R.quest_scores(req.queries, lo, hi, scores)
             timing.score(req, P)
             R.topk_pages(scores, c, req.sinks, req.recent, ids, sco)
             timing.topk(req, n, c)
@@ -891,19 +908,12 @@ class Retrieval:
             # summaries keep (host: summed from the bounds a block at a time here; modelled:
             # kept as they are made)
             acc = np.zeros((H, D), np.float64)
-            for plo, phi in packed:
-                R.channel_range_sums(*self._bounds(req, plo, phi), acc)
+            R.channel_range_sums(lo, hi, acc)
             spread = np.empty((H, D), np.float32)
             R.spread_of_sums(acc, P, spread)
             r = R.select_channels(D)
             sel = np.empty((H, P), np.float32)
-            for b, (plo, phi) in zip(blocks, packed, strict=True):
-                lo, hi = self._bounds(req, plo, phi)
-                psel = np.empty(lo.shape[:2], np.float32)
-                pbound = np.empty_like(psel)
-                R.selective_scores(req.queries, lo, hi, spread, r, psel, pbound)
-                sel[:, b.first_page:b.first_page + psel.shape[1]] = psel
-                scores[:, b.first_page:b.first_page + psel.shape[1]] = pbound
+            R.selective_scores(req.queries, lo, hi, spread, r, sel, scores)
             timing.score(req, P)
             timing.selective(req, P, r)
             R.rerank_candidates(scores, sel, c, req.sinks, req.recent, ids)
