@@ -205,18 +205,44 @@ def _row_at(layout, t, kv, layer, head, tokens, layers, heads):
     return ((layer * heads + head) * 2 + kv) * tokens + t  # LAYOUT_BY_HEAD
 
 
+TILE = 16  # tokens whose rows move_rows moves together
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def move_rows(p, src, src_layout, dst, dst_layout):
-    """Copy a block's head_dim rows from one layout to another (bytes to bytes)."""
+    """Copy a block's head_dim rows from one layout to another (bytes to bytes), in the
+    destination's order.  Rows of whole 8-byte words (every head_dim of 4 or more) move as
+    words: a slice assignment per row cost ~200 ns (60 ms for a 32 MiB block, six times the
+    int8 quantize itself)."""
     tokens, layers, heads = p[P_TOKENS], p[P_LAYERS], p[P_HEADS]
     row = p[P_HDIM] * (4 if p[P_DTYPE] == 2 else 2)
+    if row % 8 == 0:
+        w = row // 8
+        s64, d64 = src.view(np.uint64), dst.view(np.uint64)
+        # a tile of TILE tokens at a time: its rows of every layer and head (a few MiB at
+        # most) stay in cache while they are spread out, where token after token of one
+        # head strode a whole token's rows apart on each read
+        for t0 in range(0, tokens, TILE):
+            t1 = min(tokens, t0 + TILE)
+            for layer in range(layers):
+                for head in range(heads):
+                    for kv in range(2):
+                        for t in range(t0, t1):
+                            a = _row_at(src_layout, t, kv, layer, head, tokens, layers,
+                                        heads) * w
+                            b = _row_at(dst_layout, t, kv, layer, head, tokens, layers,
+                                        heads) * w
+                            for i in range(w):
+                                d64[b + i] = s64[a + i]
+        return
     for layer in range(layers):
-        for kv in range(2):
-            for head in range(heads):
+        for head in range(heads):
+            for kv in range(2):
                 for t in range(tokens):
                     a = _row_at(src_layout, t, kv, layer, head, tokens, layers, heads) * row
                     b = _row_at(dst_layout, t, kv, layer, head, tokens, layers, heads) * row
-                    dst[b:b + row] = src[a:a + row]
+                    for i in range(row):
+                        dst[b + i] = src[a + i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -466,6 +492,9 @@ def dequantize_block(blob, out, p):
             lo, hi, s1, s2 = kind_int.dequantize_summed(p, body, dst.view(np.uint16))
         if np.int64(sum64_around(blob, CHECKSUM_WORD, lo, hi, s1, s2)) != p[P_CHECKSUM]:
             return E_CHECKSUM
+        return need
+    if p[P_BY_HEAD] and kind_body_is_elements(p):  # plain: its rows straight back
+        move_rows(p, body[:need], LAYOUT_BY_HEAD, dst, p[P_LAYOUT])
         return need
     reorder = p[P_BY_HEAD] or (p[P_LAYOUT] == LAYOUT_2LT and not kind_keeps_order(p))
     into = np.empty(need, np.uint8) if reorder else dst

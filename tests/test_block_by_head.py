@@ -154,3 +154,18 @@ def test_runs_adjacent_on_the_media_are_one_read():
     # [0,50)+[50,60) adjacent; [100,120)+[120,150) adjacent, [140,150) inside; [300,305) apart
     assert _joined(offs, lens) == [(0, 60), (100, 50), (300, 5)]
     assert _joined(np.array([7]), np.array([3])) == [(7, 3)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2, 3, 6]),
+       st.sampled_from(["fp16", "fp32"]))
+def test_rows_that_are_not_whole_words_move_too(tokens, layers, heads, dim, dtype):
+    """head_dim rows of fewer than 8 bytes, or not a multiple of 8, take the byte path."""
+    x = _block(np.random.default_rng(tokens), tokens, layers, heads, dim, dtype)
+    blob = quantize(x, dtype, "plain", summary_page=4)
+    h, _ = open_block(blob)
+    assert h.by_head
+    np.testing.assert_array_equal(dequantize(blob)[0], x)
+    ((off, n),) = page_extents(h, layers - 1, 1, heads - 1, 0, tokens)
+    np.testing.assert_array_equal(blob[off:off + n].view(x.dtype),
+                                  _ref_extent_values(x, layers - 1, 1, heads - 1, 0, tokens))
