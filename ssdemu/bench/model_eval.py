@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import pathlib
+import shutil
 import time
 
 import numpy as np
@@ -157,6 +159,21 @@ def _modelled(cfg, spec, method, budget_pages) -> dict:
     return out
 
 
+def _own_daemon():
+    """A daemon of this run's own on memory media, its timing off (quality is what is
+    measured through it), its socket in a private directory that _stop removes."""
+    from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
+
+    where = socket_dir("ssdemu-eval-")
+    return DaemonProcess(os.path.join(where, "s.sock"), media="mem:1G",
+                         extra=["--timing", "off"])
+
+
+def _stop(daemon) -> None:
+    daemon.terminate()
+    shutil.rmtree(os.path.dirname(daemon.socket_path), ignore_errors=True)
+
+
 def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> dict:
     """The runs of spec on a drive (a daemon at socket_path, or one started here on memory
     media with its timing off: quality is what is measured through it).  spec.context: one
@@ -164,7 +181,6 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
     import hostlib
     from ssdemu.llm.forward import Llama
     from ssdemu.llm.gguf_model import load
-    from ssdemu.tools.daemon_process import DaemonProcess
 
     contexts = tuple(spec.context) if isinstance(spec.context, (tuple, list)) \
         else (spec.context,)
@@ -177,10 +193,7 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
     total = sum(len(runs) for _, _, runs in plans)
     daemon = None
     if socket_path is None:
-        import tempfile
-
-        daemon = DaemonProcess(tempfile.mkdtemp(prefix="ssdemu-eval-") + "/s.sock",
-                               media="mem:1G", extra=["--timing", "off"])
+        daemon = _own_daemon()
         socket_path = daemon.socket_path
     reports, done = [], [0]
 
@@ -196,7 +209,7 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
                                                  len(reports), step))
     finally:
         if daemon is not None:
-            daemon.terminate()
+            _stop(daemon)
     if len(reports) == 1:
         return reports[0]
     return {"model": cfg.name, "text": spec.text, "contexts": reports}
@@ -261,17 +274,13 @@ def passkey(spec: EvalSpec, lengths, trials: int, seed: int = 0, socket_path=Non
     from ssdemu.llm.drive_kv import DriveKV
     from ssdemu.llm.forward import KVCache, Llama
     from ssdemu.llm.gguf_model import load
-    from ssdemu.tools.daemon_process import DaemonProcess
 
     cfg, w, tok = load(spec.model_path)
     m = Llama(cfg, w)
     rng = np.random.default_rng(seed)
     daemon = None
     if socket_path is None:
-        import tempfile
-
-        daemon = DaemonProcess(tempfile.mkdtemp(prefix="ssdemu-eval-") + "/s.sock",
-                               media="mem:1G", extra=["--timing", "off"])
+        daemon = _own_daemon()
         socket_path = daemon.socket_path
     out: dict = {}
     done, total = 0, len(lengths) * trials
@@ -305,7 +314,7 @@ def passkey(spec: EvalSpec, lengths, trials: int, seed: int = 0, socket_path=Non
                 out[str(length)] = {meth: hits[meth] / trials for meth in spec.methods}
     finally:
         if daemon is not None:
-            daemon.terminate()
+            _stop(daemon)
     return {"trials": trials, "budget_pct": max(spec.budgets_pct), "accuracy": out}
 
 
