@@ -13,15 +13,13 @@ on the values."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
 import numpy as np
 
 import hostlib
 from ssdemu.device.latency import bucket_values_ns, new_histogram, percentiles_us
-from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
+from ssdemu.tools.daemon_process import private_daemon
 
 SHAPE = dict(layers=30, kv_heads=3, q_heads=9, head_dim=64)
 BLOCK_TOKENS, PAGE = 64, 16
@@ -36,6 +34,26 @@ def _hist(log: dict) -> np.ndarray:
     return out
 
 
+def budget_pages(pages: int, budget_pct: float) -> int:
+    """Pages a TOPK keeps at budget_pct of the context's, the sink and recent pages apart."""
+    return max(1, min(round(pages * budget_pct / 100), pages - 2))
+
+
+def store_sequence(dev, prefix: str, blocks, scheme: str = "plain") -> list[bytes]:
+    """Blocks (fp16, SHAPE) stored as a decoding engine stores them (quantized in the drive,
+    with their page summaries); their keys, in order."""
+    keys = [f"{prefix}/{i:05d}".encode() for i in range(len(blocks))]
+    for key, block in zip(keys, blocks, strict=True):
+        dev.kv_put_quantized(key, block.view(np.uint16), "fp16", scheme, summary_page=PAGE)
+    return keys
+
+
+def gaussian_blocks(rng, n: int) -> list[np.ndarray]:
+    s = SHAPE
+    return [rng.standard_normal((BLOCK_TOKENS, 2, s["layers"], s["kv_heads"],
+                                 s["head_dim"])).astype(np.float16) for _ in range(n)]
+
+
 def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0,
                  rerank: int = 4,  # the eval's drive-select (ssdemu.bench.model_eval.METHODS)
                  profile: str | None = None, media: str = "mem:2G",
@@ -43,21 +61,13 @@ def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0
     if context < BLOCK_TOKENS or context % BLOCK_TOKENS:
         raise ValueError(f"--context is a multiple of {BLOCK_TOKENS} tokens, got {context}")
     s = SHAPE
-    where = socket_dir("ssdemu-keepup-", "sde.sock")
-    sock = os.path.join(where, "sde.sock")
     extra = ("--kv-layout", kv_layout) + (("--profile", profile) if profile else ())
-    d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
     rng = np.random.default_rng(seed)
-    try:
-        with hostlib.connect(sock) as dev:
-            keys = [f"ku/{i:05d}".encode() for i in range(context // BLOCK_TOKENS)]
-            for key in keys:
-                block = rng.standard_normal((BLOCK_TOKENS, 2, s["layers"], s["kv_heads"],
-                                             s["head_dim"])).astype(np.float16)
-                dev.kv_put_quantized(key, block.view(np.uint16), "fp16", "plain",
-                                     summary_page=PAGE)
+    with private_daemon("ssdemu-keepup-", media, extra) as d:
+        with hostlib.connect(d.socket_path) as dev:
+            keys = store_sequence(dev, "ku", gaussian_blocks(rng, context // BLOCK_TOKENS))
             pages = context // PAGE
-            k = max(1, min(round(pages * budget_pct / 100), pages - 2))
+            k = budget_pages(pages, budget_pct)
             kw = dict(layers=s["layers"], page_tokens=PAGE, sink_pages=1, recent_pages=1)
             wall, before = [], None
             for t in range(warmup + tokens):
@@ -74,11 +84,6 @@ def bench_keepup(context: int = 4096, tokens: int = 64, budget_pct: float = 12.0
             after = dev.log()
             for key in keys:
                 dev.kv_delete(key)
-    finally:
-        code, err = d.terminate()
-        shutil.rmtree(where, ignore_errors=True)
-    if code != 0:
-        raise RuntimeError(f"the daemon exited {code}: {err[-500:]}")
     lag = _hist(after) - _hist(before)  # the measured tokens' commands
     r0, r1 = before["retrieval"], after["retrieval"]
     n = r1["commands"] - r0["commands"]

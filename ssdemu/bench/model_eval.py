@@ -25,11 +25,10 @@ unless given."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-import os
 import pathlib
-import shutil
 import time
 
 import numpy as np
@@ -159,26 +158,25 @@ def _modelled(cfg, spec, method, budget_pages) -> dict:
     return out
 
 
-def _own_daemon():
-    """A daemon of this run's own on memory media, its timing off (quality is what is
-    measured through it), its socket in a private directory that _stop removes."""
-    from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
+@contextlib.contextmanager
+def _drive(socket_path: str | None):
+    """A connection to the daemon at socket_path, or to one started here for the run on
+    memory media with its timing off (quality is what is measured through it)."""
+    import hostlib
+    from ssdemu.tools.daemon_process import private_daemon
 
-    where = socket_dir("ssdemu-eval-")
-    return DaemonProcess(os.path.join(where, "s.sock"), media="mem:1G",
-                         extra=["--timing", "off"])
-
-
-def _stop(daemon) -> None:
-    daemon.terminate()
-    shutil.rmtree(os.path.dirname(daemon.socket_path), ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        if socket_path is None:
+            socket_path = stack.enter_context(private_daemon(
+                "ssdemu-eval-", "mem:1G", ("--timing", "off"))).socket_path
+        with hostlib.connect(socket_path) as dev:
+            yield dev
 
 
 def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> dict:
     """The runs of spec on a drive (a daemon at socket_path, or one started here on memory
     media with its timing off: quality is what is measured through it).  spec.context: one
     length, or several (a report each, under "contexts")."""
-    import hostlib
     from ssdemu.llm.forward import Llama
     from ssdemu.llm.gguf_model import load
 
@@ -191,10 +189,6 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
         raise ValueError(f"{spec.text} has {len(ids)} tokens: fewer than context + held + 1")
     plans = [_plan(dataclasses.replace(spec, context=c)) for c in contexts]
     total = sum(len(runs) for _, _, runs in plans)
-    daemon = None
-    if socket_path is None:
-        daemon = _own_daemon()
-        socket_path = daemon.socket_path
     reports, done = [], [0]
 
     def step():
@@ -202,14 +196,10 @@ def evaluate(spec: EvalSpec, socket_path: str | None = None, progress=None) -> d
         if progress is not None:
             progress(done[0], total)
 
-    try:
-        with hostlib.connect(socket_path) as dev:
-            for one, budgets, runs in plans:
-                reports.append(_evaluate_context(m, cfg, dev, ids, one, budgets, runs,
-                                                 len(reports), step))
-    finally:
-        if daemon is not None:
-            _stop(daemon)
+    with _drive(socket_path) as dev:
+        for one, budgets, runs in plans:
+            reports.append(_evaluate_context(m, cfg, dev, ids, one, budgets, runs,
+                                             len(reports), step))
     if len(reports) == 1:
         return reports[0]
     return {"model": cfg.name, "text": spec.text, "contexts": reports}
@@ -270,7 +260,6 @@ def passkey(spec: EvalSpec, lengths, trials: int, seed: int = 0, socket_path=Non
             progress=None) -> dict:
     """Each method's accuracy at finding a 5-digit key: the prompt prefilled (its KV in the
     drive, plain), then the answer decoded greedily through the drive."""
-    import hostlib
     from ssdemu.llm.drive_kv import DriveKV
     from ssdemu.llm.forward import KVCache, Llama
     from ssdemu.llm.gguf_model import load
@@ -278,43 +267,35 @@ def passkey(spec: EvalSpec, lengths, trials: int, seed: int = 0, socket_path=Non
     cfg, w, tok = load(spec.model_path)
     m = Llama(cfg, w)
     rng = np.random.default_rng(seed)
-    daemon = None
-    if socket_path is None:
-        daemon = _own_daemon()
-        socket_path = daemon.socket_path
     out: dict = {}
     done, total = 0, len(lengths) * trials
-    try:
-        with hostlib.connect(socket_path) as dev:
-            for length in lengths:
-                hits = {meth: 0 for meth in spec.methods}
-                for _ in range(trials):
-                    key = int(rng.integers(10000, 100000))
-                    ids = passkey_prompt(tok, length, key, float(rng.uniform(0.05, 0.95)))
-                    mem = KVCache(cfg, np.float16)
-                    first = int(m.prefill(ids, cache=mem, last_only=True)[-1].argmax())
-                    pages = len(ids) // PAGE_TOKENS
-                    budget = max(1, round(pages * max(spec.budgets_pct) / 100))
-                    for meth in spec.methods:
-                        mode, rerank = METHODS[meth]
-                        kv = DriveKV(dev, cfg, mode=mode, budget_pages=budget, rerank=rerank,
-                                     prefix=b"pk")
-                        for layer in range(cfg.layers):
-                            kv.append(layer, mem.k[layer], mem.v[layer])
-                        answer, token = [], first
-                        for pos in range(len(ids), len(ids) + 7):
-                            answer.append(token)
-                            kv.begin_step()
-                            token = int(m.decode_step(token, pos, kv.attend).argmax())
-                        kv.end()
-                        hits[meth] += str(key) in tok.decode(answer)
-                    done += 1
-                    if progress is not None:
-                        progress(done, total)
-                out[str(length)] = {meth: hits[meth] / trials for meth in spec.methods}
-    finally:
-        if daemon is not None:
-            _stop(daemon)
+    with _drive(socket_path) as dev:
+        for length in lengths:
+            hits = {meth: 0 for meth in spec.methods}
+            for _ in range(trials):
+                key = int(rng.integers(10000, 100000))
+                ids = passkey_prompt(tok, length, key, float(rng.uniform(0.05, 0.95)))
+                mem = KVCache(cfg, np.float16)
+                first = int(m.prefill(ids, cache=mem, last_only=True)[-1].argmax())
+                pages = len(ids) // PAGE_TOKENS
+                budget = max(1, round(pages * max(spec.budgets_pct) / 100))
+                for meth in spec.methods:
+                    mode, rerank = METHODS[meth]
+                    kv = DriveKV(dev, cfg, mode=mode, budget_pages=budget, rerank=rerank,
+                                 prefix=b"pk")
+                    for layer in range(cfg.layers):
+                        kv.append(layer, mem.k[layer], mem.v[layer])
+                    answer, token = [], first
+                    for pos in range(len(ids), len(ids) + 7):
+                        answer.append(token)
+                        kv.begin_step()
+                        token = int(m.decode_step(token, pos, kv.attend).argmax())
+                    kv.end()
+                    hits[meth] += str(key) in tok.decode(answer)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            out[str(length)] = {meth: hits[meth] / trials for meth in spec.methods}
     return {"trials": trials, "budget_pct": max(spec.budgets_pct), "accuracy": out}
 
 

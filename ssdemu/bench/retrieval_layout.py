@@ -12,16 +12,19 @@ scheme asked (plain fp16 by default; an integer scheme reads codes and scales)."
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 
 import hostlib
-from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
+from ssdemu.bench.keepup import (
+    BLOCK_TOKENS,
+    PAGE,
+    SHAPE,
+    budget_pages,
+    gaussian_blocks,
+    store_sequence,
+)
+from ssdemu.tools.daemon_process import private_daemon
 
-SHAPE = dict(layers=30, kv_heads=3, q_heads=9, head_dim=64)
-BLOCK_TOKENS, PAGE = 64, 16
 LAYOUTS = ("token", "head")
 
 
@@ -41,17 +44,11 @@ def _phase(dev, run) -> dict:
 def _one_layout(layout: str, blocks: list, queries: list, k: int, rerank: int,
                 scheme: str, profile: str | None, media: str) -> dict:
     s = SHAPE
-    where = socket_dir("ssdemu-layout-", "sde.sock")
-    sock = os.path.join(where, "sde.sock")
     extra = ("--kv-layout", layout) + (("--profile", profile) if profile else ())
-    d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
     kw = dict(layers=s["layers"], page_tokens=PAGE, sink_pages=1, recent_pages=1)
-    try:
-        with hostlib.connect(sock) as dev:
-            keys = [f"lay/{i:05d}".encode() for i in range(len(blocks))]
-            for key, block in zip(keys, blocks, strict=True):
-                dev.kv_put_quantized(key, block.view(np.uint16), "fp16", scheme,
-                                     summary_page=PAGE)
+    with private_daemon("ssdemu-layout-", media, extra) as d:
+        with hostlib.connect(d.socket_path) as dev:
+            keys = store_sequence(dev, "lay", blocks, scheme)
 
             def topk():
                 return [dev.topk_pages(keys, q, kv_heads=s["kv_heads"], k=k, rerank=rerank,
@@ -69,11 +66,6 @@ def _one_layout(layout: str, blocks: list, queries: list, k: int, rerank: int,
             outs = attend.pop("result")
             for key in keys:
                 dev.kv_delete(key)
-    finally:
-        code, err = d.terminate()
-        shutil.rmtree(where, ignore_errors=True)
-    if code != 0:
-        raise RuntimeError(f"the {layout} daemon exited {code}: {err[-500:]}")
     return {"topk_first_pass": first, "topk_rerank": steady, "attend": attend,
             "ids": ids, "outputs": outs}
 
@@ -87,13 +79,10 @@ def layout_comparison(context: int = 2048, steps: int = 2, rerank: int = 4,
                          f"{context}")
     s = SHAPE
     rng = np.random.default_rng(seed)
-    blocks = [rng.standard_normal((BLOCK_TOKENS, 2, s["layers"], s["kv_heads"],
-                                   s["head_dim"])).astype(np.float16)
-              for _ in range(context // BLOCK_TOKENS)]
+    blocks = gaussian_blocks(rng, context // BLOCK_TOKENS)
     queries = [(layer, rng.standard_normal((s["q_heads"], s["head_dim"])).astype(np.float32))
                for _ in range(steps) for layer in range(s["layers"])]
-    pages = context // PAGE
-    k = max(1, min(round(pages * budget_pct / 100), pages - 2))
+    k = budget_pages(context // PAGE, budget_pct)
     runs = {lay: _one_layout(lay, blocks, queries, k, rerank, scheme, profile, media)
             for lay in LAYOUTS}
     tok, head = runs["token"], runs["head"]

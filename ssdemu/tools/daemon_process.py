@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -29,6 +31,24 @@ def socket_dir(prefix: str, name: str = "s.sock") -> str:
         return d
     os.rmdir(d)
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+@contextlib.contextmanager
+def private_daemon(prefix: str, media: str, extra=()):
+    """A daemon on `media` (`extra`: more `serve` arguments), its socket and log in a new
+    private directory: yields it; then stops it, removes the directory, and raises
+    RuntimeError when it did not exit cleanly (a benchmark's figures from a daemon that
+    crashed are not figures)."""
+    where = socket_dir(prefix, "sde.sock")
+    d = DaemonProcess(os.path.join(where, "sde.sock"), media=media, extra=extra,
+                      log_path=os.path.join(where, "log"))
+    try:
+        yield d
+    finally:
+        code, err = d.terminate()
+        shutil.rmtree(where, ignore_errors=True)
+    if code != 0:
+        raise RuntimeError(f"the daemon exited {code}: {err[-500:]}")
 
 
 def _unlink(path: str) -> None:
