@@ -89,6 +89,27 @@ def test_the_cli_says_what_is_wrong():
     r = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "retrieval", "--lengths",
                         "12x"], capture_output=True, text=True)
     assert r.returncode == 2 and "not a positive count" in r.stderr
+    for args, says in ((["--layout-context", "100"], "a multiple of 64 tokens"),
+                       (["--layout-scheme", "int9_g7"], "unknown quantization scheme")):
+        r = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "retrieval", *args],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and says in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("scheme", ["plain", "int8_g64"])
+def test_the_drive_reads_a_page_of_one_head_by_head_and_selects_the_same(scheme):
+    """Two daemons, one per block layout, the same sequence and decode step: the same pages
+    chosen and the same attention, and by head the re-rank and ATTEND read a sliver of the
+    NAND bytes (a page of one head, not every layer's and head's token rows) in less time."""
+    from ssdemu.bench.retrieval_layout import layout_comparison
+
+    r = layout_comparison(256, steps=1, scheme=scheme)
+    assert r["selections_identical"] and r["attention_identical"]
+    for part in ("topk_rerank", "attend"):
+        assert r[f"{part}_head_vs_token"]["nand_bytes"] < 0.1, (part, r[part + "_head_vs_token"])
+        assert r[f"{part}_head_vs_token"]["modelled_time"] < 1.0
+        assert r["head"][part]["commands"] == r["token"][part]["commands"] == 30
 
 
 @pytest.fixture(scope="module")

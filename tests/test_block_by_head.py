@@ -154,6 +154,11 @@ def test_runs_adjacent_on_the_media_are_one_read():
     # [0,50)+[50,60) adjacent; [100,120)+[120,150) adjacent, [140,150) inside; [300,305) apart
     assert _joined(offs, lens) == [(0, 60), (100, 50), (300, 5)]
     assert _joined(np.array([7]), np.array([3])) == [(7, 3)]
+    # in pages of 128 bytes: [0,60) and [100,150) share page 0; [300,305) is in page 2
+    assert _joined(offs, lens, 128) == [(0, 150), (300, 5)]
+    # a run that begins in the page where the others end joins them; the next page does not
+    assert _joined(np.array([0, 200, 256]), np.array([130, 10, 4]), 128) == [(0, 210),
+                                                                             (256, 4)]
 
 
 @settings(max_examples=25, deadline=None)

@@ -240,7 +240,8 @@ def test_a_quantized_store_topk_and_attend_take_the_times_worked_out_by_hand(dri
     # head_dim), so each KV head's own pages (the sink, its chosen one, the recent one) of
     # layer 1 are read: K then V, each a run of codes (a byte per element) and a run of
     # scales and of zero points (a float32 per 64 elements), after the header; a head's
-    # adjacent pages are one run; the runs are sensed in the order of their offsets
+    # adjacent pages are one run; runs that begin in the NAND page (16 KiB) where the ones
+    # before them end are one read with them (a page is sensed once); in media order
     assert header.by_head
     d = Drive(dram=True)
     ready = d.receive(0.0, request + 4 * KV_HEADS)
@@ -256,15 +257,17 @@ def test_a_quantized_store_topk_and_attend_take_the_times_worked_out_by_hand(dri
                 runs += [(64 + 4 * (e0 // 64), 4 * n // 64),
                          (64 + 4 * (groups + e0 // 64), 4 * n // 64), (codes_at + e0, n)]
     joined = []
-    for off, n in sorted(runs):
-        if joined and off <= joined[-1][0] + joined[-1][1]:
-            joined[-1] = (joined[-1][0], max(joined[-1][1], off + n - joined[-1][0]))
+    for off, n in sorted((offset + o, n) for o, n in runs):
+        end = joined[-1][0] + joined[-1][1] if joined else 0
+        if joined and (off <= end or off // PAGE == (end - 1) // PAGE):
+            joined[-1] = (joined[-1][0], max(end, off + n) - joined[-1][0])
         else:
             joined.append((off, n))
-    assert sum(n for _, n in joined) < 3 * PAGE_TOKENS * length // TOKENS  # not token rows
+    # fewer bytes than the three pages' token rows (every layer and head)
+    assert sum(n for _, n in runs) < 3 * PAGE_TOKENS * length // TOKENS
     sensed = ready
     for off, n in joined:
-        sensed = max(sensed, d.sense(ready, offset + off, n))
+        sensed = max(sensed, d.sense(ready, off, n))
     # each head attends the most pages any head has: its own, the sink and the recent one
     attended = max(len({0, PAGES - 1, int(c)}) for c in chosen[:, 0]) * PAGE_TOKENS
     t = max(d.kernel(sensed, attend(attended, GROUP, DIM)) for _ in range(KV_HEADS))

@@ -284,13 +284,18 @@ def unpack_bounds(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _joined(offs: np.ndarray, lens: np.ndarray) -> list:
-    """(offset, bytes) runs, sorted, with adjacent or overlapping ones joined."""
+def _joined(offs: np.ndarray, lens: np.ndarray, page: int = 1) -> list:
+    """(offset, bytes) runs of the media, sorted, as the drive reads them: runs that overlap,
+    touch, or begin in the NAND page (of `page` bytes) where the runs before them end are
+    one read (a page is sensed once; the bytes between are transferred with it).  A page of
+    one head's keys and its scales are a few hundred bytes: sensed apart, each took a whole
+    t_read of the same die, and a by-head ATTEND cost more than the token rows it saves."""
     order = np.argsort(offs, kind="stable")
     offs, ends = offs[order], offs[order] + lens[order]
     reach = np.maximum.accumulate(ends)
-    # a run starts where it begins past every earlier run's end
-    starts = np.flatnonzero(np.r_[True, offs[1:] > reach[:-1]])
+    # a run starts a read where it begins past every earlier run's end and its last page
+    starts = np.flatnonzero(np.r_[True, (offs[1:] > reach[:-1])
+                                  & (offs[1:] // page > (reach[:-1] - 1) // page)])
     stops = np.r_[starts[1:], len(offs)] - 1
     return [(int(offs[a]), int(reach[z] - offs[a])) for a, z in zip(starts, stops, strict=True)]
 
@@ -634,7 +639,8 @@ class Retrieval:
                 o, n = _blockfmt.page_runs(header, req.layer, kv, hs[mine], t0, t1)
                 offs.append(o + np.tile(at, len(o) // max(1, len(at))))  # one per stream
                 lens.append(n)
-            for off, n in _joined(np.concatenate(offs), np.concatenate(lens)):
+            for off, n in _joined(np.concatenate(offs), np.concatenate(lens),
+                                  self.profile.nand.page_bytes):
                 timing.media_read(off, n)
 
     @staticmethod
