@@ -76,11 +76,6 @@ void sde_ftl_free(sde_ftl *f)
     free(f);
 }
 
-uint32_t sde_ftl_lookup(const sde_ftl *f, uint64_t u)
-{
-    return u < f->logical_units ? sde_segmap_get(f->l2p, u) : SDE_FTL_UNMAPPED;
-}
-
 uint64_t sde_ftl_lookup_run(const sde_ftl *f, uint64_t u, uint32_t *phys)
 {
     return sde_segmap_run(f->l2p, u, f->logical_units, phys);
@@ -139,23 +134,11 @@ uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_
     return k;
 }
 
-uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u)
-{
-    uint32_t phys;
-    return sde_ftl_append_run(f, wp, u, 1, &phys) ? phys : SDE_FTL_UNMAPPED;
-}
-
 void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n)
 {
     uint64_t before = f->nvalid;
     sde_segmap_clear(f->l2p, u0, n, slots_gone, f);
     f->trimmed += before - f->nvalid;
-}
-
-void sde_ftl_trim(sde_ftl *f, uint64_t u)
-{
-    if (u < f->logical_units)
-        sde_ftl_trim_run(f, u, 1);
 }
 
 int sde_ftl_gc_needed(const sde_ftl *f) { return f->nfree <= f->gc_free; }

@@ -28,23 +28,16 @@ int sde_ftl_new(uint64_t logical_units, uint32_t lines, uint32_t units_per_line,
                 uint32_t gc_free_lines, sde_ftl **out);
 void sde_ftl_free(sde_ftl *f);
 
-/* Where logical unit u lives (a physical unit), or SDE_FTL_UNMAPPED. */
-uint32_t sde_ftl_lookup(const sde_ftl *f, uint64_t u);
 /* The run at u (< logical units): *phys is u's place (SDE_FTL_UNMAPPED or a physical unit);
  * returns how many units from u on live at *phys, *phys + 1, ... (or are all unmapped). */
 uint64_t sde_ftl_lookup_run(const sde_ftl *f, uint64_t u, uint32_t *phys);
-/* Write u at the next slot of write point wp (0 host, 1 GC): the old slot is invalidated.
- * Returns the physical unit, or SDE_FTL_UNMAPPED when no free line is left (the caller runs
- * GC first: sde_ftl_gc_needed). */
-uint32_t sde_ftl_append(sde_ftl *f, int wp, uint64_t u);
-/* Write units u0 .. u0 + k - 1 at consecutive slots of wp, k = min(n, the slots left in its
- * line), each exactly as sde_ftl_append would (a full or missing line is replaced first).
- * Returns k, 0 when no free line is left; *phys0: the first unit's slot.  A replay's block is
- * thousands of units: one call per line instead of one per unit, and no division per unit. */
+/* Write units u0 .. u0 + k - 1 at consecutive slots of write point wp (0 host, 1 GC),
+ * k = min(n, the slots left in its line; a full or missing line is replaced first), each
+ * unit's old slot invalidated.  Returns k, 0 when no free line is left (the caller runs GC
+ * first: sde_ftl_gc_needed); *phys0: the first unit's slot.  A replay's block is thousands of
+ * units: one call per line, not one per unit. */
 uint32_t sde_ftl_append_run(sde_ftl *f, int wp, uint64_t u0, uint32_t n, uint32_t *phys0);
-/* Forget u (a trim or deallocate). */
-void sde_ftl_trim(sde_ftl *f, uint64_t u);
-/* Forget units [u0, u0 + n) (u0 + n <= logical units), as sde_ftl_trim on each. */
+/* Forget units [u0, u0 + n) (u0 + n <= logical units): a trim or deallocate. */
 void sde_ftl_trim_run(sde_ftl *f, uint64_t u0, uint64_t n);
 /* Whether a write point is at a line boundary and free lines are at most the threshold. */
 int sde_ftl_gc_needed(const sde_ftl *f);
