@@ -180,23 +180,6 @@ def _write_header(p, out, total, residual, lo, hi, s1, s2):
     _put(out, 40, 8, sum64_around(out[:total], CHECKSUM_WORD, lo, hi, s1, s2))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _reorder_rows(p, src, dst, to_tokens_first):
-    """Move the (heads * head_dim)-element rows of a block between LMCache's (2, layers,
-    tokens) order and the drive's (tokens, 2, layers) order."""
-    tokens, layers = p[P_TOKENS], p[P_LAYERS]
-    row = p[P_HEADS] * p[P_HDIM] * _element_bytes(p[P_DTYPE])
-    for kv in range(2):
-        for layer in range(layers):
-            for t in range(tokens):
-                a = ((kv * layers + layer) * tokens + t) * row
-                b = ((t * 2 + kv) * layers + layer) * row
-                if to_tokens_first:
-                    dst[b:b + row] = src[a:a + row]
-                else:
-                    dst[a:a + row] = src[b:b + row]
-
-
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _row_at(layout, t, kv, layer, head, tokens, layers, heads):
     """The place, in head_dim rows, of row (token, K or V, layer, head) in a layout."""
@@ -207,44 +190,48 @@ def _row_at(layout, t, kv, layer, head, tokens, layers, heads):
     return ((layer * heads + head) * 2 + kv) * tokens + t  # LAYOUT_BY_HEAD
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _words(a, row):
+    """a as 8-byte words when a row is whole words (every head_dim of 4 or more), else an
+    empty view: rows then move byte by byte.  A slice assignment per row cost ~200 ns (60 ms
+    for a 32 MiB block, six times the int8 quantize itself)."""
+    return a.view(np.uint64) if row % 8 == 0 else a[:0].view(np.uint64)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _copy_row(src, s64, a, dst, d64, b, row):
+    """Row a of src (bytes; s64 its words from _words) to row b of dst."""
+    if row % 8 == 0:
+        w = row // 8
+        for i in range(w):
+            d64[b * w + i] = s64[a * w + i]
+    else:
+        for i in range(row):
+            dst[b * row + i] = src[a * row + i]
+
+
 TILE = 16  # tokens whose rows move_rows moves together
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def move_rows(p, src, src_layout, dst, dst_layout):
-    """Copy a block's head_dim rows from one layout to another (bytes to bytes), in the
-    destination's order.  Rows of whole 8-byte words (every head_dim of 4 or more) move as
-    words: a slice assignment per row cost ~200 ns (60 ms for a 32 MiB block, six times the
-    int8 quantize itself)."""
+    """Copy a block's head_dim rows from one layout to another (bytes to bytes).  A tile of
+    TILE tokens at a time: its rows of every layer and head (a few MiB at most) stay in cache
+    while they are spread out, where token after token of one head strode a whole token's
+    rows apart on each read."""
     tokens, layers, heads = p[P_TOKENS], p[P_LAYERS], p[P_HEADS]
-    row = p[P_HDIM] * (4 if p[P_DTYPE] == 2 else 2)
-    if row % 8 == 0:
-        w = row // 8
-        s64, d64 = src.view(np.uint64), dst.view(np.uint64)
-        # a tile of TILE tokens at a time: its rows of every layer and head (a few MiB at
-        # most) stay in cache while they are spread out, where token after token of one
-        # head strode a whole token's rows apart on each read
-        for t0 in range(0, tokens, TILE):
-            t1 = min(tokens, t0 + TILE)
-            for layer in range(layers):
-                for head in range(heads):
-                    for kv in range(2):
-                        for t in range(t0, t1):
-                            a = _row_at(src_layout, t, kv, layer, head, tokens, layers,
-                                        heads) * w
-                            b = _row_at(dst_layout, t, kv, layer, head, tokens, layers,
-                                        heads) * w
-                            for i in range(w):
-                                d64[b + i] = s64[a + i]
-        return
-    for layer in range(layers):
-        for head in range(heads):
-            for kv in range(2):
-                for t in range(tokens):
-                    a = _row_at(src_layout, t, kv, layer, head, tokens, layers, heads) * row
-                    b = _row_at(dst_layout, t, kv, layer, head, tokens, layers, heads) * row
-                    for i in range(row):
-                        dst[b + i] = src[a + i]
+    row = p[P_HDIM] * _element_bytes(p[P_DTYPE])
+    s64, d64 = _words(src, row), _words(dst, row)
+    for t0 in range(0, tokens, TILE):
+        for layer in range(layers):
+            for head in range(heads):
+                for kv in range(2):
+                    for t in range(t0, min(tokens, t0 + TILE)):
+                        _copy_row(src, s64,
+                                  _row_at(src_layout, t, kv, layer, head, tokens, layers, heads),
+                                  dst, d64,
+                                  _row_at(dst_layout, t, kv, layer, head, tokens, layers, heads),
+                                  row)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -267,7 +254,7 @@ def _in_media_order(p, src):
         return ordered
     if p[P_LAYOUT] == LAYOUT_2LT and not kind_keeps_order(p):
         ordered = np.empty(src.shape[0], np.uint8)
-        _reorder_rows(p, src, ordered, True)
+        move_rows(p, src, LAYOUT_2LT, ordered, LAYOUT_T2L)
         return ordered
     return src
 
@@ -513,7 +500,7 @@ def dequantize_block(blob, out, p):
     if p[P_BY_HEAD]:  # back to the host's order
         move_rows(p, into, LAYOUT_BY_HEAD, dst, p[P_LAYOUT])
     elif reorder:
-        _reorder_rows(p, into, dst, False)
+        move_rows(p, into, LAYOUT_T2L, dst, LAYOUT_2LT)
     return need
 
 
@@ -528,11 +515,8 @@ def _dequantize_int_by_head(p, body, dst, slab):
     s, z, c = _int_views(body, elements(p), group, bits, sym)
     n = tokens * dim
     src = slab.view(np.uint8)
-    row = dim * (4 if dtype == 2 else 2)
-    words = row % 8 == 0  # rows of whole words move as words (move_rows says why)
-    w = row // 8
-    s64 = src.view(np.uint64) if words else src[:0].view(np.uint64)
-    d64 = dst.view(np.uint64) if words else dst[:0].view(np.uint64)
+    row = dim * _element_bytes(dtype)
+    s64, d64 = _words(src, row), _words(dst, row)
     for layer in range(layers):
         for head in range(heads):
             for kv in range(2):
@@ -541,13 +525,9 @@ def _dequantize_int_by_head(p, body, dst, slab):
                 dequantize_int(c[e0 * bits // 8:(e0 + n) * bits // 8], n, dtype, group, bits,
                                sym, s[g0:g1], z[g0:g1] if not sym else z, slab)
                 for t in range(tokens):
-                    r = _row_at(p[P_LAYOUT], t, kv, layer, head, tokens, layers, heads)
-                    if words:
-                        for i in range(w):
-                            d64[r * w + i] = s64[t * w + i]
-                    else:
-                        for i in range(row):
-                            dst[r * row + i] = src[t * row + i]
+                    _copy_row(src, s64, t, dst, d64,
+                              _row_at(p[P_LAYOUT], t, kv, layer, head, tokens, layers, heads),
+                              row)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
