@@ -59,6 +59,19 @@ def test_bad_media_io_is_refused_before_the_media_is_opened(tmp_path):
         Daemon(None, None, str(tmp_path / "s"), media_io="mmap")
 
 
+def test_bad_kv_layout_is_refused_before_the_media_is_opened(tmp_path):
+    img = tmp_path / "m.img"
+    p = _run("serve", "--media", f"file:{img}:16M", "--socket", str(tmp_path / "s"),
+             "--kv-layout", "channel")
+    assert p.returncode == 2 and "invalid choice: 'channel'" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not img.exists() and not (tmp_path / "s").exists()
+    from ssdemu.device.daemon import Daemon
+
+    with pytest.raises(ValueError, match="kv_layout is one of head, token, not 'channel'"):
+        Daemon(None, None, str(tmp_path / "s"), kv_layout="channel")
+
+
 def test_media_larger_than_the_host_can_hold(tmp_path):
     p = _run("serve", "--media", "mem:99999T", "--socket", str(tmp_path / "s"))
     assert p.returncode == 1 and "more than this host's memory" in p.stderr
