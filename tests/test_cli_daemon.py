@@ -107,8 +107,21 @@ def test_bench_queue_json(tmp_path):
     # the data plane slept between the NOPs' phases at least; its spin counters are counts
     assert r["data_plane_sleeps"] > 0
     assert r["data_plane_sleeps_shared_cpu"] >= 0 and r["data_plane_spin_backoffs"] >= 0
-    calls = fio_standin.calls(log)
+    every = fio_standin.calls(log)
+    calls = [c for c in every if c["ioengine"] == "io_uring"]  # fio on the media
     assert calls, "fio was not run"
+    # fio through its ssdemu engine on the bench's namespace (the socket, the nsid), and fio's
+    # null engine (its own cost per I/O), the same job
+    through = [c for c in every if c["ioengine"].startswith("external:")]
+    null = [c for c in every if c["ioengine"] == "null"]
+    assert len(through) == len(null) == len(calls) == r["slices"]
+    for c in through:
+        assert c["ioengine"].endswith("build/fio/ssdemu-fio.so") and c["nsid"] != "0"
+        assert c["filename"].endswith(".sock")
+        assert (c["rw"], c["bs"], c["iodepth"]) == ("randread", "4096", "32")
+    assert r["fio_engine_randread_4k_qd32_iops"] == fio_standin.IOPS
+    assert r["ratio_engine"] == pytest.approx(fio_standin.IOPS / r["randread_4k_qd32_iops"])
+    assert r["fio_null_randread_4k_qd32_iops"] == fio_standin.IOPS
     offsets = {c["offset"] for c in calls}
     assert len(offsets) == 1 and int(offsets.pop()) > 0  # the namespace's, past the store's
     for c in calls:  # the daemon's memfd, as other processes reach it

@@ -5,7 +5,9 @@
  * The sleep/wake handshakes use a full fence on both sides so that either the sleeper sees
  * the new work or the waker sees the flag (never neither).
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "sde_ring.h"
 #include "sde_spin.h"
 #include "sde_time.h"
