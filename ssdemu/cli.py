@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_format(sub)
     _add_ctl(sub)
     _add_tools(sub)
+    _add_mounts(sub)
     _add_replay(sub)
     _add_eval(sub)
     _add_bench(sub)
@@ -309,6 +310,28 @@ def _add_ctl(sub: argparse._SubParsersAction):
                           "the drive powers on again (serve --power-cut)")
     fpc.add_argument("--seed", type=_nonnegative_int, default=0,
                      help="which writes are lost: the same seed, the same outcome")
+
+
+def _add_mounts(sub: argparse._SubParsersAction):
+    """`mount` and `fs`: the drive for unmodified software (ssdemu/tools/mount.py)."""
+    mt = sub.add_parser("mount", help="the namespaces this client owns as files DIR/nsN "
+                        "(FUSE, in the foreground: SIGTERM or Ctrl-C unmounts)")
+    mt.add_argument("--socket", required=True)
+    mt.add_argument("--owner-key-file", help="the owner key the namespaces were created with "
+                    "(default $SSDEMU_OWNER_KEY_FILE)")
+    mt.add_argument("dir")
+    fs = sub.add_parser("fs", help="ext4 on a namespace (through the mount and a loop device), "
+                        "and its undoing")
+    fsub = fs.add_subparsers(dest="fs", required=True)
+    up = fsub.add_parser("up", help="mount ext4 on namespace NSID at DIR")
+    up.add_argument("--socket", required=True)
+    up.add_argument("--nsid", type=_positive_int, required=True)
+    up.add_argument("--mkfs", action="store_true", help="make the filesystem first (mkfs.ext4 "
+                    "-F: what the namespace held is lost)")
+    up.add_argument("--owner-key-file")
+    up.add_argument("dir")
+    down = fsub.add_parser("down", help="unmount DIR, detach its loop device, unmount the drive")
+    down.add_argument("dir")
 
 
 def _add_tools(sub: argparse._SubParsersAction):
@@ -497,6 +520,15 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
                     help="N CPU-bound processes beside the run and its baseline (a busy "
                     "machine anyone can reproduce)")
     qb.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sk = bsub.add_parser("stack", help="4 KiB random reads through each layer in one run: the "
+                         "raw media, the queue, fio's engine, the mount, ext4 on the mount")
+    sk.add_argument("--media", default="mem:1G")
+    sk.add_argument("--timing", default="off", help="off (the layers alone, default) or a "
+                    "profile name (the drive's time in every layer but the media's)")
+    sk.add_argument("--seconds", type=_positive_float, default=2.0, help="each cell's run")
+    sk.add_argument("--size", type=_size_arg, default=256 << 20, help="bytes read over")
+    sk.add_argument("--json", action="store_true", help="print one JSON object")
 
     kb = bsub.add_parser("kv", help="KV and compute commands against block commands of the "
                          "same sizes through the same queue, and the firmware kernels")
@@ -748,6 +780,28 @@ def _cmd_serve(args) -> int:
                      kv_layout=args.kv_layout)
 
 
+def _cmd_mount(args) -> int:
+    from ssdemu.tools import mount
+
+    cmd = mount.argv(args.socket, args.dir, args.owner_key_file)
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)  # the mount itself, in this process: its signals, its exit code
+
+
+def _cmd_fs(args) -> int:
+    from ssdemu.tools import mount
+
+    if args.fs == "up":
+        loop = mount.fs_up(args.socket, args.nsid, args.dir, mkfs=args.mkfs,
+                           owner_key_file=args.owner_key_file)
+        print(f"ext4 on namespace {args.nsid} at {args.dir} ({loop}); undo: ssdemu fs down "
+              f"{args.dir}")
+    else:
+        mount.fs_down(args.dir)
+        print(f"{args.dir} unmounted, its loop device detached, the drive unmounted")
+    return 0
+
+
 def _cmd_owner_key(args) -> int:
     from ssdemu_wire import owner_key
 
@@ -838,6 +892,14 @@ def _cmd_bench_queue(args) -> int:
     with Neighbours(args.neighbours):
         report = bench_queue(args.socket, args.media, args.seconds, args.ns_size)
     report["neighbours"] = args.neighbours
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
+def _cmd_bench_stack(args) -> int:
+    from ssdemu.bench.stack import bench_stack, format_table
+
+    report = bench_stack(args.media, args.timing, args.seconds, args.size)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
@@ -991,6 +1053,7 @@ COMMANDS = {
     ("bench", "device"): _cmd_bench_device,
     ("bench", "replay"): _cmd_bench_replay,
     ("bench", "queue"): _cmd_bench_queue,
+    ("bench", "stack"): _cmd_bench_stack,
     ("bench", "kv"): _cmd_bench_kv,
     ("bench", "hops"): _cmd_bench_hops,
     ("bench", "fairness"): _cmd_bench_fairness,
@@ -1006,6 +1069,9 @@ COMMANDS = {
     ("ctl", "fault"): _cmd_ctl,
     ("torture", None): _cmd_torture,
     ("owner-key", None): _cmd_owner_key,
+    ("mount", None): _cmd_mount,
+    ("fs", "up"): _cmd_fs,
+    ("fs", "down"): _cmd_fs,
     ("stat", None): _cmd_stat,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
