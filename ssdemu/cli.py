@@ -332,6 +332,17 @@ def _add_mounts(sub: argparse._SubParsersAction):
     up.add_argument("dir")
     down = fsub.add_parser("down", help="unmount DIR, detach its loop device, unmount the drive")
     down.add_argument("dir")
+    cr = fsub.add_parser("crash", help="power cuts under ext4 on namespace NSID while writers "
+                         "fsync files: fsynced files lost or corrupt, e2fsck after each (the "
+                         "daemon: serve --power-cut on file: or block: media)")
+    cr.add_argument("--socket", required=True)
+    cr.add_argument("--nsid", type=_positive_int, required=True)
+    cr.add_argument("--cycles", type=_positive_int, default=20)
+    cr.add_argument("--seconds", type=_positive_float, default=1.0,
+                    help="writing before each cut (0.5x to 1.5x of it)")
+    cr.add_argument("--seed", type=_nonnegative_int, default=0)
+    cr.add_argument("--dir", help="where its mount points go (default: a temp dir)")
+    cr.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_tools(sub: argparse._SubParsersAction):
@@ -788,9 +799,36 @@ def _cmd_mount(args) -> int:
     os.execv(cmd[0], cmd)  # the mount itself, in this process: its signals, its exit code
 
 
+def _fs_crash(args) -> int:
+    import shutil
+    import tempfile
+
+    from ssdemu.tools.fs_crash import crash_cycles
+
+    work = args.dir or tempfile.mkdtemp(prefix="ssdemu-crash-")
+    try:
+        r = crash_cycles(args.socket, args.nsid, args.cycles, work, seconds=args.seconds,
+                         seed=args.seed,
+                         progress=None if args.json else lambda o: print(
+                             f"cycle {o['cycles']}: {o['files_written']} files fsynced, "
+                             f"{o['durable_files']} kept, "
+                             f"lost {len(o['lost'])}, corrupt {len(o['corrupt'])}, e2fsck "
+                             f"unclean {len(o['fsck_unclean'])}", flush=True))
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    bad = r["lost"] or r["corrupt"] or r["fsck_unclean"]
+    print(json.dumps(r) if args.json else
+          f"{r['cycles']} power cuts, {r['files_written']} files fsynced: {len(r['lost'])} "
+          f"lost, {len(r['corrupt'])} corrupt, e2fsck unclean {len(r['fsck_unclean'])} times")
+    return 1 if bad else 0
+
+
 def _cmd_fs(args) -> int:
     from ssdemu.tools import mount
 
+    if args.fs == "crash":
+        return _fs_crash(args)
     if args.fs == "up":
         loop = mount.fs_up(args.socket, args.nsid, args.dir, mkfs=args.mkfs,
                            owner_key_file=args.owner_key_file)
@@ -1072,6 +1110,7 @@ COMMANDS = {
     ("mount", None): _cmd_mount,
     ("fs", "up"): _cmd_fs,
     ("fs", "down"): _cmd_fs,
+    ("fs", "crash"): _cmd_fs,
     ("stat", None): _cmd_stat,
     ("bench", "io"): _cmd_bench_io,
     ("bench", "firmware"): _cmd_bench_firmware,
