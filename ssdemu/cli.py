@@ -557,6 +557,8 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
     lb.add_argument("--chunks", type=_positive_int, default=16, help="32 MiB chunks (16)")
     lb.add_argument("--dir", help="the filesystem both use (default /var/tmp)")
     lb.add_argument("--quant", default="none", help="the plug-in's quant setting")
+    lb.add_argument("--on-drive", action="store_true", help="LocalDisk once more, its folder "
+                    "on ext4 on the drive (ssdemu fs up)")
     lb.add_argument("--json", action="store_true", help="print one JSON object")
 
     hb = bsub.add_parser("hops", help="the hops of a remote KV retrieve on this machine: a "
@@ -875,7 +877,7 @@ def _cmd_bench_forward(args) -> int:
 def _cmd_bench_lmcache(args) -> int:
     from ssdemu.bench.lmcache import bench_lmcache, format_table
 
-    report = bench_lmcache(args.chunks, args.dir, args.quant)
+    report = bench_lmcache(args.chunks, args.dir, args.quant, on_drive=args.on_drive)
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 

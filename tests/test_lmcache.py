@@ -129,3 +129,21 @@ def test_lmcache_on_a_full_drive_evicts_least_recent_chunks(tmp_path):
                               "none")
     assert r["late_put_failed"] == 0 and r["late_evictions"] == 8 and \
         r["late_lookups"] == [256, 256], r
+
+
+def test_lmcaches_own_local_disk_backend_on_ext4_on_the_drive():
+    """LMCache's LocalDiskBackend, unmodified, its folder on ext4 on the drive (`bench lmcache
+    --on-drive`): bit-exact, and its bytes went through the drive: the chunks written, and
+    read back from it after the page cache was dropped."""
+    _lmcache_or_skip()
+    from ssdemu.bench.lmcache import bench_lmcache
+    from ssdemu.tools import mount
+
+    r = bench_lmcache(chunks=2, on_drive=True)
+    o = r["local_disk_on_drive"]
+    assert o["bit_exact"] is True and r["local_disk"]["bit_exact"] is True
+    chunk = r["chunk_bytes"]
+    assert o["drive_write_bytes"] >= 2 * chunk
+    assert o["drive_read_bytes"] >= 2 * 2 * chunk  # the two cold retrieves, from the drive
+    assert o["retrieve_cold_MBps"] > 0 and o["store_MBps"] > 0
+    assert not [m for m in mount.mounts() if m[2] == mount.FSTYPE]
