@@ -2,8 +2,8 @@
 
 4 KiB random reads, at QD1 (latency) and QD32 (IOPS), on one drive, through each layer in turn:
 
-- media: fio (io_uring, O_DIRECT) on the daemon's own media, at the namespace's offset: the
-  floor, no drive;
+- media: fio (psync at QD1, io_uring at QD32, O_DIRECT) on the daemon's own media, at the
+  namespace's offset: the floor, no drive;
 - queue: the C closed loop through a queue pair (what `bench queue` measures);
 - engine: fio through its ssdemu engine (c/fio): fio's own work on top of the queue;
 - mount: fio (psync at QD1, io_uring at QD32, O_DIRECT) on the mount's file (c/mount, FUSE);
@@ -27,7 +27,7 @@ import numpy as np
 
 import hostlib
 from ssdemu.bench import closed_loop
-from ssdemu.bench.fio import parse_fio_json, run_fio
+from ssdemu.bench.fio import parse_fio_json
 from ssdemu.device.latency import new_histogram, percentiles_us
 from ssdemu.tools import fio_engine, mount
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
@@ -47,10 +47,13 @@ def _fio(args: list[str], cwd: str) -> dict:
     return parse_fio_json(proc.stdout, "randread")
 
 
-def _file_job(path: str, qd: int, seconds: float, size: int, cwd: str) -> dict:
+def _file_job(path: str, qd: int, seconds: float, size: int, cwd: str, offset: int = 0) -> dict:
+    """fio on a file: psync at QD1 (a read call's own latency; io_uring's QD1 on the media's
+    memfd went through its worker threads, 2.6 to 42 us a read from run to run), io_uring
+    deeper."""
     engine = "psync" if qd == 1 else "io_uring"
     return _fio([f"--filename={path}", f"--ioengine={engine}", "--direct=1",
-                 f"--iodepth={qd}", f"--size={size}", "--time_based",
+                 f"--iodepth={qd}", f"--size={size}", f"--offset={offset}", "--time_based",
                  f"--runtime={round(seconds * 1000)}ms"], cwd)
 
 
@@ -75,10 +78,8 @@ def _fill(dev, nsid: int, size: int) -> None:
 
 def run_layers(socket_path: str, seconds: float, size: int, work: str) -> dict:
     """Each layer's figures at each depth, on a namespace of `size` (filled) and a second
-    one under ext4.  One layer's clients at a time: an idle client of another layer beside
-    a QD1 run moved its median (the data plane reads an idle client's last CPU as one
-    waiting there, and sleeps rather than spins: fio's engine at QD1, 1.8 us alone, 9.7 us
-    beside an idle connection)."""
+    one under ext4.  One layer's clients connected at a time: no layer's idle connections
+    (the mount's threads, the bench's own) are in another layer's figures."""
     out: dict = {layer: {} for layer in LAYERS}
     dev = hostlib.connect(socket_path, entries=256)
     try:
@@ -88,8 +89,8 @@ def run_layers(socket_path: str, seconds: float, size: int, work: str) -> dict:
         ident = dev.identify()
         start = next(n["start"] for n in dev.namespaces() if n["nsid"] == nsid)
         for qd in DEPTHS:
-            out["media"][qd] = run_fio(ident["media_path"], rw="randread", bs=BS, qd=qd,
-                                       seconds=seconds, size=size, offset=start)
+            out["media"][qd] = _file_job(ident["media_path"], qd, seconds, size, work,
+                                         offset=start)
             out["queue"][qd] = _queue(dev, nsid, qd, seconds, size)
     finally:
         dev.close()
