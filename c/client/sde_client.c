@@ -291,7 +291,8 @@ void sde_client_buffer_free(sde_client *c, void *mem, size_t bytes, uint32_t han
  * reads on star2000d, modelled 57 us: p50 84 us spinning, 126 us asleep at once).  With a
  * deep queue the data plane is busy making completions, and a waiter polling beside it on a
  * small host takes the CPU it needs: only while the data plane says the host has a CPU to
- * spare, as bench queue's loop (fio QD32 on mem media: 720K IOPS so, 480K spinning). */
+ * spare, as bench queue's loop (fio QD32 on mem media beside a core-spinning neighbour: 720K
+ * IOPS so, 480K polling; on a quiet host the two are one: the data plane then says spare). */
 static uint64_t spin_for(const sde_client_qp *qp)
 {
     const sde_ring_hdr *h = qp->mem;
