@@ -85,7 +85,10 @@ WARM_DEPS := import tomllib; \
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.py) | system
+# (c/client, c/fio and c/mount are not in the Python build: their own targets below)
+$(STAMP): pyproject.toml setup.py \
+    $(filter-out c/client/% c/fio/% c/mount/%,$(wildcard c/*.py c/*/*.c c/*/*.h firmware/*.py)) \
+    | system
 	python3 -m venv $(VENV)
 	@# The firmware's Numba kernels, compiled into their on-disk cache now rather than at a
 	@# daemon's first quantized command: the longest step (its processes on both cores), so

@@ -561,6 +561,19 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
                     "on ext4 on the drive (ssdemu fs up)")
     lb.add_argument("--json", action="store_true", help="print one JSON object")
 
+    mk = bsub.add_parser("mlperf-kv", help="the MLPerf Storage KV-cache benchmark (a checkout "
+                         "of it), unmodified, its file backend on ext4 on the drive and on "
+                         "the machine's own disk")
+    mk.add_argument("--benchmark", required=True, help="the checkout's kv_cache_benchmark "
+                    "folder (its kv-cache.py)")
+    mk.add_argument("--users", type=_positive_int, default=8)
+    mk.add_argument("--duration", type=_positive_int, default=20, help="seconds a run")
+    mk.add_argument("--capacity-gb", type=_positive_float, default=1.0,
+                    help="its storage tier (--storage-capacity-gb)")
+    mk.add_argument("--profile", default="star2000d")
+    mk.add_argument("--dir", help="the machine's own disk for the second run (default /var/tmp)")
+    mk.add_argument("--json", action="store_true", help="print one JSON object")
+
     hb = bsub.add_parser("hops", help="the hops of a remote KV retrieve on this machine: a "
                          "local drive get, a TCP transfer of the same bytes, memcpy")
     hb.add_argument("--socket", help="a running daemon (default: start one, --timing off)")
@@ -882,6 +895,16 @@ def _cmd_bench_lmcache(args) -> int:
     return 0
 
 
+def _cmd_bench_mlperf_kv(args) -> int:
+    from ssdemu.bench.mlperf_file import bench_mlperf_kv, format_table
+
+    report = bench_mlperf_kv(args.benchmark, users=args.users, duration=args.duration,
+                             capacity_gb=args.capacity_gb, profile=args.profile,
+                             where=args.dir)
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
 def _cmd_bench_hops(args) -> int:
     from ssdemu.bench.hops import bench_hops, format_table
 
@@ -1096,6 +1119,7 @@ COMMANDS = {
     ("bench", "stack"): _cmd_bench_stack,
     ("bench", "kv"): _cmd_bench_kv,
     ("bench", "hops"): _cmd_bench_hops,
+    ("bench", "mlperf-kv"): _cmd_bench_mlperf_kv,
     ("bench", "fairness"): _cmd_bench_fairness,
     ("bench", "keepup"): _cmd_bench_keepup,
     ("bench", "lmcache"): _cmd_bench_lmcache,

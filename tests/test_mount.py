@@ -245,3 +245,24 @@ def test_fs_crash_on_a_drive_without_power_cuts_says_so(drive, tmp_path):
     p = ssdemu("fs", "crash", "--socket", d.socket_path, "--nsid", str(a), "--cycles", "1",
                "--seconds", "0.1", "--dir", str(tmp_path / "w"))
     assert p.returncode == 1 and "power" in p.stderr.splitlines()[-1], p.stderr
+
+
+def test_bench_mlperf_kv_runs_the_benchmark_on_ext4_on_the_drive_and_on_disk(tmp_path):
+    """The plumbing of `bench mlperf-kv`, through a stand-in of the benchmark's kv-cache.py
+    (tests/data/mlperf_standin): its cache folder on ext4 on the drive, then on the disk, the
+    same arguments; its files counted whole, short or corrupt, the same after a remount; the
+    drive's bytes; nothing left mounted."""
+    from ssdemu.bench.mlperf_file import bench_mlperf_kv
+
+    standin = os.path.join(os.path.dirname(__file__), "data", "mlperf_standin")
+    r = bench_mlperf_kv(standin, users=2, duration=1, capacity_gb=0.1, where=str(tmp_path))
+    for side in ("on_drive", "own_disk"):
+        assert r[side]["files"] == {"whole": 2, "short": 1, "corrupt": 0}, side
+        assert r[side]["requests"] == 3 and r[side]["storage_io_latency_ms"]["p95"] == 2.0
+    d = r["on_drive"]
+    assert d["files_same_after_remount"] is True
+    assert d["drive_write_bytes"] >= 3 * 4 * 2 * 256 * 8 * 16 * 2  # the entries, at least
+    assert _ours() == [] and "ssdemu-fs-" not in _our_loops()
+    assert os.listdir(tmp_path) == []  # its work folder removed
+    p = ssdemu("bench", "mlperf-kv", "--benchmark", str(tmp_path))
+    assert p.returncode == 1 and "kv-cache.py not found" in p.stderr
