@@ -497,6 +497,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks (one JSON object with --json)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     _add_bench_io(bsub)
+    _add_bench_unmodified(bsub)
     _add_bench_keepup(bsub)
     _add_bench_model(bsub)
 
@@ -532,15 +533,6 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
                     "machine anyone can reproduce)")
     qb.add_argument("--json", action="store_true", help="print one JSON object")
 
-    sk = bsub.add_parser("stack", help="4 KiB random reads through each layer in one run: the "
-                         "raw media, the queue, fio's engine, the mount, ext4 on the mount")
-    sk.add_argument("--media", default="mem:1G")
-    sk.add_argument("--timing", default="off", help="off (the layers alone, default) or a "
-                    "profile name (the drive's time in every layer but the media's)")
-    sk.add_argument("--seconds", type=_positive_float, default=2.0, help="each cell's run")
-    sk.add_argument("--size", type=_size_arg, default=256 << 20, help="bytes read over")
-    sk.add_argument("--json", action="store_true", help="print one JSON object")
-
     kb = bsub.add_parser("kv", help="KV and compute commands against block commands of the "
                          "same sizes through the same queue, and the firmware kernels")
     kb.add_argument("--socket", help="a running daemon (default: start one on --media)")
@@ -561,19 +553,6 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
                     "on ext4 on the drive (ssdemu fs up)")
     lb.add_argument("--json", action="store_true", help="print one JSON object")
 
-    mk = bsub.add_parser("mlperf-kv", help="the MLPerf Storage KV-cache benchmark (a checkout "
-                         "of it), unmodified, its file backend on ext4 on the drive and on "
-                         "the machine's own disk")
-    mk.add_argument("--benchmark", required=True, help="the checkout's kv_cache_benchmark "
-                    "folder (its kv-cache.py)")
-    mk.add_argument("--users", type=_positive_int, default=8)
-    mk.add_argument("--duration", type=_positive_int, default=20, help="seconds a run")
-    mk.add_argument("--capacity-gb", type=_positive_float, default=1.0,
-                    help="its storage tier (--storage-capacity-gb)")
-    mk.add_argument("--profile", default="star2000d")
-    mk.add_argument("--dir", help="the machine's own disk for the second run (default /var/tmp)")
-    mk.add_argument("--json", action="store_true", help="print one JSON object")
-
     hb = bsub.add_parser("hops", help="the hops of a remote KV retrieve on this machine: a "
                          "local drive get, a TCP transfer of the same bytes, memcpy")
     hb.add_argument("--socket", help="a running daemon (default: start one, --timing off)")
@@ -592,6 +571,31 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
     fb.add_argument("--hogs", default="keys,scored,rerank,result",
                     help="which worst cases, comma-separated (keys, scored, rerank, result)")
     fb.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_bench_unmodified(bsub: argparse._SubParsersAction):
+    """`bench stack` and `bench mlperf-kv`: unmodified software on the drive."""
+    sk = bsub.add_parser("stack", help="4 KiB random reads through each layer in one run: the "
+                         "raw media, the queue, fio's engine, the mount, ext4 on the mount")
+    sk.add_argument("--media", default="mem:1G")
+    sk.add_argument("--timing", default="off", help="off (the layers alone, default) or a "
+                    "profile name (the drive's time in every layer but the media's)")
+    sk.add_argument("--seconds", type=_positive_float, default=2.0, help="each cell's run")
+    sk.add_argument("--size", type=_size_arg, default=256 << 20, help="bytes read over")
+    sk.add_argument("--json", action="store_true", help="print one JSON object")
+
+    mk = bsub.add_parser("mlperf-kv", help="the MLPerf Storage KV-cache benchmark (a checkout "
+                         "of it), unmodified, its file backend on ext4 on the drive and on "
+                         "the machine's own disk")
+    mk.add_argument("--benchmark", required=True, help="the checkout's kv_cache_benchmark "
+                    "folder (its kv-cache.py)")
+    mk.add_argument("--users", type=_positive_int, default=8)
+    mk.add_argument("--duration", type=_positive_int, default=20, help="seconds a run")
+    mk.add_argument("--capacity-gb", type=_positive_float, default=1.0,
+                    help="its storage tier (--storage-capacity-gb)")
+    mk.add_argument("--profile", default="star2000d")
+    mk.add_argument("--dir", help="the machine's own disk for the second run (default /var/tmp)")
+    mk.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_bench_keepup(bsub: argparse._SubParsersAction):
