@@ -21,12 +21,17 @@ from ssdemu.tools.daemon_process import DaemonProcess
 MIB = 1 << 20
 
 
-def _ours() -> list[tuple[str, str, str]]:
-    return [m for m in mount.mounts() if m[2] == mount.FSTYPE or "ssdemu-fs-" in m[1]]
+def _ours(root) -> list[tuple[str, str, str]]:
+    """The mounts under root (a test's own folder: other test files run beside this one,
+    and may have theirs)."""
+    root = os.path.realpath(root)
+    return [m for m in mount.mounts() if m[1].startswith(root + "/")]
 
 
-def _our_loops() -> str:
-    return subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+def _our_loops(root) -> list[str]:
+    """Loop devices on a file under root."""
+    out = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if os.path.realpath(root) + "/" in line]
 
 
 @pytest.fixture
@@ -38,8 +43,7 @@ def drive(tmp_path):
         nsids = [dev.ns_create(64 * MIB), dev.ns_create(8 * MIB)]
     yield d, nsids
     assert d.terminate()[0] == 0
-    assert _ours() == []
-    assert "ssdemu-fs-" not in _our_loops()
+    assert _ours(tmp_path) == [] and _our_loops(tmp_path) == []
 
 
 def ssdemu(*args, **kw) -> subprocess.CompletedProcess:
@@ -176,8 +180,8 @@ def test_fs_up_refuses_what_it_cannot_do_and_undoes_what_it_did(drive, tmp_path)
     # no filesystem on it yet: mount fails, and the loop device and drive mount are undone
     p = ssdemu("fs", "up", "--socket", d.socket_path, "--nsid", str(a), str(point))
     assert p.returncode == 1 and "mount" in p.stderr
-    assert not mount.mounted(str(point)) and _ours() == []
-    assert "ssdemu-fs-" not in _our_loops()
+    assert not mount.mounted(str(point)) and _ours(tmp_path) == []
+    assert _our_loops(tmp_path) == []
     p = ssdemu("fs", "down", str(point))
     assert p.returncode == 1 and "no ext4 on a loop device" in p.stderr
 
@@ -198,7 +202,7 @@ def test_a_host_without_fuse_gets_one_line(drive, tmp_path):
 @pytest.mark.slow
 def test_bench_stack_prints_each_layer_and_what_it_adds(tmp_path):
     p = ssdemu("bench", "stack", "--media", "mem:256M", "--seconds", "0.3", "--size", "32M",
-               "--json")
+               "--json", env=os.environ | {"TMPDIR": str(tmp_path)})
     assert p.returncode == 0, p.stderr[-500:]
     r = json.loads(p.stdout)
     rows = {row["layer"]: row for row in r["layers"]}
@@ -213,7 +217,7 @@ def test_bench_stack_prints_each_layer_and_what_it_adds(tmp_path):
             assert row["qd32_iops_ratio"] == pytest.approx(row["qd32_iops"] / below["qd32_iops"])
     # FUSE's round trip through the kernel and back is no cheaper than fio's engine
     assert rows["mount"]["qd1_lat_us_p50"] > rows["engine"]["qd1_lat_us_p50"]
-    assert _ours() == [] and "ssdemu-fs-" not in _our_loops()
+    assert _ours(tmp_path) == [] and _our_loops(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -237,7 +241,7 @@ def test_fsynced_files_on_ext4_survive_the_drives_power_cuts(tmp_path):
         assert d.terminate()[0] == 0
     log = (tmp_path / "d.log").read_text()
     assert log.count("power cut injected") == 3  # the drive really lost power each time
-    assert _ours() == [] and "ssdemu-fs-" not in _our_loops()
+    assert _ours(tmp_path) == [] and _our_loops(tmp_path) == []
 
 
 def test_fs_crash_on_a_drive_without_power_cuts_says_so(drive, tmp_path):
@@ -262,7 +266,7 @@ def test_bench_mlperf_kv_runs_the_benchmark_on_ext4_on_the_drive_and_on_disk(tmp
     d = r["on_drive"]
     assert d["files_same_after_remount"] is True
     assert d["drive_write_bytes"] >= 3 * 4 * 2 * 256 * 8 * 16 * 2  # the entries, at least
-    assert _ours() == [] and "ssdemu-fs-" not in _our_loops()
+    assert _ours(tmp_path) == [] and _our_loops(tmp_path) == []
     assert os.listdir(tmp_path) == []  # its work folder removed
     p = ssdemu("bench", "mlperf-kv", "--benchmark", str(tmp_path))
     assert p.returncode == 1 and "kv-cache.py not found" in p.stderr

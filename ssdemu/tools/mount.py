@@ -7,9 +7,10 @@ that).
     ssdemu fs down DIR                               # and all of it undone
 
 The mount is c/mount/sde_mount.c (libfuse3 over the C client: no Python in a request's path),
-built by `make mount`.  `fs up` keeps what it made in a private directory (the FUSE mount point
-and its log); `fs down` finds it again from DIR's loop device alone, so that it needs no state
-file that could go stale: DIR's device, the device's backing file, that file's mount.
+built by `make mount`.  `fs up` keeps what it made in a private directory beside DIR
+(.ssdemu-fs-*: the FUSE mount point and its log); `fs down` finds it again from DIR's loop
+device alone, so that it needs no state file that could go stale: DIR's device, the
+device's backing file, that file's mount.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = ROOT / "build" / "mount" / "ssdemu-mount"
 FSTYPE = "fuse.ssdemu"
 MOUNT_WAIT_S = 10
+PRIVATE = ".ssdemu-fs-"  # the folder `fs up` keeps its drive mount in, beside DIR
 
 
 class MountError(RuntimeError):
@@ -132,7 +134,9 @@ def fs_up(socket_path: str, nsid: int, directory: str, *, mkfs: bool = False,
         raise MountError(f"{directory} is not a directory")
     if mounted(directory):
         raise MountError(f"{directory} is busy: something is mounted there already")
-    private = tempfile.mkdtemp(prefix="ssdemu-fs-")
+    # beside the mount point: what one `fs up` made lies in one folder, found again by `fs
+    # down`, and removed with the folder that holds it
+    private = tempfile.mkdtemp(prefix=PRIVATE, dir=os.path.dirname(os.path.realpath(directory)))
     os.mkdir(os.path.join(private, "fuse"))
     undo: list = [lambda: shutil.rmtree(private, ignore_errors=True)]
     try:
@@ -164,8 +168,7 @@ def fs_down(directory: str) -> None:
     backing = backing_path.read_text().strip()
     fuse_dir = os.path.dirname(backing)
     private = os.path.dirname(fuse_dir)
-    if mounted(fuse_dir, FSTYPE) is None or not os.path.basename(private).startswith(
-            "ssdemu-fs-"):
+    if mounted(fuse_dir, FSTYPE) is None or not os.path.basename(private).startswith(PRIVATE):
         raise MountError(f"{directory}'s {loop} is not on a drive that `ssdemu fs up` mounted")
     _run(["umount", directory], f"umount {directory}")
     _run(["losetup", "-d", loop], f"losetup -d {loop}")
