@@ -243,6 +243,17 @@ void sde_client_qp_close(sde_client_qp *qp)
     memset(qp, 0, sizeof *qp);
 }
 
+void sde_client_qp_destroy(sde_client *c, sde_client_qp *qp)
+{
+    char msg[96], *reply = malloc(MAX_MESSAGE);
+    int fds[MAX_FDS];
+    snprintf(msg, sizeof msg, "{\"op\": \"destroy_qp\", \"qid\": %u}", qp->qid);
+    if (reply && c->sock >= 0)
+        request(c, msg, NULL, 0, reply, fds); /* a gone daemon has let go of it already */
+    free(reply);
+    sde_client_qp_close(qp);
+}
+
 void *sde_client_buffer(sde_client *c, size_t bytes, uint32_t *handle)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -345,8 +356,8 @@ int sde_client_run(sde_client *c, sde_client_qp *qp, sde_sqe *sqe, sde_cqe *cqe)
     return r < 0 ? r : cqe->status;
 }
 
-int64_t sde_client_ns_bytes(sde_client *c, sde_client_qp *qp, void *buf, uint32_t handle,
-                            uint32_t len, uint32_t nsid)
+int sde_client_namespaces(sde_client *c, sde_client_qp *qp, void *buf, uint32_t handle,
+                          uint32_t len, uint32_t *nsids, uint64_t *bytes, int max)
 {
     sde_sqe sqe = {.opcode = SDE_CMD_NS_LIST, .cid = 1, .buf = handle, .length = len};
     sde_cqe cqe;
@@ -354,17 +365,25 @@ int64_t sde_client_ns_bytes(sde_client *c, sde_client_qp *qp, void *buf, uint32_
     if (st)
         return fail(c, "namespace list: %s", st < 0 ? c->err : sde_client_status(st));
     char *text = buf;
-    uint64_t n = cqe.result < len ? cqe.result : len - 1;
-    text[n] = 0;
-    /* [{"nsid": 1, "bytes": 67108864, ...}, ...]: each object's nsid, then its bytes */
-    for (char *p = strstr(text, "\"nsid\": "); p; p = strstr(p + 1, "\"nsid\": "))
-        if (strtoll(p + 8, NULL, 10) == nsid) {
-            int64_t bytes = json_int(p, "bytes"); /* each object names its bytes */
-            if (bytes > 0)
-                return bytes;
-            return fail(c, "namespace %u holds keys only (no blocks to read or write)", nsid);
-        }
-    return fail(c, "namespace %u is not one of this client's (ssdemu ns list shows them)",
+    text[cqe.result < len ? cqe.result : len - 1] = 0;
+    /* [{"nsid": 1, "bytes": 67108864, ...}, ...]: each object names its nsid, then its bytes */
+    int n = 0;
+    for (char *p = strstr(text, "\"nsid\": "); p && n < max; p = strstr(p + 1, "\"nsid\": ")) {
+        nsids[n] = (uint32_t)strtoul(p + 8, NULL, 10);
+        int64_t b = json_int(p, "bytes");
+        bytes[n++] = b > 0 ? (uint64_t)b : 0;
+    }
+    return n;
+}
+
+int64_t sde_client_ns_bytes(sde_client *c, const uint32_t *nsids, const uint64_t *bytes, int n,
+                            uint32_t nsid)
+{
+    for (int i = 0; i < n; i++)
+        if (nsids[i] == nsid)
+            return bytes[i] ? (int64_t)bytes[i]
+                   : fail(c, "namespace %u holds keys only (no blocks to read or write)", nsid);
+    return fail(c, "namespace %u is not one of this client's (ssdemu ctl ns-list shows them)",
                 nsid);
 }
 

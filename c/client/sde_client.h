@@ -15,6 +15,7 @@
 
 /* CDEF-BEGIN */
 #define SDE_CLIENT_ERR 256
+#define SDE_CLIENT_MAX_NS 64 /* namespaces a drive holds (identify's max_namespaces) */
 typedef struct sde_client {
     int sock;                     /* the control connection: hung up when the daemon goes */
     uint32_t block_bytes;         /* the drive's logical block */
@@ -36,6 +37,8 @@ void sde_client_close(sde_client *c);
 /* A queue pair of `entries` slots (a power of two): 0 or -1 (c->err). */
 int sde_client_qp_create(sde_client *c, sde_client_qp *qp, uint32_t entries);
 void sde_client_qp_close(sde_client_qp *qp);
+/* The queue pair given back to the daemon (nothing of it in flight), then closed. */
+void sde_client_qp_destroy(sde_client *c, sde_client_qp *qp);
 /* Shared memory the daemon reads and writes directly (a memfd sealed against shrinking,
  * registered): its mapping, `bytes` rounded up to whole pages, or NULL (c->err). */
 void *sde_client_buffer(sde_client *c, size_t bytes, uint32_t *handle);
@@ -48,11 +51,15 @@ int sde_client_reap(sde_client *c, sde_client_qp *qp, sde_cqe *out, uint32_t max
                     uint32_t min, uint64_t timeout_ns);
 /* One command, waited for (nothing else in flight on qp): its status; -errno. */
 int sde_client_run(sde_client *c, sde_client_qp *qp, sde_sqe *sqe, sde_cqe *cqe);
-/* The bytes of namespace nsid as this client sees it (NS_LIST through qp, into buf at
- * offset 0, `len` bytes, registered as handle): -1 with c->err if it is not one of
- * this client's. */
-int64_t sde_client_ns_bytes(sde_client *c, sde_client_qp *qp, void *buf, uint32_t handle,
-                            uint32_t len, uint32_t nsid);
+/* The namespaces this client may use, from one NS_LIST through qp (into buf at offset 0,
+ * `len` bytes, registered as handle): up to max (nsid, bytes; 0 for a key space); their
+ * count, or -1 (c->err). */
+int sde_client_namespaces(sde_client *c, sde_client_qp *qp, void *buf, uint32_t handle,
+                          uint32_t len, uint32_t *nsids, uint64_t *bytes, int max);
+/* The bytes of namespace nsid among those listed: -1 with c->err saying why if it is not
+ * one of them or holds keys only. */
+int64_t sde_client_ns_bytes(sde_client *c, const uint32_t *nsids, const uint64_t *bytes, int n,
+                            uint32_t nsid);
 /* The text of a completion status ("LBA_OUT_OF_RANGE", ...). */
 const char *sde_client_status(int status);
 /* CDEF-END */

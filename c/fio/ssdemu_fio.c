@@ -77,24 +77,28 @@ static uint32_t pow2_at_least(uint32_t n)
     return e;
 }
 
-/* The namespace's id (the option, or this client's first with blocks) and bytes; the
- * client is connected, qp made, buf registered. */
+/* The namespace's id (the option, or this client's first with blocks) and bytes, from one
+ * NS_LIST; the client is connected, qp made, buf registered. */
 static int64_t namespace_size(struct ssdemu_data *d, struct ssdemu_options *o, void *buf,
                               uint32_t handle, uint32_t len)
 {
+    uint32_t nsids[SDE_CLIENT_MAX_NS];
+    uint64_t bytes[SDE_CLIENT_MAX_NS];
+    int n = sde_client_namespaces(&d->c, &d->qp, buf, handle, len, nsids, bytes,
+                                  SDE_CLIENT_MAX_NS);
+    if (n < 0)
+        return -1;
     if (o->nsid) {
         d->nsid = o->nsid;
-        return sde_client_ns_bytes(&d->c, &d->qp, buf, handle, len, o->nsid);
+        return sde_client_ns_bytes(&d->c, nsids, bytes, n, o->nsid);
     }
-    for (uint32_t nsid = 1; nsid <= 64; nsid++) {
-        int64_t b = sde_client_ns_bytes(&d->c, &d->qp, buf, handle, len, nsid);
-        if (b > 0) {
-            d->nsid = nsid;
-            return b;
+    for (int i = 0; i < n; i++)
+        if (bytes[i]) {
+            d->nsid = nsids[i];
+            return (int64_t)bytes[i];
         }
-    }
     snprintf(d->c.err, sizeof d->c.err, "this client has no namespace with blocks "
-             "(create one: ssdemu ns create --socket S --bytes N)");
+             "(create one: ssdemu ctl ns-create)");
     return -1;
 }
 

@@ -26,7 +26,7 @@
 
 #include "../client/sde_client.h"
 
-#define MAX_NS 64
+#define MAX_NS SDE_CLIENT_MAX_NS
 #define CHUNK (1u << 20) /* one command's most (the drive's max_io_bytes, at most) */
 
 static struct {
@@ -50,13 +50,27 @@ typedef struct lane {
     uint16_t cid;
 } lane;
 
-static __thread lane *my_lane;
+/* Each loop thread's lane, given back when the thread ends: libfuse ends idle threads and
+ * starts new ones under load, and a lane kept past its thread would hold a queue pair and a
+ * registered buffer of the uid's quota for nothing. */
+static pthread_key_t lane_key;
+
+static void lane_free(void *p)
+{
+    lane *l = p;
+    pthread_mutex_lock(&M.ctl_lock);
+    sde_client_buffer_free(&M.ctl, l->buf, M.chunk, l->handle);
+    sde_client_qp_destroy(&M.ctl, &l->qp);
+    pthread_mutex_unlock(&M.ctl_lock);
+    free(l);
+}
 
 static lane *get_lane(void)
 {
-    if (my_lane)
-        return my_lane;
-    lane *l = calloc(1, sizeof *l);
+    lane *l = pthread_getspecific(lane_key);
+    if (l)
+        return l;
+    l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
     pthread_mutex_lock(&M.ctl_lock);
@@ -71,7 +85,8 @@ static lane *get_lane(void)
         free(l);
         return NULL;
     }
-    return my_lane = l;
+    pthread_setspecific(lane_key, l);
+    return l;
 }
 
 /* One command on this thread's lane, waited for: 0 or -errno. */
@@ -268,15 +283,19 @@ static const struct fuse_operations ops = {
 static int find_namespaces(void)
 {
     lane *l = get_lane();
-    if (!l)
+    uint32_t nsids[SDE_CLIENT_MAX_NS];
+    uint64_t bytes[SDE_CLIENT_MAX_NS];
+    int n = l ? sde_client_namespaces(&M.ctl, &l->qp, l->buf, l->handle, M.chunk, nsids, bytes,
+                                      SDE_CLIENT_MAX_NS) : -1;
+    if (n < 0) {
+        fprintf(stderr, "ssdemu-mount: %s\n", M.ctl.err);
         return -1;
-    for (uint32_t nsid = 1; nsid <= MAX_NS && M.nns < MAX_NS; nsid++) {
-        int64_t b = sde_client_ns_bytes(&M.ctl, &l->qp, l->buf, l->handle, M.chunk, nsid);
-        if (b > 0) {
-            M.nsids[M.nns] = nsid;
-            M.bytes[M.nns++] = (uint64_t)b;
-        }
     }
+    for (int i = 0; i < n; i++)
+        if (bytes[i]) {
+            M.nsids[M.nns] = nsids[i];
+            M.bytes[M.nns++] = bytes[i];
+        }
     return 0;
 }
 
@@ -315,6 +334,7 @@ int main(int argc, char **argv)
         return 1;
     }
     pthread_mutex_init(&M.ctl_lock, NULL);
+    pthread_key_create(&lane_key, lane_free);
     pthread_mutex_init(&M.rmw_lock, NULL);
     M.uid = getuid();
     M.gid = getgid();

@@ -73,7 +73,7 @@ def _copied_per_read(dev, nsid: int, buf: np.ndarray) -> float:
                                                                - before["commands"])
 
 
-def _filled_namespace(dev, ident: dict, ns_bytes: int) -> tuple[int, int, int]:
+def filled_namespace(dev, ident: dict, ns_bytes: int) -> tuple[int, int, int]:
     """A namespace of ns_bytes (within the drive and this uid's share of it, serve
     --max-namespace-bytes-per-uid; whole MiBs), written all over: reads of holes would
     measure the zero page.  (nsid, its first byte on the media, its bytes)."""
@@ -94,7 +94,7 @@ def run_bench(socket_path: str, seconds: float, ns_bytes: int) -> dict:
     dev = hostlib.connect(socket_path, entries=256)
     try:
         ident = dev.identify()
-        nsid, start, ns_bytes = _filled_namespace(dev, ident, ns_bytes)
+        nsid, start, ns_bytes = filled_namespace(dev, ident, ns_bytes)
         qd, bs = 32, 4096
         buf = dev.alloc(qd * bs)
         handle, _ = dev._locate(buf)

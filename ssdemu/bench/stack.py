@@ -23,11 +23,10 @@ import shutil
 import subprocess
 import tempfile
 
-import numpy as np
-
 import hostlib
 from ssdemu.bench import closed_loop
 from ssdemu.bench.fio import parse_fio_json
+from ssdemu.bench.queue import filled_namespace
 from ssdemu.device.latency import new_histogram, percentiles_us
 from ssdemu.tools import fio_engine, mount
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
@@ -68,14 +67,6 @@ def _queue(dev, nsid: int, qd: int, seconds: float, size: int) -> dict:
     return {"iops": n / secs, "lat_us_p50": p50, "lat_us_p99": p99}
 
 
-def _fill(dev, nsid: int, size: int) -> None:
-    chunk = dev.alloc(1 << 20)
-    chunk[:] = np.random.default_rng(1).integers(0, 256, chunk.size, dtype=np.uint8)
-    for f in [dev.write_async(nsid, off // 512, chunk) for off in range(0, size, 1 << 20)]:
-        f.result()
-    dev.free(chunk)
-
-
 def run_layers(socket_path: str, seconds: float, size: int, work: str) -> dict:
     """Each layer's figures at each depth, on a namespace of `size` (filled) and a second
     one under ext4.  One layer's clients connected at a time: no layer's idle connections
@@ -83,11 +74,9 @@ def run_layers(socket_path: str, seconds: float, size: int, work: str) -> dict:
     out: dict = {layer: {} for layer in LAYERS}
     dev = hostlib.connect(socket_path, entries=256)
     try:
-        nsid = dev.ns_create(size)
-        fs_nsid = dev.ns_create(size + (64 << 20))  # the file, and ext4's own blocks
-        _fill(dev, nsid, size)
         ident = dev.identify()
-        start = next(n["start"] for n in dev.namespaces() if n["nsid"] == nsid)
+        nsid, start, size = filled_namespace(dev, ident, size)
+        fs_nsid = dev.ns_create(size + (64 << 20))  # the file, and ext4's own blocks
         for qd in DEPTHS:
             out["media"][qd] = _file_job(ident["media_path"], qd, seconds, size, work,
                                          offset=start)

@@ -22,12 +22,20 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = ROOT / "build" / "mount" / "ssdemu-mount"
 FSTYPE = "fuse.ssdemu"
 MOUNT_WAIT_S = 10
 PRIVATE = ".ssdemu-fs-"  # the folder `fs up` keeps its drive mount in, beside DIR
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class MountError(RuntimeError):
@@ -70,19 +78,22 @@ class Mount:
     def __init__(self, socket_path: str, directory: str, owner_key_file: str | None = None,
                  log_path: str | None = None):
         self.directory = os.path.realpath(directory)
-        log = open(log_path or os.devnull, "a")  # noqa: SIM115 (the child has its own)
-        try:
+        # its stderr to a file, never an unread pipe: a mount that filled one would block
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="ssdemu-mount-", suffix=".log")
+            os.close(fd)
+            weakref.finalize(self, _unlink, log_path)
+        self.log_path = log_path
+        with open(log_path, "a") as log:
             self.proc = subprocess.Popen(argv(socket_path, directory, owner_key_file),
-                                         stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE if not log_path else log,
-                                         start_new_session=True, text=True)
-        finally:
-            log.close()
+                                         stdout=subprocess.DEVNULL, stderr=log,
+                                         start_new_session=True)
         deadline = time.monotonic() + MOUNT_WAIT_S
         while not mounted(self.directory, FSTYPE):
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                raise MountError(err.strip().splitlines()[-1] if err.strip()
+                with open(log_path) as f:
+                    err = f.read().strip()
+                raise MountError(err.splitlines()[-1] if err
                                  else f"ssdemu-mount exited with {self.proc.returncode}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -108,8 +119,6 @@ class Mount:
                 self.proc.wait()
         if mounted(self.directory, FSTYPE):  # killed before it could unmount
             subprocess.run(["fusermount3", "-u", "-z", self.directory], capture_output=True)
-        if self.proc.stderr:
-            self.proc.stderr.close()
         return self.proc.returncode
 
     def __enter__(self) -> Mount:
