@@ -10,6 +10,7 @@ from numba.extending import register_jitable
 from firmware import sizes
 from firmware.abi import (  # noqa: F401  (re-exported: the firmware's names for them)
     E_NONFINITE,
+    E_NOT_LOWER,
     E_OUT_SMALL,
     E_REQUEST,
     E_SCHEME,
@@ -63,7 +64,8 @@ E_FIELDS, E_SHAPE, E_BODY, E_KIVI_GROUPS = -6, -7, -8, -9
 # E_OUT_SMALL, the output buffer is smaller than the result; E_NONFINITE, inf or NaN in a
 # block to quantize; E_REQUEST, a malformed quantized-store request (magic, dtype, scheme,
 # shape); E_VALUE_SIZE, the block's bytes do not match the request's shape and dtype;
-# E_SCHEME, an unknown scheme name
+# E_SCHEME, an unknown scheme name; -16, E_NOT_LOWER, a requantize's scheme is not below the
+# stored block's (firmware/requant.py)
 
 
 # ---- little-endian fields --------------------------------------------------------------

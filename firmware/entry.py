@@ -9,7 +9,7 @@ so a command costs one queue hand-off and one call, no Python thread exists per 
 nothing holds or waits for the GIL; a parked kernel would have to spin or call back into C
 to sleep, and a Python thread per unit would still take the GIL at start and at exit.
 
-All three return a byte count (>= 0) or a negative firmware/blockops.py code.
+All four return a byte count (>= 0) or a negative firmware/blockops.py code.
 """
 
 import numpy as np
@@ -21,9 +21,12 @@ from firmware.abi import (
     INFO_COMPRESSED,
     INFO_ELEMENT_BYTES,
     INFO_ELEMENTS,
+    INFO_FROM_GROUP,
+    INFO_FROM_KIND,
     INFO_GROUP,
     INFO_KIND,
     INFO_RAW,
+    INFO_SLOTS,
     INFO_SUMMARY_BYTES,
 )
 from firmware.blockops import (
@@ -47,6 +50,7 @@ from firmware.blockops import (
     summary_bytes,
 )
 from firmware.prefix_hash import hash_chain
+from firmware.requant import requantize_block
 
 u8p = types.CPointer(types.uint8)
 i64p = types.CPointer(types.int64)
@@ -120,6 +124,34 @@ def fw_dequantize(blob, blob_len, out, out_cap, info):
     return dequantize_block(b, carray(out, out_cap), p)
 
 
+@njit(cache=True, nogil=True)
+def _requantize(name, blob, blob_len, out, out_cap, info, by_head):
+    old = np.zeros(NPARAM, np.int64)
+    new = np.zeros(NPARAM, np.int64)
+    inf = carray(info, INFO_SLOTS)
+    n = requantize_block(carray(blob, blob_len), carray(name, 32), carray(out, out_cap),
+                         by_head, old, new)
+    if n > 0 or n == E_OUT_SMALL:
+        _info(new, inf, compressed_bytes(new))
+        inf[INFO_FROM_KIND] = old[P_KIND]
+        inf[INFO_FROM_GROUP] = old[P_GROUP]
+    return n
+
+
+@cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
+def fw_requantize(name, blob, blob_len, out, out_cap, info):
+    """The stored block at blob rewritten at the lower scheme named by the 32 bytes at name
+    (firmware/requant.py), into out, laid out by head where the new kind allows.  out_cap 0:
+    check only (E_OUT_SMALL, the sizes in info).  Returns the new block's size."""
+    return _requantize(name, blob, blob_len, out, out_cap, info, 1)
+
+
+@cfunc(types.int64(u8p, u8p, types.int64, u8p, types.int64, i64p), cache=True, nopython=True)
+def fw_requantize_token_major(name, blob, blob_len, out, out_cap, info):
+    """fw_requantize keeping the token order (`ssdemu serve --kv-layout token`)."""
+    return _requantize(name, blob, blob_len, out, out_cap, info, 0)
+
+
 @cfunc(types.int64(u32p, types.int64, types.int64, u8p, u8p), cache=True, nopython=True)
 def fw_hash_chain(tokens, ntokens, block_tokens, root, keys):
     """The chained 16-byte keys of the full blocks of tokens (firmware/prefix_hash.py) into
@@ -131,8 +163,9 @@ def fw_hash_chain(tokens, ntokens, block_tokens, root, keys):
                       carray(keys, (nblocks, 16)))
 
 
-def addresses(by_head: bool = True) -> tuple[int, int, int]:
+def addresses(by_head: bool = True) -> tuple[int, int, int, int]:
     """The entry points' addresses, for sde_dev_set_firmware (by_head: the drive lays blocks
     out by head; False: token-major, as before format version 2)."""
     quantize = fw_quantize if by_head else fw_quantize_token_major
-    return quantize.address, fw_dequantize.address, fw_hash_chain.address
+    requantize = fw_requantize if by_head else fw_requantize_token_major
+    return quantize.address, fw_dequantize.address, fw_hash_chain.address, requantize.address

@@ -177,3 +177,40 @@ def dequantize(blob, out: np.ndarray | None = None) -> tuple[np.ndarray, str]:
         raise CorruptBlockError(f"corrupt compressed block (code {n})")
     assert n == flat.nbytes, n
     return flat.reshape(shape.array_shape), DTYPE_NAMES[int(p[B.P_DTYPE])]
+
+
+def requantize(blob, scheme: Scheme | str, by_head: bool = True) -> np.ndarray:
+    """A compressed block rewritten at a lower scheme, as the drive's KV_REQUANTIZE does
+    (firmware/requant.py: dequantized, quantized again, its page summaries recomputed).
+    Raises ValueError for a scheme that is unknown, does not fit the block, or is not lower
+    (fewer bits per element and a smaller block), CorruptBlockError for a corrupt block."""
+    from firmware import requant  # its compiled path only when it is used
+
+    if isinstance(scheme, Scheme):
+        scheme = scheme.name
+    parse_scheme(scheme)  # an unknown name says so, with the grammar
+    buf = np.frombuffer(blob, np.uint8) if not isinstance(blob, np.ndarray) else blob
+    buf = buf.reshape(-1).view(np.uint8)
+    if buf.ctypes.data % 8 or not buf.flags.writeable:  # as in dequantize
+        buf = buf.copy()
+    name = np.zeros(32, np.uint8)
+    name[:len(scheme)] = np.frombuffer(scheme.encode("ascii"), np.uint8)
+    old, new = np.zeros(B.NPARAM, np.int64), np.zeros(B.NPARAM, np.int64)
+    e = requant.requantize_params(buf, name, old, new)
+    if e == B.E_NOT_LOWER:
+        raise ValueError(f"{scheme!r} is not below the block's {_scheme_of(old).name!r}: a "
+                         "requantize needs fewer bits per element and a smaller block")
+    if e == B.E_REQUEST:
+        raise ValueError(f"{scheme!r} does not fit the block's shape")
+    if e:
+        open_block(buf)  # raises with the block's first failure
+        raise CorruptBlockError(f"corrupt compressed block (code {e})")
+    out = np.empty(int(B.compressed_bytes(new)), np.uint8)
+    n = requant.requantize_block(buf, name, out, int(by_head), old, new)
+    if n == B.E_NONFINITE:
+        raise ValueError("the block's values overflow its element type at the new scheme")
+    if n < 0:
+        open_block(buf)
+        raise CorruptBlockError(f"corrupt compressed block (code {n})")
+    assert n == out.size, n
+    return out

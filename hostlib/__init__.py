@@ -4,6 +4,7 @@ from hostlib import owner_key
 from hostlib.attention import merge_attention
 from hostlib.client import Device, Future, QueuePair, connect, control_request, reinsert
 from hostlib.errors import (
+    AbortedError,
     AccessDeniedError,
     CapacityError,
     ConnectError,
@@ -23,7 +24,7 @@ from hostlib.errors import (
 )
 
 __all__ = [
-    "AccessDeniedError", "CapacityError", "ConnectError", "Device", "DeviceError",
+    "AbortedError", "AccessDeniedError", "CapacityError", "ConnectError", "Device", "DeviceError",
     "DeviceGoneError", "Future",
     "InvalidBufferError", "InvalidCommandError", "InvalidKeySizeError",
     "InvalidValueSizeError", "KeyExistsError", "KeyNotFoundError", "KeyPinnedError", "MediaError",

@@ -53,6 +53,12 @@ class KeyExistsError(DeviceError):
     """KV: the key exists (store only if it does not)."""
 
 
+class AbortedError(DeviceError):
+    """The drive gave the command up and changed nothing: a requantize whose key was
+    changed by another command while it ran (the newer value is kept), a put whose shared
+    extent went away meanwhile.  Retrying is safe."""
+
+
 class KeyPinnedError(InvalidCommandError):
     """KV: a delete of a key that clients pinned (unpin it first, or delete with
     force=True as the namespace's owner or an admin)."""
@@ -94,6 +100,7 @@ _BY_STATUS = {
     STATUS["INVALID_BUFFER"]: InvalidBufferError,
     STATUS["LBA_OUT_OF_RANGE"]: OutOfRangeError,
     STATUS["MEDIA_ERROR"]: MediaError,
+    STATUS["ABORTED"]: AbortedError,
     STATUS["CAPACITY_EXCEEDED"]: CapacityError,
     STATUS["ACCESS_DENIED"]: AccessDeniedError,
     STATUS["KV_KEY_NOT_EXIST"]: KeyNotFoundError,

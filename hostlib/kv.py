@@ -198,6 +198,27 @@ class KVCommands(Staging):
                            after=copy, release=release, nsid=nsid, **fields, **kf)
 
     @command()
+    def kv_requantize_async(self, key: bytes, scheme: str, qp: QueuePair | None = None, *,
+                            nsid: int = 0) -> Future:
+        """Rewrite the key's stored compressed block in place at a lower scheme, in the
+        drive (its firmware dequantizes and quantizes it again, its page summaries
+        recomputed; journaled like a put): int8 -> int4, plain or fp8 -> int4, ...  The
+        result is the new block's size.  InvalidCommandError (INVALID_FIELD): not a
+        compressed block, or a scheme that is unknown, does not fit the block or is not
+        lower (fewer bits per element and a smaller block); AbortedError: the key changed
+        meanwhile (the newer value is kept).  A promotion is kv_get_dequantized."""
+        qp = qp or self.qp
+        kf = _key_fields(key)
+        raw = scheme.encode("ascii") if isinstance(scheme, str) and scheme.isascii() else b""
+        if not 1 <= len(raw) <= 32:
+            raise ValueError(f"a scheme is a name of 1 to 32 ASCII characters, got {scheme!r}")
+        boff, share = qp.bounce_take(len(raw))
+        share[:] = np.frombuffer(raw, np.uint8)
+        return self.submit(OPCODES["KV_REQUANTIZE"], f"kv requantize {key!r} to {scheme}",
+                           qp=qp, bounce=True, buf=qp.bounce_handle, buf_offset=boff,
+                           length=len(raw), nsid=nsid, **kf)
+
+    @command()
     def prefix_match_async(self, keys, qp: QueuePair | None = None, *, nsid: int = 0) -> Future:
         from ssdemu_wire.codes import keys_array
 

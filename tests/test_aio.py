@@ -165,6 +165,9 @@ def test_counters_namespaces_and_exists_awaited(tmp_path):
                 out = np.zeros_like(block)
                 assert await dev.kv_get_dequantized(b"q", out) is out
                 assert (out == 0x3C00).all()
+                assert await dev.kv_requantize(b"q", "int4_g64") == len(await dev.kv_get(b"q"))
+                assert await dev.kv_get_dequantized(b"q", out) is out
+                assert (out == 0x3C00).all()  # a constant survives the demotion exactly
                 await dev.ns_delete(ns)
                 assert await dev.namespaces() == []
         asyncio.run(main())

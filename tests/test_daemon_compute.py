@@ -275,6 +275,122 @@ def test_an_unknown_layout_is_refused(dev):
         dev.kv_put_quantized(b"lay/bad", lt, "fp16", "int8_g64", layout="ltd")
 
 
+# ---- KV_REQUANTIZE: a stored block demoted in place ------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new", "layout"), [("int8_g64", "int4_g64", "t2l"),
+                                                    ("plain", "int8_g32_sym", "2lt"),
+                                                    ("fp8_head", "kivi4_g32_r0", "t2l"),
+                                                    ("int8_g64", "int4_g128_sym", "2lt")])
+def test_requantize_in_drive_is_the_firmwares(dev, old, new, layout):
+    """The drive's demotion is, byte for byte, the firmware's requantize of the block it
+    held (in either of the host's layouts), its result the new size, and a dequantized
+    retrieve gives the lower scheme's values back in the host's order."""
+    from firmware.blockfmt import FLAG_LAYOUT_2LT, open_block
+    from firmware.quant import requantize
+
+    x = block((96, 2, 2, 2, 64), seed=21)
+    if layout == "2lt":
+        x = np.ascontiguousarray(x.transpose(1, 2, 0, 3, 4))
+    key = f"rq/{old}/{layout}".encode()[:16]
+    dev.kv_put_quantized(key, x, "fp16", old, layout=layout, summary_page=16)
+    stored = dev.kv_get(key)
+    size = dev.kv_requantize(key, new)
+    now = dev.kv_get(key)
+    assert size == len(now) < len(stored)
+    assert np.array_equal(np.frombuffer(now, np.uint8), requantize(stored, new))
+    out = np.empty_like(x)
+    dev.kv_get_dequantized(key, out)
+    assert np.array_equal(out.reshape(-1), dequantize(now)[0].reshape(-1))  # the host's order
+    assert open_block(now)[0].flags & FLAG_LAYOUT_2LT == (FLAG_LAYOUT_2LT if layout == "2lt"
+                                                          else 0)
+    page = dev.log()["compute"]["requantize"]
+    assert page["calls"] >= 1 and page["host_ns"] > 0
+
+
+def test_requantize_refuses_what_is_not_a_demotion(dev):
+    from ssdemu_wire.layout import OPCODES, STATUS
+
+    x = block((64, 2, 2, 2, 64), seed=22)
+    dev.kv_put_quantized(b"rq/bad", x, "fp16", "int4_g64")
+    stored = dev.kv_get(b"rq/bad")
+    dev.kv_put(b"rq/bytes", b"not a compressed block" * 40)
+    for key, scheme, status in ((b"rq/bad", "int8_g64", "INVALID_FIELD"),  # higher
+                                (b"rq/bad", "int4_g64", "INVALID_FIELD"),  # the same
+                                (b"rq/bad", "int9_g64", "INVALID_FIELD"),  # unknown
+                                (b"rq/bytes", "int4_g64", "INVALID_FIELD"),  # not a block
+                                (b"rq/none", "int4_g64", "KV_KEY_NOT_EXIST")):
+        with pytest.raises(hostlib.DeviceError) as e:
+            dev.kv_requantize(key, scheme)
+        assert e.value.status_name == status, (key, scheme)
+    assert dev.kv_get(b"rq/bad") == stored  # nothing refused changed anything
+    with pytest.raises(ValueError, match="1 to 32 ASCII"):
+        dev.kv_requantize(b"rq/bad", "x" * 33)
+    buf = dev.alloc(4096)
+    h, off = dev._locate(buf)
+    for length in (0, 33):  # the name's length, checked by the drive too
+        assert _raw(dev, OPCODES["KV_REQUANTIZE"], b"rq/bad", buf=h, buf_offset=off,
+                    length=length)[0] == STATUS["INVALID_FIELD"]
+    assert _raw(dev, OPCODES["KV_REQUANTIZE"], b"rq/bad", buf=999, buf_offset=0,
+                length=8)[0] == STATUS["INVALID_BUFFER"]
+
+
+def test_requantize_never_overwrites_a_newer_value(dev):
+    """A requantize racing a put of the same key from another client: whatever the order,
+    the key ends holding the put's block or that block demoted, never the old one demoted
+    (the drive stores its result only if the key still holds what it read: ABORTED)."""
+    from firmware.quant import quantize, requantize
+
+    other = dev.queue_pair()
+    outcomes = set()
+    for i in range(24):
+        key = b"rq/race"
+        dev.kv_put_quantized(key, block((64, 2, 2, 2, 64), seed=300 + i), "fp16", "int8_g64")
+        newer = block((64, 2, 2, 2, 64), seed=400 + i)
+        rq = dev.kv_requantize_async(key, "int4_g64")
+        put = dev.kv_put_quantized_async(key, newer, "fp16", "int8_g64", qp=other)
+        put.result()
+        try:
+            rq.result()
+            outcomes.add("requantized")
+        except hostlib.AbortedError:
+            outcomes.add("aborted")
+        final = np.frombuffer(dev.kv_get(key), np.uint8)
+        newer_blob = quantize(newer, "fp16", "int8_g64")
+        assert (np.array_equal(final, newer_blob)
+                or np.array_equal(final, requantize(newer_blob, "int4_g64"))), (i, outcomes)
+    assert outcomes
+
+
+def test_a_requantize_overtaken_by_a_put_or_a_delete_is_aborted(dev):
+    """A put or a delete from another client lands while the drive requantizes a large
+    block (its kernel takes milliseconds): the requantize ends ABORTED, the put's value
+    stays and the deleted key stays deleted (a demotion never brings a key back)."""
+    x = block((2048, 2, 2, 4, 64), seed=23)  # 4 MiB
+    other = dev.queue_pair()
+    outcomes = []
+    for i in range(6):
+        dev.kv_put_quantized(b"rq/overtaken", x, "fp16", "int8_g64")
+        rq = dev.kv_requantize_async(b"rq/overtaken", "int4_g64")
+        newer = b"newer %d " % i * 100 if i % 2 else None
+        if newer is None:
+            dev.kv_delete_async(b"rq/overtaken", qp=other).result()
+        else:
+            dev.kv_put_async(b"rq/overtaken", newer, qp=other).result()
+        try:
+            rq.result()
+            outcomes.append("requantized")
+        except hostlib.AbortedError:
+            outcomes.append("aborted")
+        except (hostlib.InvalidCommandError, hostlib.KeyNotFoundError):
+            outcomes.append("came second")  # the change landed first: nothing to demote
+        if newer is None:
+            assert not dev.kv_exists(b"rq/overtaken"), outcomes
+        else:
+            assert dev.kv_get(b"rq/overtaken") == newer, outcomes
+    assert "requantized" not in outcomes and "aborted" in outcomes, outcomes
+
+
 def _maps_llvm(pid: int) -> bool:
     with open(f"/proc/{pid}/maps") as f:
         return "llvmlite" in f.read()

@@ -49,6 +49,7 @@ def _every_touch(dev, ns: int) -> list[str]:
         _status(lambda: dev.kv_exists_async(b"key-1", nsid=ns).result()),
         _status(lambda: dev.kv_list(nsid=ns)),
         _status(lambda: dev.pin(b"key-1", nsid=ns)),
+        _status(lambda: dev.kv_requantize(b"key-1", "int4_g64", nsid=ns)),
         _status(lambda: dev.prefix_match([b"k" * 16], nsid=ns)),
         _status(lambda: dev.ns_delete(ns)),
     ]

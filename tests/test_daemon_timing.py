@@ -169,6 +169,37 @@ def test_kv_and_compute_commands_include_nand_time(tmp_path):
         assert d.terminate()[0] == 0
 
 
+def test_a_requantize_is_sensed_requantized_and_programmed_in_the_drive(tmp_path):
+    """KV_REQUANTIZE's device time: the stored block sensed, the firmware's requantize
+    kernel, the new block programmed; nothing of the block crosses the link."""
+    import numpy as np
+
+    from ssdemu.sim.cost import requantize_cost
+    from ssdemu.sim.timing import budget_of
+
+    profile = load("star2000d")
+    d = _daemon(tmp_path)
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            x = np.random.default_rng(1).standard_normal((256, 2, 2, 4, 64)).astype(
+                np.float16).view(np.uint16)
+            old = dev.kv_put_quantized(b"q", x, "fp16", "int8_g64", summary_page=16)
+            before = dev.log()["model"]
+            new = dev.kv_requantize(b"q", "int4_g64")
+            took = dev.qp.last_device_ns
+            after = dev.log()["model"]
+            assert after["nand_bytes_read"] - before["nand_bytes_read"] >= old
+            assert after["nand_bytes_written"] - before["nand_bytes_written"] >= new
+            assert after["link_bytes"] == before["link_bytes"]  # the block stayed inside
+            summaries = 2 * 2 * 4 * (256 // 16) * 64 * 2  # (layers, min/max, heads, pages, D)
+            kernel_ns = budget_of(profile).device_ns(
+                requantize_cost(x.size, 2, "int8_g64", old, "int4_g64", new, summaries))
+            assert took >= profile.nand.t_read_ns + kernel_ns
+            assert dev.log()["compute"]["requantize"]["calls"] == 1
+    finally:
+        assert d.terminate()[0] == 0
+
+
 def test_fixed_latency_model_in_the_daemon(tmp_path):
     from ssdemu.sim.timing import FixedLatencyModel
 
@@ -198,6 +229,7 @@ def _mixed_commands(dev, wait_each: bool) -> list:
         dev.kv_put_quantized(b"old%02d" % i, blocks[i], "fp16", "int8_g64")
         dev.kv_put(b"raw%02d" % i, blocks[n + i].reshape(-1).view(np.uint8))
         dev.kv_put(b"del%02d" % i, b"d" * 8192)
+        dev.kv_put_quantized(b"rq%02d" % i, blocks[i], "fp16", "int8_g64")
     outs = dev.alloc(n * blocks[0].nbytes).view(np.uint16).reshape((n, *shape))
     raws = dev.alloc(n * blocks[0].nbytes).reshape(n, -1)
     futures = []
@@ -206,7 +238,8 @@ def _mixed_commands(dev, wait_each: bool) -> list:
         fs = [dev.kv_put_quantized_async(b"new%02d" % i, blocks[2 * n + i], "fp16", "int8_g64"),
               dev.kv_get_dequantized_async(b"old%02d" % i, outs[i]),
               dev.kv_get_async(b"raw%02d" % i, raws[i]),
-              dev.kv_delete_async(b"del%02d" % i)]
+              dev.kv_delete_async(b"del%02d" % i),
+              dev.kv_requantize_async(b"rq%02d" % i, "int4_g64")]
         for f in fs if wait_each else ():
             f.result()
         futures += fs

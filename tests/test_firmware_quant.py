@@ -7,58 +7,20 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from quant_ref import (
+    E4M3,
+    make_block,
+    ref_e4m3,
+    ref_from_f32,
+    ref_kivi_block,
+    ref_quant_dequant,
+    ref_to_f32,
+)
 
 from firmware.blockfmt import HEADER_BYTES, CorruptBlockError, open_block, seal
 from firmware.convert import bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32
 from firmware.layout import KVShape
 from firmware.quant import compressed_nbytes, dequantize, parse_scheme, quantize
-
-# ---- plain numpy references -------------------------------------------------------------
-
-
-def ref_to_f32(bits_or_f32: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "fp16":
-        return bits_or_f32.view(np.float16).astype(np.float32)
-    if dtype == "bf16":
-        return (bits_or_f32.astype(np.uint32) << 16).view(np.float32)
-    return bits_or_f32.astype(np.float32)
-
-
-def ref_from_f32(x: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "fp16":
-        with np.errstate(over="ignore"):
-            return x.astype(np.float16).view(np.uint16)
-    if dtype == "bf16":
-        u = x.view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return x
-
-
-def ref_quant_dequant(x: np.ndarray, bits: int, group: int, symmetric: bool):
-    """Group-wise quantize then dequantize in float32, as the docs define it.
-    Returns (dequantized float32, per-element scale)."""
-    n = x.size
-    pad = (-n) % group
-    xp = np.concatenate([x, np.repeat(x[-1:], pad)]).reshape(-1, group)  # pad with a member
-    lo, hi = xp.min(1, keepdims=True), xp.max(1, keepdims=True)
-    half = np.float32(0.5)
-    with np.errstate(divide="ignore"):
-        if symmetric:
-            qmax = np.float32(2 ** (bits - 1) - 1)
-            scale = np.maximum(np.abs(lo), np.abs(hi)) / qmax
-            inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
-            q = np.floor(xp * inv + half)
-            q = np.clip(q, -qmax, qmax)
-            y = q * scale
-        else:
-            qmax = np.float32(2**bits - 1)
-            scale = (hi - lo) / qmax
-            inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
-            q = np.minimum(np.floor((xp - lo) * inv + half), qmax)
-            y = q * scale + lo
-    per_elem_scale = np.broadcast_to(scale, xp.shape).reshape(-1)[:n]
-    return y.astype(np.float32).reshape(-1)[:n], per_elem_scale
-
 
 # ---- strategies -----------------------------------------------------------------------------
 
@@ -67,27 +29,6 @@ shapes = st.tuples(st.integers(1, 24), st.integers(1, 3), st.integers(1, 3),
 dtypes = st.sampled_from(["fp16", "bf16", "fp32"])
 schemes = st.tuples(st.sampled_from([8, 4]), st.sampled_from([32, 64, 128]), st.booleans())
 fills = st.sampled_from(["gauss", "zeros", "const", "outliers", "tiny", "large"])
-
-
-def make_block(shape, dtype, fill, seed):
-    tokens, layers, heads, dim = shape
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((tokens, 2, layers, heads, dim)).astype(np.float32)
-    if fill == "zeros":
-        x[:] = 0
-    elif fill == "const":
-        x[:] = np.float32(rng.standard_normal())
-    elif fill == "outliers":
-        x[..., 0] *= 100  # an outlier channel
-    elif fill == "tiny":
-        x *= np.float32(1e-6)  # fp16 subnormals
-    elif fill == "large":
-        x *= np.float32(6e3)
-    if dtype == "fp16":
-        return x.astype(np.float16).view(np.uint16)
-    if dtype == "bf16":
-        return ref_from_f32(x.reshape(-1), "bf16").reshape(x.shape)
-    return x
 
 
 @settings(max_examples=150, deadline=None)
@@ -277,17 +218,7 @@ def test_kivi_matches_reference(shape, dtype, bits, group, residual, fill, seed)
     q = kivi_quantized_tokens(tokens, group, residual)
     assert tokens - q >= min(residual, tokens)
     x = ref_to_f32(block.reshape(-1), dtype).reshape(block.shape)
-    want = x.copy()
-    c = x[0, 0].size
-    if q:
-        keys = x[:q, 0].reshape(q, c).T.reshape(-1)  # per channel: groups along tokens
-        ky, _ = ref_quant_dequant(keys, bits, group, False)
-        want[:q, 0] = ky.reshape(c, q).T.reshape(want[:q, 0].shape)
-        vy, _ = ref_quant_dequant(x[:q, 1].reshape(-1), bits, group, False)
-        want[:q, 1] = vy.reshape(want[:q, 1].shape)
-    expect = ref_from_f32(want.reshape(-1), dtype).reshape(block.shape)
-    expect[q:] = block[q:]  # the full-precision window comes back bit for bit
-    assert np.array_equal(back, expect)
+    assert np.array_equal(back, ref_kivi_block(x, dtype, bits, group, residual, block))
 
 
 def test_kivi_keys_grouped_per_channel():
@@ -305,21 +236,6 @@ def test_kivi_keys_grouped_per_channel():
 
 
 # ---- fp8 ----------------------------------------------------------------------------------
-
-E4M3 = __import__("firmware.quant_fp8", fromlist=["E4M3_VALUES"]).E4M3_VALUES
-
-
-def ref_e4m3(v: np.ndarray) -> np.ndarray:
-    """Nearest e4m3fn code of each value (saturating at 448), ties to the even code."""
-    codes = np.arange(0x7F)
-    mags = E4M3[:0x7F].astype(np.float64)
-    a = np.minimum(np.abs(v.astype(np.float64)), 448.0)
-    d = np.abs(a[:, None] - mags[None, :])
-    best = d == d.min(1, keepdims=True)
-    tie = best.sum(1) > 1
-    pick = np.where(tie, np.argmax(best & (codes % 2 == 0)[None, :], 1), np.argmax(best, 1))
-    return (pick | np.where(v < 0, 0x80, 0)).astype(np.uint8)
-
 
 @settings(max_examples=60, deadline=None)
 @given(shape=shapes, dtype=dtypes, per_head=st.booleans(), fill=fills,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_firmware_quant import make_block, ref_to_f32
+from quant_ref import make_block, ref_to_f32
 
 from firmware import blockops as B
 from firmware.blockfmt import CorruptBlockError, layer_summaries, open_block

@@ -9,13 +9,14 @@ from ssdemu.device.admin import HANDLERS
 from ssdemu_wire.layout import OPCODES
 
 # the three compute commands whose kernels run on the firmware's threads
-FIRMWARE_KERNELS = {"KV_STORE_QUANTIZED", "KV_RETRIEVE_DEQUANTIZED", "PREFIX_MATCH_TOKENS"}
+FIRMWARE_KERNELS = {"KV_STORE_QUANTIZED", "KV_RETRIEVE_DEQUANTIZED", "PREFIX_MATCH_TOKENS",
+                    "KV_REQUANTIZE"}
 READS = {"READ", "KV_RETRIEVE", "KV_RETRIEVE_DEQUANTIZED"}
-WRITES = {"WRITE", "KV_STORE", "KV_STORE_QUANTIZED"}
+WRITES = {"WRITE", "KV_STORE", "KV_STORE_QUANTIZED", "KV_REQUANTIZE"}
 # the commands whose SQE names a key (lba, key_hi) that the index looks up as they start: a
 # fetched batch's lookups are prefetched together (dev_kv_prefetch), theirs and no others
 KEYED = {"KV_STORE", "KV_RETRIEVE", "KV_DELETE", "KV_EXIST", "KV_STORE_QUANTIZED",
-         "KV_RETRIEVE_DEQUANTIZED"}
+         "KV_RETRIEVE_DEQUANTIZED", "KV_REQUANTIZE"}
 
 
 def row(op: int):

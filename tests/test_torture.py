@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from ssdemu.tools.torture import (
+    DEMOTE,
+    DEMOTED,
     QUANT_EVERY,
     QUANT_SCHEMES,
     Tally,
@@ -64,6 +66,18 @@ def test_the_value_check_knows_the_quantized_versions():
     flipped = bytearray(blob)
     flipped[200] ^= 1
     assert version_in(b"k1", bytes(flipped), {v}) is None
+
+
+def test_the_value_check_knows_the_demoted_blocks():
+    """A block demoted in place (KV_REQUANTIZE) is its state, not the version it came from,
+    and the other way round; every scheme the crash loop stores has a rule."""
+    assert set(DEMOTE) == set(QUANT_SCHEMES)
+    v = next(x for x in range(30, 60) if quantized(x) and scheme_of(x) == "int8_g64")
+    demoted = compressed_of(b"k1", (v, DEMOTED)).tobytes()
+    assert len(demoted) < len(compressed_of(b"k1", v).tobytes())
+    assert version_in(b"k1", demoted, {None, v, (v, DEMOTED)}) == (v, DEMOTED)
+    assert version_in(b"k1", demoted, {None, v}) is None  # the old block's state is not it
+    assert version_in(b"k1", compressed_of(b"k1", v).tobytes(), {(v, DEMOTED)}) is None
 
 
 def test_a_change_a_flush_covered_that_is_missing_counts_as_lost(tmp_path):

@@ -15,6 +15,7 @@ static uint16_t fw_status(int64_t ret)
     case SDE_FW_E_NONFINITE: /* inf or NaN in the block */
     case SDE_FW_E_REQUEST:
     case SDE_FW_E_SCHEME:
+    case SDE_FW_E_NOT_LOWER:
         return SDE_SC_INVALID_FIELD;
     default:
         /* -1..-9: the stored value is not a compressed block, or a corrupt one */
@@ -229,6 +230,101 @@ void dev_dq_read_done(sde_dev *dev, struct dev_ctx *x)
     }
     fw_submit(dev, x, SDE_FW_DEQUANTIZE, x->bounce, (int64_t)x->vlen, x->copy_to,
               (int64_t)x->copy_len, NULL, 0);
+}
+
+/* KV_REQUANTIZE's own field: the new scheme's name is 1..32 bytes of the command's range. */
+static uint16_t requant_fields(sde_dev *dev, const sde_sqe *c)
+{
+    (void)dev;
+    return c->length >= 1 && c->length <= 32 ? SDE_SC_SUCCESS : SDE_SC_INVALID_FIELD;
+}
+
+/* The bytes of a value padded to whole blocks of the store. */
+static uint64_t whole_blocks(const sde_dev *dev, uint64_t n)
+{
+    uint32_t blk = st_block(dev->store);
+    return (n + blk - 1) / blk * blk;
+}
+
+/* KV_REQUANTIZE: the stored block is read into a staging buffer of the drive's (as a
+ * dequantized retrieve reads it), requantized by the firmware into the same buffer's second
+ * half, and stored under the key as a put stores, if the key still holds what was read. */
+void dev_requant_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    uint8_t key[SDE_KEY_MAX];
+    uint32_t klen;
+    struct dev_buf *b = dev_kv_value_args(dev, qp, c, cls, t0, key, &klen, requant_fields);
+    if (!b)
+        return;
+    struct dev_ctx *x = compute_ctx(dev, qp, c, cls, CTX_RQ_READ, t0);
+    if (!x)
+        return;
+    memcpy(x->key, key, sizeof(key));
+    x->klen = klen;
+    x->nsid = c->nsid;
+    memset(x->req, 0, sizeof(x->req)); /* the name, copied: the client cannot change it */
+    memcpy(x->req, b->addr + c->buf_offset, c->length);
+    uint64_t off;
+    uint16_t st = st_get_begin(dev->store, c->nsid, key, klen, &x->ext, &off, &x->vlen,
+                               &x->vhash);
+    if (st) {
+        compute_fail(dev, x, st);
+        return;
+    }
+    /* the stored block, then room for the new one: smaller, since a requantize only lowers */
+    uint64_t nbytes = whole_blocks(dev, x->vlen);
+    if (!dev_bounce_take(dev, x, 2 * nbytes)) {
+        st_get_end(dev->store, x->ext);
+        compute_fail(dev, x, SDE_SC_INTERNAL);
+        return;
+    }
+    x->expect.ext = x->ext;
+    x->expect.hash = x->vhash;
+    x->expecting = 1;
+    x->in_off = off;
+    x->in_len = x->vlen;
+    if (dev->model && !dev->virtual_time) /* virtual time: at its turn (fw_job_done) */
+        book_input(dev, x);
+    dev_value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
+}
+
+void dev_requant_read_done(sde_dev *dev, struct dev_ctx *x)
+{
+    uint16_t st = x->io_failed ? SDE_SC_MEDIA_ERROR : SDE_SC_SUCCESS;
+    if (!st && st_value_hash(x->bounce, x->vlen) != x->vhash)
+        st = SDE_SC_MEDIA_ERROR; /* never requantize what is not what was stored */
+    st_get_end(dev->store, x->ext);
+    if (st) {
+        compute_fail(dev, x, st);
+        return;
+    }
+    uint64_t nbytes = whole_blocks(dev, x->vlen);
+    fw_submit(dev, x, SDE_FW_REQUANTIZE, x->bounce, (int64_t)x->vlen, x->bounce + nbytes,
+              (int64_t)nbytes, x->req, 0);
+}
+
+/* KV_REQUANTIZE's kernel is back: charge the dequantize and the quantize as one kernel that
+ * streams over the sensed pieces, then store its output as a quantized store does. */
+void dev_requant_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j)
+{
+    const int64_t *info = j->info;
+    uint64_t size = (uint64_t)j->ret;
+    sde_kernel_cost cost = sde_cost_requantize(
+        (uint64_t)info[SDE_FW_INFO_ELEMENTS], (uint32_t)info[SDE_FW_INFO_ELEMENT_BYTES],
+        (int)info[SDE_FW_INFO_FROM_KIND], (uint32_t)info[SDE_FW_INFO_FROM_GROUP], x->vlen,
+        (int)info[SDE_FW_INFO_KIND], (uint32_t)info[SDE_FW_INFO_GROUP], size,
+        (uint64_t)info[SDE_FW_INFO_SUMMARY_BYTES]);
+    if (dev->model) /* the kernel starts on the first piece sensed: the stages stream */
+        x->ready = sde_recipe_streamed_kernel(&dev->budget, SDE_KERNEL_REQUANTIZE, x->ready,
+                                              x->sensed, x->pieces, cost, (double)j->host_ns,
+                                              &x->first_out);
+    else
+        x->ready = x->first_out =
+            charge(dev, SDE_KERNEL_REQUANTIZE, cost, x->ready, j->host_ns);
+    memset(j->out + size, 0, whole_blocks(dev, size) - size); /* nothing past it to media */
+    x->result = size;
+    x->kind = CTX_RQ_PUT;
+    dev_kv_put_value(dev, x, NULL, j->out, size, SDE_KV_STORE_ANY, -1, 1);
 }
 
 /* The prefix block sizes the drive hashes (hostlib/prefix_hash.py BLOCK_SIZES). */

@@ -447,7 +447,8 @@ int sde_dev_complete(sde_dev *dev, int qp, const sde_cqe *cqe, uint64_t t0_ns, u
 /* ---- the firmware and its budget ------------------------------------------------------ */
 
 int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
-                         uint64_t hash_chain, uint32_t threads, const sde_budget *budget)
+                         uint64_t hash_chain, uint64_t requantize, uint32_t threads,
+                         const sde_budget *budget)
 {
     /* the budget as the profile built it (ssdemu.sim.timing.budget_of), idle */
     if (!budget || !budget->units || budget->units > SDE_MAX_UNITS)
@@ -456,7 +457,8 @@ int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
     int r;
     sde_fw_entry e = {(sde_fw_quantize_fn)(uintptr_t)quantize,
                       (sde_fw_dequantize_fn)(uintptr_t)dequantize,
-                      (sde_fw_hash_fn)(uintptr_t)hash_chain};
+                      (sde_fw_hash_fn)(uintptr_t)hash_chain,
+                      (sde_fw_requantize_fn)(uintptr_t)requantize};
     sde_fw *fw;
     r = sde_fw_new(&e, threads, dev->doorbell, &fw);
     if (r < 0)

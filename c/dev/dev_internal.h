@@ -82,6 +82,8 @@ enum {
     CTX_DEL_PARKED = 7, /* a KV_DELETE held back: an early put of its key is in flight */
     CTX_DEFERRED = 8,   /* virtual time: a command fetched behind compute commands, started
                          * at its turn (sqe, msubmit) */
+    CTX_RQ_READ = 9,    /* KV_REQUANTIZE: the stored block read, then requantized */
+    CTX_RQ_PUT = 10,    /* ... its output stored as a put, if the key is unchanged */
     CTX_NKINDS
 };
 
@@ -111,6 +113,8 @@ struct dev_ctx {
     uint32_t ext;
     uint64_t vlen, vhash;
     uint8_t vhash_known; /* a put: vhash is its value's, made as its batch was fetched */
+    uint8_t expecting;   /* a put only if the key still holds `expect` (a requantize's) */
+    st_expect expect;
     uint8_t *copy_to;    /* a retrieve's bytes to copy out of the bounce, and how many */
     uint64_t copy_len;
     uint64_t copied;
@@ -470,6 +474,9 @@ void dev_dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
 void dev_dq_read_done(sde_dev *dev, struct dev_ctx *x);
 void dev_qstore_book_input(sde_dev *dev, struct dev_ctx *x);
 void dev_dq_book_input(sde_dev *dev, struct dev_ctx *x);
+void dev_requant_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+void dev_requant_read_done(sde_dev *dev, struct dev_ctx *x);
+void dev_requant_kernel_done(sde_dev *dev, struct dev_ctx *x, sde_fw_job *j);
 void dev_prefix_match_now(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_prefix_tokens_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 int dev_reap_firmware(sde_dev *dev);

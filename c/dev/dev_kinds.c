@@ -22,6 +22,11 @@ static const struct dev_kind KINDS[] = {
     [CTX_PM_TOKENS] = {.name = "prefix match (tokens)"},
     [CTX_DEL_PARKED] = {.name = "kv delete, held back", .resume = dev_delete_resume},
     [CTX_DEFERRED] = {.name = "deferred"},
+    [CTX_RQ_READ] = {.name = "requantize (read)", .media_done = dev_value_media_done,
+                     .value_done = dev_requant_read_done, .book_input = dev_dq_book_input},
+    [CTX_RQ_PUT] = {.name = "requantize (store)", .media_done = dev_value_media_done,
+                    .value_done = dev_put_value_done, .resume = dev_put_resume,
+                    .put_timing = dev_qstore_put_timing},
 };
 
 _Static_assert(sizeof(KINDS) / sizeof(KINDS[0]) == CTX_NKINDS, "a row for every kind");

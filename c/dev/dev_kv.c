@@ -223,7 +223,8 @@ void dev_kv_put_value(sde_dev *dev, struct dev_ctx *x, const sde_sqe *c, uint8_t
     }
     x->parked = 0;
     uint16_t st = st_put_begin_hashed(dev->store, x->nsid, x->key, x->klen, src, len, mode,
-                                      x->vhash_known ? &x->vhash : NULL, &x->plan);
+                                      x->vhash_known ? &x->vhash : NULL,
+                                      x->expecting ? &x->expect : NULL, &x->plan);
     if (st) {
         dev_ctx_finish(dev, x, st, 0);
         return;

@@ -40,12 +40,14 @@ static const struct dev_op op_table[] = {
     {SDE_CMD_KV_DELETE, SDE_CLASS_KV, DP, 0, 1, 1, 1, dev_kv_delete_start, NULL, "KV_DELETE"},
     {SDE_CMD_KV_EXIST, SDE_CLASS_KV, DP, 0, 1, 1, 1, dev_kv_exist_start, NULL, "KV_EXIST"},
     {SDE_CMD_KV_LIST, SDE_CLASS_KV, DP, 0, 1, 1, 0, dev_kv_list_start, NULL, "KV_LIST"},
-    /* compute commands (dev_compute.c): the three with a firmware kernel join the virtual
+    /* compute commands (dev_compute.c): the four with a firmware kernel join the virtual
      * clock's FIFO themselves, at once */
     {SDE_CMD_KV_STORE_QUANTIZED, SDE_CLASS_COMPUTE, DP, W, 0, 0, 1, dev_qstore_start,
      dev_qstore_kernel_done, "KV_STORE_QUANTIZED"},
     {SDE_CMD_KV_RETRIEVE_DEQUANTIZED, SDE_CLASS_COMPUTE, DP, R, 0, 0, 1, dev_dq_get_start,
      dev_dq_kernel_done, "KV_RETRIEVE_DEQUANTIZED"},
+    {SDE_CMD_KV_REQUANTIZE, SDE_CLASS_COMPUTE, DP, W, 0, 0, 1, dev_requant_start,
+     dev_requant_kernel_done, "KV_REQUANTIZE"},
     {SDE_CMD_PREFIX_MATCH, SDE_CLASS_COMPUTE, DP, 0, 1, 0, 0, dev_prefix_match_now, NULL,
      "PREFIX_MATCH"},
     {SDE_CMD_PREFIX_MATCH_TOKENS, SDE_CLASS_COMPUTE, DP, 0, 0, 0, 0, dev_prefix_tokens_start,

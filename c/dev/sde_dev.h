@@ -182,7 +182,8 @@ void sde_dev_store_leave(sde_dev *dev);
  * them, and the TOPS budget (c/model/sde_budget.h) its kernels are charged to.  Compute commands
  * answer INTERNAL until it is set; -EBUSY while the previous one has jobs. */
 int sde_dev_set_firmware(sde_dev *dev, uint64_t quantize, uint64_t dequantize,
-                         uint64_t hash_chain, uint32_t threads, const sde_budget *budget);
+                         uint64_t hash_chain, uint64_t requantize, uint32_t threads,
+                         const sde_budget *budget);
 void sde_dev_budget(sde_dev *dev, sde_budget *out);   /* a copy of the budget's state */
 /* The device clock: the virtual clock's latest submission, or real time since the model's
  * origin. */

@@ -31,7 +31,7 @@ static uint64_t mono_ns(void)
 /* The process's loaded entry points (one daemon per process), behind load_lock. */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static int (*loader_fn)(uint64_t *);
-static uint64_t loaded[3];
+static uint64_t loaded[4];
 static int load_error; /* sticky: a loader that failed once is not run on every command */
 
 void sde_fw_set_loader(int (*loader)(uint64_t *addresses))
@@ -47,9 +47,9 @@ int sde_fw_ensure(sde_fw_entry *e)
         return 0;
     pthread_mutex_lock(&load_lock);
     if (!loaded[0] && !load_error) {
-        uint64_t a[3] = {0};
+        uint64_t a[4] = {0};
         int r = loader_fn ? loader_fn(a) : -ENOSYS;
-        if (r == 0 && a[0] && a[1] && a[2])
+        if (r == 0 && a[0] && a[1] && a[2] && a[3])
             memcpy(loaded, a, sizeof(a));
         else
             load_error = r < 0 ? r : -EIO;
@@ -58,6 +58,7 @@ int sde_fw_ensure(sde_fw_entry *e)
     if (loaded[0] && !e->quantize) {
         e->dequantize = (sde_fw_dequantize_fn)(uintptr_t)loaded[1];
         e->hash_chain = (sde_fw_hash_fn)(uintptr_t)loaded[2];
+        e->requantize = (sde_fw_requantize_fn)(uintptr_t)loaded[3];
         __atomic_store_n(&e->quantize, (sde_fw_quantize_fn)(uintptr_t)loaded[0],
                          __ATOMIC_RELEASE);
     }
@@ -79,6 +80,9 @@ static void run_job(sde_fw_entry *e, sde_fw_job *j)
         break;
     case SDE_FW_DEQUANTIZE:
         j->ret = e->dequantize(j->in, j->in_len, j->out, j->out_cap, j->info);
+        break;
+    case SDE_FW_REQUANTIZE:
+        j->ret = e->requantize(j->req, j->in, j->in_len, j->out, j->out_cap, j->info);
         break;
     case SDE_FW_HASH:
         j->ret = e->hash_chain((const uint32_t *)j->in, j->in_len, j->block_tokens, j->req,
@@ -118,9 +122,12 @@ static void *worker(void *arg)
 
 int sde_fw_new(const sde_fw_entry *entry, uint32_t threads, int done_fd, sde_fw **out)
 {
-    /* all three entry points, or none (loaded on first use) */
-    int some = entry && (entry->quantize || entry->dequantize || entry->hash_chain);
-    if (!entry || (some && (!entry->quantize || !entry->dequantize || !entry->hash_chain)) ||
+    /* every entry point, or none (loaded on first use) */
+    int some = entry && (entry->quantize || entry->dequantize || entry->hash_chain ||
+                         entry->requantize);
+    if (!entry ||
+        (some && (!entry->quantize || !entry->dequantize || !entry->hash_chain ||
+                  !entry->requantize)) ||
         threads < 1 || threads > SDE_FW_MAX_THREADS)
         return -EINVAL;
     sde_fw *fw = calloc(1, sizeof(*fw));

@@ -20,6 +20,10 @@
 #define SDE_FW_INFO_COMPRESSED 5
 #define SDE_FW_INFO_RAW 6
 #define SDE_FW_INFO_SUMMARY_BYTES 7 /* quantize: the page summaries' bytes in the block */
+/* requantize: the stored block's kind and group (the fields above describe the new one) */
+#define SDE_FW_INFO_FROM_KIND 8
+#define SDE_FW_INFO_FROM_GROUP 9
+#define SDE_FW_INFO_SLOTS 12 /* an info array's length */
 /* the entry points' failures (firmware/blockops.py E_*); -1..-9: a corrupt block */
 #define SDE_FW_E_OUT_SMALL -10
 #define SDE_FW_E_NONFINITE -11
@@ -27,11 +31,13 @@
 #define SDE_FW_E_VALUE_SIZE -13
 #define SDE_FW_E_SCHEME -14
 #define SDE_FW_E_UNAVAILABLE -15 /* the firmware's compiled code could not be loaded */
+/* requantize: the scheme is not below the stored block's (fewer bits, a smaller block) */
+#define SDE_FW_E_NOT_LOWER -16
 
 /* Where the entry points come from when sde_dev_set_firmware is given none: a loader
  * called once, on the first command that needs one (ssdemu/device/daemon.py's imports the
  * compiled firmware then, so that a daemon no compute command reaches never loads Numba),
- * filling quantize, dequantize and hash_chain's addresses; 0 or -errno. */
+ * filling quantize, dequantize, hash_chain and requantize's addresses; 0 or -errno. */
 void sde_fw_set_loader(int (*loader)(uint64_t *addresses));
 /* CDEF-END */
 
@@ -41,26 +47,32 @@ typedef int64_t (*sde_fw_dequantize_fn)(const uint8_t *blob, int64_t blob_len, u
                                         int64_t out_cap, int64_t *info);
 typedef int64_t (*sde_fw_hash_fn)(const uint32_t *tokens, int64_t ntokens,
                                   int64_t block_tokens, const uint8_t *root, uint8_t *keys);
+/* name: the new scheme's 32 bytes (ASCII, NUL-padded); blob: the stored block */
+typedef int64_t (*sde_fw_requantize_fn)(const uint8_t *name, const uint8_t *blob,
+                                        int64_t blob_len, uint8_t *out, int64_t out_cap,
+                                        int64_t *info);
 
 typedef struct sde_fw_entry {
     sde_fw_quantize_fn quantize;
     sde_fw_dequantize_fn dequantize;
     sde_fw_hash_fn hash_chain;
+    sde_fw_requantize_fn requantize;
 } sde_fw_entry;
 
-enum { SDE_FW_QUANTIZE = 1, SDE_FW_DEQUANTIZE = 2, SDE_FW_HASH = 3 };
+enum { SDE_FW_QUANTIZE = 1, SDE_FW_DEQUANTIZE = 2, SDE_FW_HASH = 3, SDE_FW_REQUANTIZE = 4 };
 
 typedef struct sde_fw_job {
     int kind;
-    const uint8_t *in;   /* quantize: the block; dequantize: the compressed block; hash:
-                          * the token ids */
+    const uint8_t *in;   /* quantize: the block; dequantize and requantize: the compressed
+                          * block; hash: the token ids */
     int64_t in_len;      /* bytes (hash: token count) */
     uint8_t *out;
     int64_t out_cap;
-    const uint8_t *req;  /* quantize: the 64-byte request; hash: the 16-byte root key */
+    const uint8_t *req;  /* quantize: the 64-byte request; hash: the 16-byte root key;
+                          * requantize: the new scheme's 32-byte name */
     int64_t block_tokens;
     int64_t ret;         /* the entry point's return */
-    int64_t info[8];
+    int64_t info[SDE_FW_INFO_SLOTS];
     uint64_t host_ns;    /* the call's time on this host */
     uint32_t owner;      /* the data plane's context */
     struct sde_fw_job *next;

@@ -56,6 +56,20 @@ sde_kernel_cost sde_cost_store_summaries(uint64_t elements, uint32_t element_byt
     return sde_cost_add(sde_cost_add(d, s), sum);
 }
 
+sde_kernel_cost sde_cost_requantize(uint64_t elements, uint32_t element_bytes, int from_kind,
+                                    uint32_t from_group, uint64_t from_bytes, int kind,
+                                    uint32_t group, uint64_t compressed_bytes,
+                                    uint64_t summary_bytes)
+{
+    sde_kernel_cost d =
+        sde_cost_dequantize(elements, element_bytes, from_kind, from_group, from_bytes);
+    sde_kernel_cost q = sde_cost_quantize(elements, element_bytes, kind, group,
+                                          compressed_bytes - summary_bytes);
+    sde_kernel_cost s = sde_cost_store_summaries(elements, element_bytes, kind, group,
+                                                 compressed_bytes, summary_bytes);
+    return sde_cost_add(sde_cost_add(d, q), s);
+}
+
 sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens)
 {
     uint64_t message = 16 + 4 * (uint64_t)block_tokens;

@@ -32,7 +32,8 @@
 #define SDE_KERNEL_TOPK 7
 #define SDE_KERNEL_RERANK 8
 #define SDE_KERNEL_ATTEND 9
-#define SDE_NKERNELS 10
+#define SDE_KERNEL_REQUANTIZE 10
+#define SDE_NKERNELS 11
 #define SDE_MAX_UNITS 64
 
 typedef struct sde_kernel_cost {
@@ -64,7 +65,7 @@ typedef struct sde_budget {
     void *dram;                  /* the sde_model whose DRAM the kernels share, or NULL */
     double busy_until_ns[64];
     double busy_ns[64];
-    sde_kernel_stats kernels[10];
+    sde_kernel_stats kernels[11];
 } sde_budget;
 
 sde_kernel_cost sde_cost_quantize(uint64_t elements, uint32_t element_bytes, int kind,
@@ -76,6 +77,13 @@ sde_kernel_cost sde_cost_dequantize(uint64_t elements, uint32_t element_bytes, i
 sde_kernel_cost sde_cost_store_summaries(uint64_t elements, uint32_t element_bytes, int kind,
                                          uint32_t group, uint64_t compressed_bytes,
                                          uint64_t summary_bytes);
+/* KV_REQUANTIZE (firmware/requant.py): the stored block (from_kind, from_group,
+ * from_bytes) dequantized, quantized at the new scheme (kind, group, compressed_bytes, of
+ * which summary_bytes are its page summaries, recomputed). */
+sde_kernel_cost sde_cost_requantize(uint64_t elements, uint32_t element_bytes, int from_kind,
+                                    uint32_t from_group, uint64_t from_bytes, int kind,
+                                    uint32_t group, uint64_t compressed_bytes,
+                                    uint64_t summary_bytes);
 sde_kernel_cost sde_cost_prefix_hash(uint64_t blocks, uint32_t block_tokens);
 sde_kernel_cost sde_cost_prefix_match(uint64_t keys_probed);
 sde_kernel_cost sde_cost_index_insert(uint64_t keys);

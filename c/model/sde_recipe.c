@@ -47,8 +47,16 @@ double sde_recipe_q_receive(sde_model *m, double submit, uint64_t raw, double *r
 double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_t pieces,
                            sde_kernel_cost cost, double host_ns, double *first)
 {
+    return sde_recipe_streamed_kernel(b, SDE_KERNEL_QUANTIZE, ready, received, pieces, cost,
+                                      host_ns, first);
+}
+
+double sde_recipe_streamed_kernel(sde_budget *b, int kernel, double ready, double received,
+                                  uint32_t pieces, sde_kernel_cost cost, double host_ns,
+                                  double *first)
+{
     double start;
-    double done = sde_budget_charge(b, SDE_KERNEL_QUANTIZE, cost, ready, host_ns, &start);
+    double done = sde_budget_charge(b, kernel, cost, ready, host_ns, &start);
     double piece = (done - start) / (pieces ? pieces : 1);
     if (received + piece > done)
         done = received + piece;

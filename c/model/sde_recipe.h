@@ -34,6 +34,11 @@ double sde_recipe_q_receive(sde_model *m, double submit, uint64_t raw, double *r
  * (the program may start). */
 double sde_recipe_q_kernel(sde_budget *b, double ready, double received, uint32_t pieces,
                            sde_kernel_cost cost, double host_ns, double *first);
+/* The same for any kernel that streams over its input's pieces (a requantize's over the
+ * stored block's senses). */
+double sde_recipe_streamed_kernel(sde_budget *b, int kernel, double ready, double received,
+                                  uint32_t pieces, sde_kernel_cost cost, double host_ns,
+                                  double *first);
 /* ...and its result (stored bytes at off) programmed streaming from *first: when the last
  * piece is programmed; *leaving (NULL: not wanted): what leaves the write cache then
  * (sde_model_cache_ack). */

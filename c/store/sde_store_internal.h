@@ -37,7 +37,18 @@ typedef struct st_put_plan {
     uint64_t rec_seq;
     int new_key;
     uint64_t res_entries;
+    /* a put only if the key still holds what was read (a requantize's: st_put_expect) */
+    int expect;
+    uint32_t expect_ext;
+    uint64_t expect_hash;
 } st_put_plan;
+
+/* What a conditional put expects the key to hold: the extent and content hash a
+ * st_get_begin gave. */
+typedef struct st_expect {
+    uint32_t ext;
+    uint64_t hash;
+} st_expect;
 
 /* A key that a command about to start will look up (its bytes: klen of them). */
 typedef struct st_key_ref {
@@ -59,10 +70,12 @@ void st_prefetch_keys(const sde_store *st, const st_key_ref *keys, int n);
 /* value: the bytes (read for the content hash and, on a hash match, compared). */
 int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  const void *value, uint64_t len, int mode, st_put_plan *p);
-/* The same, with the value's content hash known already (st_prefetch_keys made it). */
+/* The same, with the value's content hash known already (st_prefetch_keys made it; NULL:
+ * not known), and only if the key still holds what *expect names (NULL: whatever it holds):
+ * otherwise ABORTED, now or when the record is appended. */
 int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                         const void *value, uint64_t len, int mode, const uint64_t *hash,
-                        st_put_plan *p);
+                        const st_expect *expect, st_put_plan *p);
 /* The extent's pieces (1 for a value in one run; a value no free run could hold whole is
  * in several, in value order) and each one's place and allocated bytes (whole blocks). */
 uint32_t st_ext_pieces(const sde_store *st, uint32_t ext);

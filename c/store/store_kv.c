@@ -67,12 +67,23 @@ static int same_bytes(sde_store *st, const struct ext *e, const void *value, uin
 int st_put_begin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                  const void *value, uint64_t len, int mode, st_put_plan *p)
 {
-    return st_put_begin_hashed(st, nsid, key, klen, value, len, mode, NULL, p);
+    return st_put_begin_hashed(st, nsid, key, klen, value, len, mode, NULL, NULL, p);
+}
+
+/* A conditional put's key no longer holds the value it read (i: its entry, or NIL). */
+static int changed(const sde_store *st, const st_put_plan *p, uint32_t i)
+{
+    if (!p->expect)
+        return 0;
+    if (i == NIL)
+        return 1;
+    uint32_t e = st->ents[i].ext;
+    return e != p->expect_ext || st->exts[e].hash != p->expect_hash;
 }
 
 int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                         const void *value, uint64_t len, int mode, const uint64_t *hash,
-                        st_put_plan *p)
+                        const st_expect *expect, st_put_plan *p)
 {
     if (!store_key_ok(klen)) /* before the value's checks, as the other openings */
         return SDE_SC_KV_INVALID_KEY_SIZE;
@@ -93,6 +104,13 @@ int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
     p->mode = mode;
     p->len = len;
     p->existed = i != NIL;
+    if (expect) {
+        p->expect = 1;
+        p->expect_ext = expect->ext;
+        p->expect_hash = expect->hash;
+    }
+    if (changed(st, p, i))
+        return SDE_SC_ABORTED;
     if (mode == SDE_KV_STORE_IF_EXISTS && i == NIL)
         return SDE_SC_KV_KEY_NOT_EXIST;
     if (mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
@@ -165,6 +183,8 @@ static int put_checks(sde_store *st, const st_put_plan *p, uint32_t *ip)
         return SDE_SC_KV_KEY_NOT_EXIST;
     if (p->mode == SDE_KV_STORE_IF_NOT_EXISTS && i != NIL)
         return SDE_SC_KV_KEY_EXISTS;
+    if (changed(st, p, i))
+        return SDE_SC_ABORTED; /* a conditional put's key changed while its value was made */
     if (i == NIL && st->nkeys + st->early_new_keys >= st->sb.index_keys)
         return SDE_SC_CAPACITY_EXCEEDED;
     if (!p->wrote && (!st->exts[p->ext].live || !st->exts[p->ext].krefs))

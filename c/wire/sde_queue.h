@@ -78,7 +78,14 @@
  * ATTEND: the same request, then page ids (int32, kv_heads x k; -1: none); the drive attends
  *   each query head over those pages (plus the sink and recent pages) and writes the outputs
  *   (float32, q_heads x head_dim) then the log-sum-exps (float32, q_heads) to the output
- *   range.  Result: the pages attended per KV head, at most. */
+ *   range.  Result: the pages attended per KV head, at most.
+ * KV_REQUANTIZE: the key's stored compressed block rewritten in place at a lower scheme (the
+ *   buffer range holds the scheme's name, ASCII, 1..32 bytes): the drive reads it, dequantizes
+ *   and quantizes it again (its page summaries recomputed) and stores the result under the
+ *   key as a put does, journaled, unless the key changed meanwhile (then ABORTED, the newer
+ *   value kept).  INVALID_FIELD: not a compressed block, a scheme that is unknown, does not
+ *   fit the block, or is not lower (fewer bits per element and a smaller block).  Result:
+ *   the new block's size.  A promotion is a dequantized retrieve. */
 #define SDE_CMD_KV_STORE_QUANTIZED 40
 #define SDE_CMD_KV_RETRIEVE_DEQUANTIZED 41
 #define SDE_CMD_PREFIX_MATCH 42
@@ -87,8 +94,9 @@
 #define SDE_CMD_UNPIN 45
 #define SDE_CMD_TOPK_PAGES 46
 #define SDE_CMD_ATTEND 47
-#define SDE_CMD_LAST 48
-#define SDE_CMD_COUNT 25 /* opcodes defined above: the data plane's table has a row each */
+#define SDE_CMD_KV_REQUANTIZE 48
+#define SDE_CMD_LAST 49
+#define SDE_CMD_COUNT 26 /* opcodes defined above: the data plane's table has a row each */
 
 /* completion status */
 #define SDE_SC_SUCCESS 0

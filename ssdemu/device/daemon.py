@@ -188,7 +188,7 @@ class Daemon:
         c = profile.compute
         threads = max(1, min(c.units, os.cpu_count() or 1, lib.SDE_FW_MAX_THREADS))
         lib.sde_fw_set_loader(lib.sde_fw_load_python)
-        r = lib.sde_dev_set_firmware(self.dev, 0, 0, 0, threads,  # loaded on first use
+        r = lib.sde_dev_set_firmware(self.dev, 0, 0, 0, 0, threads,  # loaded on first use
                                      budget_of(profile).copy_into(ffi))
         if r < 0:
             raise OSError(-r, f"cannot start the firmware: {os.strerror(-r)}")

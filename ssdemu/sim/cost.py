@@ -122,6 +122,16 @@ def dequantize_cost(elements: int, element_bytes: int, scheme: Scheme | str,
                                          compressed_bytes))
 
 
+def requantize_cost(elements: int, element_bytes: int, from_scheme: Scheme | str,
+                    from_bytes: int, scheme: Scheme | str, compressed_bytes: int,
+                    summary_nbytes: int = 0) -> KernelCost:
+    """KV_REQUANTIZE: the stored block dequantized and quantized at the lower scheme, its
+    page summaries (summary_nbytes of compressed_bytes) recomputed."""
+    return _cost(lib.sde_cost_requantize(elements, element_bytes, *_scheme(from_scheme),
+                                         from_bytes, *_scheme(scheme), compressed_bytes,
+                                         summary_nbytes))
+
+
 def prefix_hash_cost(blocks: int, block_tokens: int) -> KernelCost:
     return _cost(lib.sde_cost_prefix_hash(blocks, block_tokens))
 
@@ -191,6 +201,8 @@ KERNELS = {
     "topk": lambda: topk_cost(64, 8),
     "rerank": lambda: rerank_cost(256, 16, 1, 4, 128, 256 * 128 * 2),
     "attend": lambda: attend_cost(256, 1, 4, 128, 2 * 256 * 128 * 2),
+    "requantize": lambda: requantize_cost(4096, 2, "int8_g64", 4096 + 512, "int4_g64",
+                                          2048 + 512),
 }
 KERNEL_IDS = {"quantize": lib.SDE_KERNEL_QUANTIZE, "dequantize": lib.SDE_KERNEL_DEQUANTIZE,
               "prefix_hash": lib.SDE_KERNEL_PREFIX_HASH,
@@ -198,7 +210,7 @@ KERNEL_IDS = {"quantize": lib.SDE_KERNEL_QUANTIZE, "dequantize": lib.SDE_KERNEL_
               "index_insert": lib.SDE_KERNEL_INDEX_INSERT,
               "summarize": lib.SDE_KERNEL_SUMMARIZE, "score": lib.SDE_KERNEL_SCORE,
               "topk": lib.SDE_KERNEL_TOPK, "rerank": lib.SDE_KERNEL_RERANK,
-              "attend": lib.SDE_KERNEL_ATTEND}
+              "attend": lib.SDE_KERNEL_ATTEND, "requantize": lib.SDE_KERNEL_REQUANTIZE}
 assert len(KERNEL_IDS) == lib.SDE_NKERNELS
 
 

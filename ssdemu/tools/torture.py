@@ -4,7 +4,8 @@ Rounds until the time is up, each of four parts (all real processes, media under
 
 - **crash loop**: a daemon on a file (with power-cut emulation), a client storing and
   deleting versioned values with a flush every few changes (every third version a KV block
-  stored quantized, laid out by the firmware: QUANT_SCHEMES), kill -9 or a power cut (seeded)
+  stored quantized, laid out by the firmware: QUANT_SCHEMES, and now and then such a block
+  demoted in place by KV_REQUANTIZE: DEMOTE), kill -9 or a power cut (seeded)
   at a random moment, a restart, and a check of every key:
   what a completed flush covered must be there (else `lost`), whatever is there must be a
   version that was written, byte for byte (else `corrupt`; a read error counts as corrupt);
@@ -71,6 +72,7 @@ class Tally:
     version: int = 0          # the last value version written (never reused)
     quantized: int = 0        # crash-loop stores of KV blocks quantized in the drive
     quantized_checked: int = 0  # such blocks found after a restart and checked
+    requantized: int = 0      # crash-loop blocks demoted in place (KV_REQUANTIZE)
     problems: list[str] = field(default_factory=list)
 
 
@@ -93,8 +95,20 @@ QUANT_SHAPE = (48, 2, 2, 2, 64)  # tokens, K/V, layers, KV heads, head_dim
 QUANT_PAGE = 16
 
 
-def quantized(version: int) -> bool:
-    return version % QUANT_EVERY == 0
+# a block of each scheme is demoted in place to the scheme below it (KV_REQUANTIZE), where
+# there is one: a state (version, DEMOTED) is that version's block requantized
+DEMOTE = {"plain": "int8_g64", "int8_g64": "int4_g64", "fp8_head": "int4_g32",
+          "int4_g32_sym": None, "kivi4_g32_r16": None}
+DEMOTED = "demoted"
+
+
+def quantized(state) -> bool:
+    """A state whose value is a compressed KV block (stored quantized, or demoted)."""
+    return isinstance(state, tuple) or (state is not None and state % QUANT_EVERY == 0)
+
+
+def demotable(state) -> bool:
+    return isinstance(state, int) and quantized(state) and DEMOTE[scheme_of(state)] is not None
 
 
 def block_of(key: bytes, version: int) -> np.ndarray:
@@ -109,12 +123,17 @@ def scheme_of(version: int) -> str:
     return QUANT_SCHEMES[(version // QUANT_EVERY) % len(QUANT_SCHEMES)]
 
 
-def compressed_of(key: bytes, version: int) -> np.ndarray:
-    """The compressed block the drive makes of that version (the same firmware, here)."""
+def compressed_of(key: bytes, state) -> np.ndarray:
+    """The compressed block the drive makes of that state (the same firmware, here): the
+    version's block quantized, and requantized when demoted."""
     from firmware import quant
 
-    return quant.quantize(block_of(key, version), "fp16", scheme_of(version),
+    version = state[0] if isinstance(state, tuple) else state
+    blob = quant.quantize(block_of(key, version), "fp16", scheme_of(version),
                           summary_page=QUANT_PAGE)
+    if isinstance(state, tuple):
+        blob = quant.requantize(blob, DEMOTE[scheme_of(version)])
+    return blob
 
 
 def version_in(key: bytes, data: bytes, candidates=()) -> int | None:
@@ -217,6 +236,9 @@ class _Churn:
         try:
             if state is None:
                 self.dev.kv_delete(key)
+            elif isinstance(state, tuple):
+                self.dev.kv_requantize(key, DEMOTE[scheme_of(state[0])])
+                self.t.requantized += 1
             elif quantized(state):
                 self.dev.kv_put_quantized(key, block_of(key, state), "fp16", scheme_of(state),
                                           summary_page=QUANT_PAGE)
@@ -246,7 +268,7 @@ class _Churn:
             # 1): the same bytes put again (acknowledged with no record of its own while the
             # first put's group was open), a delete then a put, a put then a delete;
             # otherwise one change, a flush every few
-            if r < 0.1 and acked.get(key) is not None:
+            if r < 0.1 and isinstance(acked.get(key), int):  # (a demoted block: put as such)
                 change(key, acked[key])
                 self.flush()
             elif r < 0.15:
@@ -261,6 +283,8 @@ class _Churn:
                 change(key, t.version)
                 change(key, None)
                 self.flush()
+            elif r < 0.35 and demotable(acked.get(key)):
+                change(key, (acked[key], DEMOTED))  # demoted in place, in the drive
             else:
                 change(key, None if r < 0.4 else t.version)
                 if self.changes % FLUSH_EVERY == 0:
@@ -297,9 +321,9 @@ def _check_keys(t: Tally, dev, durable: dict, written: dict, known: dict) -> Non
         known[key] = got
 
 
-def _decodes(dev, key: bytes, version: int) -> bool:
+def _decodes(dev, key: bytes, version) -> bool:
     """The drive gives back, dequantized in the host's order, what the firmware's own
-    dequantize of that version's block gives."""
+    dequantize of that state's block gives."""
     from firmware import quant
 
     want, _ = quant.dequantize(compressed_of(key, version))
@@ -537,7 +561,8 @@ def torture(seconds: float, seed: int = 0, workdir: str | None = None,
 def summary(t: Tally) -> str:
     return (f"torture {t.seconds:.0f} s seed {t.seed}: {t.runs} crash runs ({t.kills} kills, "
             f"{t.power_cuts} power cuts; {t.quantized} KV blocks stored quantized, "
-            f"{t.quantized_checked} checked after restarts), "
+            f"{t.requantized} demoted in place, {t.quantized_checked} checked after "
+            f"restarts), "
             f"{t.operations} operations, {t.acknowledged} acknowledged, {t.lost} lost, "
             f"{t.corrupt} corrupt, {t.crashes} crashes, {t.fuzzed_sqes} fuzzed SQEs, "
             f"{t.client_kills} client kills; leaked fds {t.leaked_fds}, mappings "
