@@ -484,6 +484,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                     help="passkey retrieval instead, at these prompt lengths in tokens "
                     "(e.g. 1K,2K): each method's accuracy at the largest --budgets")
     ev.add_argument("--trials", type=_positive_int, default=20, help="passkey prompts a length")
+    ev.add_argument("--policies", type=_name_list, metavar="NAMES",
+                    help="KV placement policies instead (ssdemu/llm/policies: streaming, h2o, "
+                    "random, contiguity, drive-select, qevict, predictive, or all): each one's "
+                    "quality, Future Missed Mass, bytes moved and modelled TPOT per memory "
+                    "budget, on the first of --profiles")
+    ev.add_argument("--memory-budgets", type=_percent_list, default=(12.5, 25.0, 50.0),
+                    metavar="PCTS", help="with --policies: HBM budgets, percent of the context")
     ev.add_argument("--seed", type=_nonnegative_int, default=0)
     ev.add_argument("--model-file", help="a Llama GGUF (default: SmolLM2-135M-Instruct)")
     ev.add_argument("--socket", help="a running daemon (default: one started here)")
@@ -721,7 +728,58 @@ def _cmd_bench_retrieval(args) -> int:
     return 0
 
 
+def _cmd_eval_tiers(args) -> int:
+    """`eval --policies`: ssdemu/bench/tier_eval.py."""
+    from ssdemu.bench.tier_eval import TierSpec, evaluate, format_table, passkey, plot
+    from ssdemu.llm.policies import POLICIES
+    from ssdemu.sim.profile import load
+
+    names = tuple(POLICIES) if args.policies == ("all",) else args.policies
+    bad = [n for n in names if n not in POLICIES]
+    if bad:
+        raise ValueError(f"--policies: unknown {', '.join(bad)} (one of "
+                         f"{', '.join(POLICIES)}, or all)")
+    load(args.profiles[0])  # a bad name says so before the model loads
+    if min(args.context) < 256:
+        raise ValueError("--context: at least 256 tokens with --policies (four windows)")
+    spec = TierSpec(text=args.text, contexts=tuple(args.context), held=args.held,
+                    policies=names, budgets_pct=args.memory_budgets,
+                    profile=args.profiles[0], seed=args.seed, model_path=args.model_file)
+    bars = []
+
+    def progress(done, total):
+        if not bars:
+            from tqdm import tqdm
+
+            bars.append(tqdm(total=total, unit="run", desc="eval", leave=False))
+        bars[0].update(done - bars[0].n)
+
+    show = progress if not args.no_progress and not args.json else None
+    try:
+        if args.passkey:
+            report = passkey(spec, args.passkey, args.trials, args.socket, show)
+        else:
+            report = evaluate(spec, args.socket, show)
+    finally:
+        for bar in bars:
+            bar.close()
+    if args.passkey:
+        print(json.dumps(report) if args.json else "\n".join(
+            f"passkey at {n} tokens ({report['trials']} trials): " + ", ".join(
+                f"{m} {a:.2f}" for m, a in acc.items())
+            for n, acc in report["accuracy"].items()))
+        return 0
+    if args.plot:
+        for r in report["reports"]:
+            r["plot"] = plot(r, args.plot)
+    print(json.dumps(report) if args.json else "\n\n".join(
+        format_table(r) for r in report["reports"]))
+    return 0
+
+
 def _cmd_eval(args) -> int:
+    if args.policies:
+        return _cmd_eval_tiers(args)
     from ssdemu.bench.model_eval import (
         METHODS,
         EvalSpec,

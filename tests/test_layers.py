@@ -39,7 +39,9 @@ MAY_IMPORT = {
     "device": {"base", "firmware", "sim", "wire"},
     "client": {"wire"},
     "traces": set(),
-    "llm": {"base", "client", "wire"},
+    # the tier manager decodes the compressed blocks it reads back as a GPU would, with the
+    # block format's one definition (firmware.quant's pure code, as replay and tools use it)
+    "llm": {"base", "client", "firmware", "wire"},
     # the torture kit checks the drive's compressed blocks byte for byte against the
     # firmware's own output (its pure code, as replay uses it): a client's reference
     "tools": {"base", "client", "firmware", "wire"},

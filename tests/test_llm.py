@@ -191,6 +191,10 @@ def test_bench_forward_prints_one_json_object_with_its_baselines(model):
 
 @pytest.mark.parametrize("argv, says", [
     (["eval", "--context", "32"], "--context: at least 64 tokens"),
+    (["eval", "--policies", "h2o", "--context", "128"],
+     "--context: at least 256 tokens with --policies"),
+    (["eval", "--policies", "h2o,lru"], "--policies: unknown lru"),
+    (["eval", "--policies", "all", "--profiles", "nosuch"], "no profile 'nosuch'"),
     (["bench", "retrieval", "--model-context", "512"], "--model-context: at least 1K"),
 ])
 def test_a_context_too_short_is_one_line(argv, says):

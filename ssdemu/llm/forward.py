@@ -91,10 +91,13 @@ class Llama:
         return rms_norm(x, self.w.out_norm, self.cfg.eps) @ self.w.output.T
 
     def prefill(self, tokens, start: int = 0, cache: KVCache | None = None,
-                last_only: bool = False):
+                last_only: bool = False, keep_queries: int = 0):
         """Logits (T, vocab) of a sequence (positions start..), its keys and values appended
         to cache (each layer's post-RoPE (T, kv_heads, head_dim)); last_only: the last
-        token's alone, (1, vocab) (a 2K-token prompt's all are 400 MB and 2 s)."""
+        token's alone, (1, vocab) (a 2K-token prompt's all are 400 MB and 2 s).
+        keep_queries n: the last n tokens' post-RoPE queries per layer into
+        self.last_queries ((n, heads, head_dim) each: what a predictive placement reads)."""
+        self.last_queries = []
         tokens = np.asarray(tokens, np.int64)
         positions = np.arange(start, start + len(tokens))
         x = self.w.embed[tokens]
@@ -102,6 +105,8 @@ class Llama:
             lw = self.w.layers[layer]
             h = rms_norm(x, lw.attn_norm, self.cfg.eps)
             q, k, v = self._qkv(layer, h, positions)
+            if keep_queries:
+                self.last_queries.append(q[-keep_queries:].copy())
             if cache is not None:
                 cache.append(layer, k, v)
                 k, v = cache.keys(layer), cache.values(layer)
