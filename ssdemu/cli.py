@@ -404,11 +404,18 @@ def _add_replay(sub: argparse._SubParsersAction):
     rp.add_argument("--socket", help="data mode: a running daemon started with --clock virtual")
     rp.add_argument("--media", help="data mode: start a daemon on this media (formatted "
                     "first), stop it afterwards")
-    rp.add_argument("--decode", choices=("dense", "host-select", "drive-select"),
+    rp.add_argument("--decode", metavar="MODES",
                     help="decode each request's output tokens against its KV in the drive "
                     "and report TPOT: dense (all KV over the link each step), host-select "
                     "(page summaries and chosen pages), drive-select (selection and "
-                    "attention in the drive)")
+                    "attention in the drive), or a KV placement policy (streaming, h2o, "
+                    "random, contiguity, qevict, predictive: docs/tiers.md); several, "
+                    "comma-separated, a report each")
+    rp.add_argument("--decode-budget", type=_positive_float, default=25.0, metavar="PCT",
+                    help="a placement policy's HBM, percent of each request's context")
+    rp.add_argument("--drift", metavar="FILE", help="the attention-drift model carrying the "
+                    "real model's measurements to the trace: an `eval --policies --json` "
+                    "report, or a fitted model (default: the bundled fit)")
     rp.add_argument("--dequant", choices=("drive", "host"), default="drive",
                     help="where the drive's quantized blocks are dequantized: in the drive "
                     "(fp16 crosses the link) or on the GPU (the compressed block crosses it)")
@@ -1108,7 +1115,7 @@ def _cmd_replay(args) -> int:
         route=args.route, fabric=args.fabric, dequant=args.dequant,
         store_when=args.store_when, store_queue=args.store_queue,
         threads=auto_threads() if args.threads == "auto" else args.threads,
-        decode=args.decode,
+        decode=args.decode, decode_budget_pct=args.decode_budget, drift=args.drift,
         gpu_dequant_rate=(args.gpu_dequant_rate * 1e9 if args.gpu_dequant_rate else None)))
     if args.json:
         print(json.dumps(report))
@@ -1121,6 +1128,22 @@ def _cmd_replay(args) -> int:
               file=sys.stderr)
         return EXIT_FAILURE
     return 0
+
+
+def _print_decode(d: dict) -> None:
+    if "budget_pct" in d:  # a placement policy (ssdemu/replay/decode.py tier_report)
+        print(f"decode ({d['mode']}, HBM {d['budget_pct']:g}% of the context): TPOT p50 / p99 "
+              f"{d['tpot_s']['p50'] * 1e3:.2f} / {d['tpot_s']['p99'] * 1e3:.2f} ms, "
+              f"{d['link_bytes_per_token_mean'] / 1e6:.2f} MB over the link and "
+              f"{d['nand_bytes_per_token_mean'] / 1e6:.2f} MB on NAND per token, "
+              f"{d['promotions_per_step']:.3f} promotions per step, Future Missed Mass "
+              f"{d['future_missed_mass']:.3f} (drift model: {d['drift_model']})")
+        return
+    print(f"decode ({d['mode']}, {d['budget_tokens']:,}-token budget): TPOT p50 / p99 "
+          f"{d['tpot_s']['p50'] * 1e3:.1f} / {d['tpot_s']['p99'] * 1e3:.1f} ms (GPU "
+          f"{d['gpu_s_per_token'] * 1e3:.1f} ms + storage p50 "
+          f"{d['storage_s_per_token']['p50'] * 1e3:.1f} ms), "
+          f"{d['link_bytes_per_token_mean'] / 1e6:.2f} MB over the link per token")
 
 
 def _print_replay(r: dict) -> None:
@@ -1157,13 +1180,9 @@ def _print_replay(r: dict) -> None:
                   f"{q['block_hit_ratio']:.3f}, TTFT p50 "
                   f"{q['ttft_s']['with_drive']['p50'] * 1e3:.1f} ms with the drive, "
                   f"{q['ttft_s']['without_drive']['p50'] * 1e3:.1f} ms without")
-    if r.get("decode", {}).get("requests"):
-        d = r["decode"]
-        print(f"decode ({d['mode']}, {d['budget_tokens']:,}-token budget): TPOT p50 / p99 "
-              f"{d['tpot_s']['p50'] * 1e3:.1f} / {d['tpot_s']['p99'] * 1e3:.1f} ms (GPU "
-              f"{d['gpu_s_per_token'] * 1e3:.1f} ms + storage p50 "
-              f"{d['storage_s_per_token']['p50'] * 1e3:.1f} ms), "
-              f"{d['link_bytes_per_token_mean'] / 1e6:.2f} MB over the link per token")
+    for d in r.get("decodes", [r.get("decode") or {}]):
+        if d.get("requests"):
+            _print_decode(d)
     print(f"{r['wall_seconds']:.1f} s wall, {r['requests_per_s']:,.0f} requests/s, "
           f"{r['blocks_per_s']:,.0f} blocks/s")
     if r["skipped_lines"]:

@@ -49,7 +49,73 @@ def test_a_longer_context_costs_dense_decode_more():
 def test_a_bad_decode_mode_is_one_line():
     r = subprocess.run([sys.executable, "-m", "ssdemu", "replay", SAMPLE, "--decode", "psychic"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "invalid choice" in r.stderr
+    assert r.returncode == 1 and "--decode: unknown psychic" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "ssdemu", "replay", SAMPLE, "--decode", "qevict",
+                        "--drift", "/nonexistent.json"], capture_output=True, text=True)
+    assert r.returncode == 1 and "cannot read a drift model" in r.stderr
+
+
+# ---- placement policies at trace scale (ssdemu/replay/drift.py, decode.tier_report) ------
+
+
+def _eval_report(promotions: dict, fmm: dict) -> dict:
+    """An `eval --policies` report's shape: two contexts, budgets as fractions."""
+    runs = lambda ctx: [{"policy": p, "hbm_tokens": int(f * ctx), "promotions_per_step": v,  # noqa: E731
+                         "fmm": fmm[p][f]} for p, by in promotions.items()
+                        for f, v in by.items()]
+    return {"reports": [{"context_tokens": c, "runs": runs(c)} for c in (2048, 4096)]}
+
+
+def test_the_drift_model_is_fitted_from_an_eval_report():
+    from ssdemu.replay.drift import DriftModel
+
+    d = DriftModel.from_report(_eval_report({"qevict": {0.125: 0.2, 0.5: 0.05}},
+                                            {"qevict": {0.125: 0.04, 0.5: 0.01}}))
+    assert d.promotions("qevict", 0.125) == pytest.approx(0.2)
+    assert d.promotions("qevict", 0.3125) == pytest.approx(0.125)  # halfway, linearly
+    assert d.promotions("qevict", 0.9) == pytest.approx(0.05)  # flat past the last point
+    assert d.fmm("qevict", 0.05) == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="no points for 'h2o'"):
+        d.fmm("h2o", 0.25)
+    assert DriftModel.load().points  # the bundled fit loads, and has points
+
+
+@pytest.fixture(scope="module")
+def policies():
+    r = run(ReplayJob(trace=SAMPLE, profile="star2000d", model="llama-3-8b", mode="model",
+                      quant="int8_g64", capacity="hbm=0,dram=0,drive=unbounded",
+                      requests=300, progress=False, decode="h2o,predictive,qevict",
+                      decode_budget_pct=25.0))
+    return {d["mode"]: d for d in r["decodes"]}, r
+
+
+def test_placement_policies_at_trace_scale(policies):
+    """Dropping costs the drive nothing per token; the quantized band is read every step
+    (predictive), and promotions add to it (qevict); every figure is the drift model's."""
+    d, report = policies
+    assert report["decode"] == d["h2o"]
+    h2o, pred, qe = d["h2o"], d["predictive"], d["qevict"]
+    assert h2o["link_bytes_per_token_mean"] == h2o["nand_bytes_per_token_mean"] == 0
+    assert h2o["tpot_s"]["p50"] == pytest.approx(h2o["gpu_s_per_token"])
+    assert pred["link_bytes_per_token_mean"] > 1e6 and pred["tpot_s"]["p50"] > \
+        pred["gpu_s_per_token"]
+    assert qe["promotions_per_step"] >= 0
+    assert qe["link_bytes_per_token_mean"] >= pred["link_bytes_per_token_mean"]
+    assert qe["tpot_s"]["p50"] >= pred["tpot_s"]["p50"]
+    for x in d.values():
+        assert x["requests"] == 300 and len(x["tpot_per_request_s"]) == 300
+        assert 0 <= x["future_missed_mass"] <= 1
+
+
+def test_the_replay_plots_its_policies(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ssdemu", "replay", SAMPLE, "--requests", "60",
+                        "--decode", "h2o,qevict", "--no-progress", "--plot", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "decode (h2o, HBM 25% of the context)" in r.stdout
+    assert "decode (qevict, HBM 25% of the context)" in r.stdout
+    assert (tmp_path / "decode_policies.png").stat().st_size > 10_000
 
 
 def test_the_cli_prints_tpot():

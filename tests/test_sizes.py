@@ -88,14 +88,15 @@ def test_sizes_are_those_of_the_blocks_written(scheme, dtype, tokens, page):
 
 
 def test_model_mode_loads_no_numba(tmp_path):
-    """A model-mode replay (with a quantized drive tier, whose sizes and costs it needs)
-    imports neither Numba nor the firmware's kernels."""
+    """A model-mode replay (with a quantized drive tier, whose sizes and costs it needs, and
+    placement policies' decodes, which size quantized windows) imports neither Numba nor
+    the firmware's kernels."""
     code = (
         "import sys\n"
         "from ssdemu.cli import main\n"
         "rc = main(['replay', 'traces/mooncake_synthetic_trace.jsonl', '--model', 'tiny',\n"
         "           '--requests', '20', '--quant', 'int4_g64', '--no-progress',\n"
-        "           '--prefill-rate', '1000'])\n"
+        "           '--prefill-rate', '1000', '--decode', 'qevict,h2o'])\n"
         "loaded = sorted(m for m in sys.modules if m == 'numba' or m.startswith('numba.')\n"
         "                or m in ('firmware.blockops', 'firmware.quant'))\n"
         "print('LOADED', loaded)\n"

@@ -42,12 +42,33 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
+CAUSAL_CHUNK = 256  # a prefill's queries attended this many at a time
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal_from: int | None = 0,
               with_lse: bool = False):
     """Softmax attention of queries (Tq, Hq, d) over keys and values (Tk, Hkv, d), GQA by
     head groups; causal_from: query i sees keys up to causal_from + i (None: all).  With
     with_lse, also each query head's log-sum-exp of its scaled logits (Tq, Hq), for merging
-    with attention over other keys (hostlib.merge_attention)."""
+    with attention over other keys (hostlib.merge_attention).
+
+    A long causal prefill goes CAUSAL_CHUNK queries at a time, each chunk over the keys it
+    can see: the masked half of the score matrix is never computed, and a chunk's scores
+    (heads x 256 x Tk) stay small where the whole matrix of a 4K-token prompt was 600 MB a
+    layer, made, masked and exponentiated in memory (`ssdemu bench forward`: prefill)."""
+    tq = q.shape[0]
+    if causal_from is not None and tq > CAUSAL_CHUNK:
+        parts = [_attention(q[i:i + CAUSAL_CHUNK], k[:causal_from + min(tq, i + CAUSAL_CHUNK)],
+                            v[:causal_from + min(tq, i + CAUSAL_CHUNK)], causal_from + i,
+                            with_lse) for i in range(0, tq, CAUSAL_CHUNK)]
+        if not with_lse:
+            return np.concatenate(parts)
+        return (np.concatenate([o for o, _ in parts]),
+                np.concatenate([x for _, x in parts]))
+    return _attention(q, k, v, causal_from, with_lse)
+
+
+def _attention(q, k, v, causal_from, with_lse):
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
     g = hq // hkv

@@ -19,9 +19,16 @@ import numpy as np
 from ssdemu.replay.serving import ModelConfig
 from ssdemu.sim.profile import Profile
 from ssdemu.sim.retrieval import AttentionShape, decode_step
+from ssdemu.sim.timing import DeviceModel
 
 DECODE_MODES = {"dense": "ship-all", "host-select": "host-select",
                 "drive-select": "drive-select"}
+# the KV placement policies of ssdemu/llm/policies, at trace scale (tier_step below): the
+# drop-only ones read nothing from the drive; qevict and predictive read their quantized band
+# every step, qevict also promotes at the drift model's rate (ssdemu/replay/drift.py)
+TIER_POLICIES = ("streaming", "h2o", "random", "contiguity", "qevict", "predictive")
+WINDOW_TOKENS = 64  # the tier manager's window: a drive block
+TIER_BUDGET_PCT = 25.0
 BUDGET_TOKENS = 2048  # Quest's budget at long contexts
 GRID_RATIO = 1.05
 LAYERS_MODELLED = 4  # of the model's layers, scaled up: the layers are alike
@@ -39,10 +46,98 @@ def _grid(lo: int, hi: int) -> np.ndarray:
     return np.array(pts, np.int64)
 
 
+def window_bytes(model: ModelConfig, scheme: str) -> int:
+    """A window of the model's KV stored at `scheme` with 16-token page summaries (the tier
+    manager's blocks; firmware/sizes.py: arithmetic, no Numba)."""
+    from firmware import sizes
+
+    dtype = 2 if model.element_bytes == 4 else 0
+    return sizes.compressed_nbytes(WINDOW_TOKENS, model.layers, model.kv_heads,
+                                   model.head_dim, scheme, dtype, 16)
+
+
+def tier_step(profile: Profile, model: ModelConfig, context_tokens: int, policy: str,
+              budget_pct: float, promotions: float) -> tuple[float, float, float]:
+    """One decode step's storage side under a placement policy at context n: (latency ns,
+    link bytes, NAND bytes).  HBM holds budget_pct of the context (two windows at least);
+    qevict's and predictive's quantized band (as many windows as HBM: upper half int8,
+    lower int4) is read back at the step's start, every block at once, on the timing model;
+    a promotion (`promotions` per step, an expected rate) adds a dequantized retrieve of a
+    window on the step's path and a demotion in the drive (NAND only); a new window is
+    stored every WINDOW_TOKENS steps, behind the step (its bytes only)."""
+    if policy not in TIER_POLICIES:
+        raise ValueError(f"not a placement policy: {policy!r}")
+    if policy not in ("qevict", "predictive"):
+        return 0.0, 0.0, 0.0  # HBM alone: nothing from the drive
+    hbm = max(2, round(context_tokens * budget_pct / 100 / WINDOW_TOKENS))
+    windows = context_tokens // WINDOW_TOKENS
+    plain, int8, int4 = (window_bytes(model, s) for s in ("plain", "int8_g64", "int4_g64"))
+    store = plain / WINDOW_TOKENS
+    band = max(0, min(hbm, windows - hbm))
+    sizes = [int8] * (band // 2) + [int4] * (band - band // 2)
+    dev = DeviceModel(profile)
+    done, link, nand = 0.0, store, store
+    for i, n in enumerate(sizes):
+        done = max(done, dev.read(0.0, i * (plain + 4096), n))
+        link += n
+        nand += n
+    if policy == "qevict" and promotions > 0:
+        raw = WINDOW_TOKENS * model.layers * model.kv_heads * model.head_dim * 2 \
+            * model.element_bytes
+        promote = DeviceModel(profile).read(0.0, 0, raw)  # the raw block over the link
+        done += promotions * promote
+        link += promotions * raw
+        nand += promotions * (int4 + 2 * int8)  # its read, and a demotion's read and write
+    return done, link, nand
+
+
+def tier_report(requests, profile: Profile, model: ModelConfig, policy: str,
+                budget_pct: float = TIER_BUDGET_PCT, drift=None) -> dict:
+    """decode_report for a placement policy (tier_step), with the drift model's FMM per
+    request (ssdemu/replay/drift.py: measured on the real model, carried by the budget
+    fraction)."""
+    from ssdemu.replay.drift import DriftModel
+
+    drift = drift or DriftModel.load()
+    frac = budget_pct / 100
+    reqs = [r for r in requests if r.output_length > 0]
+    if not reqs:
+        return {"mode": policy, "requests": 0}
+    lo = min(r.input_length for r in reqs)
+    hi = max(r.input_length + r.output_length for r in reqs)
+    grid = _grid(max(lo, 2 * WINDOW_TOKENS), hi)
+    rate = drift.promotions(policy, frac) if policy == "qevict" else 0.0
+    steps = np.array([tier_step(profile, model, int(n), policy, budget_pct, rate)
+                      for n in grid])
+    gpu_s = 1.0 / model.decode_tokens_per_s
+    tpot, link, nand, tokens = [], [], [], 0
+    for r in reqs:
+        ctx = np.arange(r.input_length, r.input_length + r.output_length)
+        tpot.append(gpu_s + float(np.interp(ctx, grid, steps[:, 0]).mean()) / 1e9)
+        link.append(float(np.interp(ctx, grid, steps[:, 1]).mean()))
+        nand.append(float(np.interp(ctx, grid, steps[:, 2]).mean()))
+        tokens += r.output_length
+    tp = np.array(tpot)
+    return {"mode": policy, "requests": len(reqs), "output_tokens": tokens,
+            "budget_pct": budget_pct, "gpu_s_per_token": gpu_s,
+            "tpot_s": {"p50": float(np.percentile(tp, 50)), "p99": float(np.percentile(tp, 99)),
+                       "mean": float(tp.mean())},
+            "link_bytes_per_token_mean": float(np.mean(link)),
+            "nand_bytes_per_token_mean": float(np.mean(nand)),
+            "promotions_per_step": rate,
+            "future_missed_mass": drift.fmm(policy, frac), "drift_model": drift.source,
+            "tpot_per_request_s": [round(float(x), 6) for x in tp],
+            "context_tokens": {"min": int(lo), "max": int(hi)}}
+
+
 def decode_report(requests, profile: Profile, model: ModelConfig, mode: str,
-                  budget_tokens: int = BUDGET_TOKENS) -> dict:
+                  budget_tokens: int = BUDGET_TOKENS, budget_pct: float = TIER_BUDGET_PCT,
+                  drift=None) -> dict:
+    if mode in TIER_POLICIES:
+        return tier_report(requests, profile, model, mode, budget_pct, drift)
     if mode not in DECODE_MODES:
-        raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
+        raise ValueError(f"--decode must be one of {', '.join((*DECODE_MODES, *TIER_POLICIES))}"
+                         f", got {mode!r}")
     shape = attention_shape(model)
     reqs = [r for r in requests if r.output_length > 0]
     if not reqs:

@@ -39,7 +39,11 @@ class ReplayJob:
     # model mode: threads booking the timing model's dies (2: a helper thread, which spins
     # between batches: for a single replay, not for sweep cells running side by side)
     threads: int = 1
-    decode: str | None = None  # dense, host-select or drive-select (ssdemu/replay/decode.py)
+    # dense, host-select, drive-select or a placement policy (ssdemu/replay/decode.py); or
+    # several, comma-separated: a report each (report["decodes"]), the first as "decode"
+    decode: str | None = None
+    decode_budget_pct: float = 25.0  # a placement policy's HBM, percent of the context
+    drift: str | None = None  # the drift model (ssdemu/replay/drift.py): None, the bundled
 
 
 def _progress_bar(total: int, desc: str):
@@ -76,11 +80,16 @@ def run(job: ReplayJob) -> dict:
 
     profile = load(job.profile)
     model = model_config(job.model)
-    if job.decode is not None:
-        from ssdemu.replay.decode import DECODE_MODES
+    decodes = tuple(job.decode.split(",")) if job.decode else ()
+    if decodes:
+        from ssdemu.replay.decode import DECODE_MODES, TIER_POLICIES
+        from ssdemu.replay.drift import DriftModel
 
-        if job.decode not in DECODE_MODES:
-            raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}")
+        bad = [d for d in decodes if d not in (*DECODE_MODES, *TIER_POLICIES)]
+        if bad:
+            raise ValueError(f"--decode: unknown {', '.join(bad)} (one of "
+                             f"{', '.join((*DECODE_MODES, *TIER_POLICIES))})")
+        drift = DriftModel.load(job.drift) if set(decodes) & set(TIER_POLICIES) else None
     if job.prefill_rate and job.prefill_rate != "auto":
         model = dataclasses.replace(model, prefill_tokens_per_s=job.prefill_rate)
     sizes = {"hbm": model.block_bytes, "dram": model.block_bytes,
@@ -123,10 +132,14 @@ def run(job: ReplayJob) -> dict:
         if bar is not None:
             bar.close()
     report["skipped_lines"] = reader.skipped
-    if job.decode:
+    if decodes:
         from ssdemu.replay.decode import decode_report
 
-        report["decode"] = decode_report(requests, profile, model, job.decode)
+        each = [decode_report(requests, profile, model, d, budget_pct=job.decode_budget_pct,
+                              drift=drift) for d in decodes]
+        report["decode"] = each[0]
+        if len(each) > 1:
+            report["decodes"] = each
     series = report.pop("series")
     if job.plot_dir:
         from ssdemu.replay.plots import write_plots

@@ -1,4 +1,5 @@
-"""`ssdemu replay --plot DIR`: three PNGs from a replay's series (matplotlib, Agg backend: no
+"""`ssdemu replay --plot DIR`: the PNGs of a replay's series (and of its placement policies'
+decodes) (matplotlib, Agg backend: no
 display needed).  Each function takes the report's `series` and a path."""
 
 from __future__ import annotations
@@ -111,6 +112,24 @@ def crossover(points: list, what: str, path: str) -> None:
           path)
 
 
+def decode_policies(decodes: list, title: str, path: str) -> None:
+    """Placement policies at trace scale: each one's TPOT CDF over requests, labelled with
+    its bytes per token and the drift model's Future Missed Mass."""
+    plt, fig, ax = _figure()
+    for d in decodes:
+        v = np.sort(np.asarray(d.get("tpot_per_request_s", []), dtype=float))
+        if not len(v):
+            continue
+        moved = (d["link_bytes_per_token_mean"] + d["nand_bytes_per_token_mean"]) / 1e6
+        ax.step(v * 1e3, np.arange(1, len(v) + 1) / len(v), where="post",
+                label=f"{d['mode']}: p50 {np.percentile(v, 50) * 1e3:.2f} ms, "
+                      f"{moved:.1f} MB/token, FMM {d['future_missed_mass']:.3f}")
+    ax.set_xlabel("time per output token (ms, modelled: GPU step + the drive's)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.01)
+    _save(plt, fig, ax, title, "lower right", path)
+
+
 def write_plots(report: dict, series: dict, directory: str) -> list[str]:
     """All the PNGs into `directory` (created), the crossover when the report has its
     points; returns their paths."""
@@ -125,6 +144,13 @@ def write_plots(report: dict, series: dict, directory: str) -> list[str]:
     if report.get("crossover"):
         path = os.path.join(directory, "crossover.png")
         crossover(report["crossover"], what.replace(f", {report['mode']} mode", ""), path)
+        out.append(path)
+    tiers = [d for d in report.get("decodes", [report.get("decode") or {}])
+             if "tpot_per_request_s" in d]
+    if tiers:
+        path = os.path.join(directory, "decode_policies.png")
+        decode_policies(tiers, f"{what}; HBM {tiers[0]['budget_pct']:g}% of the context",
+                        path)
         out.append(path)
     return out
 
