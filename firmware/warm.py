@@ -36,7 +36,7 @@ import numpy as np
 
 from firmware.cachefiles import merge_functions
 from firmware.prefix_hash import hash_chain
-from firmware.quant import dequantize, quantize
+from firmware.quant import dequantize, quantize, requantize
 
 # every scheme kind, element type and code path the daemon's compute commands reach
 SCHEMES = ("int8_g64", "int4_g64", "int8_g32_sym", "int4_g128_sym", "kivi4_g32_r128",
@@ -124,6 +124,8 @@ def warm(jobs: int | None = None, phases: dict[str, float] | None = None) -> flo
                  else (x.view(np.uint32) >> 16).astype(np.uint16))
         for scheme in SCHEMES:
             dequantize(quantize(x, dtype, scheme))
+        # the host's requantize (the torture kit's and the tests' reference of KV_REQUANTIZE)
+        requantize(quantize(x, dtype, "int8_g64", summary_page=16), "int4_g64")
     _warm_hash()
     _warm_retrieval(rng)
     phases["the rest"] = time.perf_counter() - t2

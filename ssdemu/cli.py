@@ -4,6 +4,7 @@ function elsewhere; every failure ends as one line on stderr and a non-zero exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -735,6 +736,34 @@ def _cmd_bench_retrieval(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _eval_progress(args):
+    """eval's progress callback (None with --no-progress or --json): a bar made at the first
+    run done, so that a failure before prints its line alone."""
+    bars = []
+
+    def progress(done, total):
+        if not bars:
+            from tqdm import tqdm
+
+            bars.append(tqdm(total=total, unit="run", desc="eval", leave=False))
+        bars[0].update(done - bars[0].n)
+
+    try:
+        yield progress if not args.no_progress and not args.json else None
+    finally:
+        for bar in bars:
+            bar.close()
+
+
+def _print_passkey(report: dict, as_json: bool) -> int:
+    print(json.dumps(report) if as_json else "\n".join(
+        f"passkey at {n} tokens ({report['trials']} trials): " + ", ".join(
+            f"{m} {a:.2f}" for m, a in acc.items())
+        for n, acc in report["accuracy"].items()))
+    return 0
+
+
 def _cmd_eval_tiers(args) -> int:
     """`eval --policies`: ssdemu/bench/tier_eval.py."""
     from ssdemu.bench.tier_eval import TierSpec, evaluate, format_table, passkey, plot
@@ -752,30 +781,11 @@ def _cmd_eval_tiers(args) -> int:
     spec = TierSpec(text=args.text, contexts=tuple(args.context), held=args.held,
                     policies=names, budgets_pct=args.memory_budgets,
                     profile=args.profiles[0], seed=args.seed, model_path=args.model_file)
-    bars = []
-
-    def progress(done, total):
-        if not bars:
-            from tqdm import tqdm
-
-            bars.append(tqdm(total=total, unit="run", desc="eval", leave=False))
-        bars[0].update(done - bars[0].n)
-
-    show = progress if not args.no_progress and not args.json else None
-    try:
-        if args.passkey:
-            report = passkey(spec, args.passkey, args.trials, args.socket, show)
-        else:
-            report = evaluate(spec, args.socket, show)
-    finally:
-        for bar in bars:
-            bar.close()
+    with _eval_progress(args) as show:
+        report = (passkey(spec, args.passkey, args.trials, args.socket, show) if args.passkey
+                  else evaluate(spec, args.socket, show))
     if args.passkey:
-        print(json.dumps(report) if args.json else "\n".join(
-            f"passkey at {n} tokens ({report['trials']} trials): " + ", ".join(
-                f"{m} {a:.2f}" for m, a in acc.items())
-            for n, acc in report["accuracy"].items()))
-        return 0
+        return _print_passkey(report, args.json)
     if args.plot:
         for r in report["reports"]:
             r["plot"] = plot(r, args.plot)
@@ -808,30 +818,11 @@ def _cmd_eval(args) -> int:
     spec = EvalSpec(text=args.text, context=context, held=args.held,
                     schemes=args.schemes, methods=args.methods, budgets_pct=args.budgets,
                     profiles=args.profiles, model_path=args.model_file)
-    bars = []  # made at the first run done: a failure before prints its line alone
-
-    def progress(done, total):
-        if not bars:
-            from tqdm import tqdm
-
-            bars.append(tqdm(total=total, unit="run", desc="eval", leave=False))
-        bars[0].update(done - bars[0].n)
-
-    show = progress if not args.no_progress and not args.json else None
-    try:
-        if args.passkey:
-            report = passkey(spec, args.passkey, args.trials, args.seed, args.socket, show)
-        else:
-            report = evaluate(spec, args.socket, show)
-    finally:
-        for bar in bars:
-            bar.close()
+    with _eval_progress(args) as show:
+        report = (passkey(spec, args.passkey, args.trials, args.seed, args.socket, show)
+                  if args.passkey else evaluate(spec, args.socket, show))
     if args.passkey:
-        print(json.dumps(report) if args.json else "\n".join(
-            f"passkey at {n} tokens ({report['trials']} trials): " + ", ".join(
-                f"{m} {a:.2f}" for m, a in acc.items())
-            for n, acc in report["accuracy"].items()))
-        return 0
+        return _print_passkey(report, args.json)
     each = report.get("contexts", [report])
     if args.plot:
         for r in each:

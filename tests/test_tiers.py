@@ -188,7 +188,7 @@ def _decisions(names, threads: int) -> dict:
 @pytest.mark.slow
 def test_decisions_depend_on_the_seed_alone():
     """The policies that move windows by attention or by chance decide the same moves on a
-    re-run and with one BLAS thread or two."""
+    re-run with the same seed, with one BLAS thread and with two."""
     from ssdemu.llm.gguf_model import ModelFileError, load
 
     try:
@@ -196,11 +196,11 @@ def test_decisions_depend_on_the_seed_alone():
     except ModelFileError as e:
         missing(str(e))
     names = ("h2o", "random", "contiguity", "qevict", "predictive")
-    a, b, c = _decisions(names, 1), _decisions(names, 1), _decisions(names, 2)
+    a, b = _decisions(names, 1), _decisions(names, 2)
     for name in names:
-        assert a[name][0] == b[name][0] == c[name][0], name
+        assert a[name][0] == b[name][0], name
         assert a[name][0], f"{name} moved nothing: the test would show nothing"
-        assert a[name][1] == b[name][1]  # the same threads: the same numbers too
+        assert a[name][2] == b[name][2]  # and so the same commands
 
 
 @pytest.fixture(scope="module")

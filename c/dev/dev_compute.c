@@ -182,6 +182,36 @@ void dev_qstore_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
               x->req, 0);
 }
 
+/* A compute command's stored value (nsid, key) opened and a staging buffer of the drive's
+ * taken for it, `copies` times its whole blocks: 0, or -1 with the command failed. */
+static int stored_value_begin(sde_dev *dev, struct dev_ctx *x, uint32_t copies)
+{
+    uint16_t st = st_get_begin(dev->store, x->nsid, x->key, x->klen, &x->ext, &x->in_off,
+                               &x->vlen, &x->vhash);
+    if (st) {
+        compute_fail(dev, x, st);
+        return -1;
+    }
+    uint32_t blk = st_block(dev->store);
+    if (!dev_bounce_take(dev, x, copies * ((x->vlen + blk - 1) / blk * blk))) {
+        st_get_end(dev->store, x->ext);
+        compute_fail(dev, x, SDE_SC_INTERNAL);
+        return -1;
+    }
+    x->in_len = x->vlen;
+    return 0;
+}
+
+/* ... then read into the staging buffer (its input booked on the model at once, or on the
+ * virtual clock at its turn: fw_job_done). */
+static void stored_value_read(sde_dev *dev, struct dev_ctx *x)
+{
+    uint32_t blk = st_block(dev->store);
+    if (dev->model && !dev->virtual_time)
+        book_input(dev, x);
+    dev_value_start(dev, x, x->ext, x->bounce, -1, 1, 0, (x->vlen + blk - 1) / blk * blk);
+}
+
 /* KV_RETRIEVE_DEQUANTIZED: the compressed block is read into a staging buffer, checked, and
  * dequantized straight into the client's buffer (no copy). */
 void dev_dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
@@ -194,27 +224,14 @@ void dev_dq_get_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t 
     struct dev_ctx *x = compute_ctx(dev, qp, c, cls, CTX_DQ_GET, t0);
     if (!x)
         return;
-    uint64_t off;
-    uint16_t st = st_get_begin(dev->store, c->nsid, key, klen, &x->ext, &off, &x->vlen,
-                               &x->vhash);
-    if (st) {
-        compute_fail(dev, x, st);
+    memcpy(x->key, key, sizeof(key));
+    x->klen = klen;
+    x->nsid = c->nsid;
+    if (stored_value_begin(dev, x, 1))
         return;
-    }
-    uint32_t blk = st_block(dev->store);
-    uint64_t nbytes = (x->vlen + blk - 1) / blk * blk;
-    if (!dev_bounce_take(dev, x, nbytes)) {
-        st_get_end(dev->store, x->ext);
-        compute_fail(dev, x, SDE_SC_INTERNAL);
-        return;
-    }
     x->copy_to = b->addr + c->buf_offset;
     x->copy_len = c->length;
-    x->in_off = off;
-    x->in_len = x->vlen;
-    if (dev->model && !dev->virtual_time) /* virtual time: at its turn (fw_job_done) */
-        book_input(dev, x);
-    dev_value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
+    stored_value_read(dev, x);
 }
 
 void dev_dq_read_done(sde_dev *dev, struct dev_ctx *x)
@@ -264,28 +281,13 @@ void dev_requant_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t
     x->nsid = c->nsid;
     memset(x->req, 0, sizeof(x->req)); /* the name, copied: the client cannot change it */
     memcpy(x->req, b->addr + c->buf_offset, c->length);
-    uint64_t off;
-    uint16_t st = st_get_begin(dev->store, c->nsid, key, klen, &x->ext, &off, &x->vlen,
-                               &x->vhash);
-    if (st) {
-        compute_fail(dev, x, st);
-        return;
-    }
     /* the stored block, then room for the new one: smaller, since a requantize only lowers */
-    uint64_t nbytes = whole_blocks(dev, x->vlen);
-    if (!dev_bounce_take(dev, x, 2 * nbytes)) {
-        st_get_end(dev->store, x->ext);
-        compute_fail(dev, x, SDE_SC_INTERNAL);
+    if (stored_value_begin(dev, x, 2))
         return;
-    }
     x->expect.ext = x->ext;
     x->expect.hash = x->vhash;
     x->expecting = 1;
-    x->in_off = off;
-    x->in_len = x->vlen;
-    if (dev->model && !dev->virtual_time) /* virtual time: at its turn (fw_job_done) */
-        book_input(dev, x);
-    dev_value_start(dev, x, x->ext, x->bounce, -1, 1, 0, nbytes);
+    stored_value_read(dev, x);
 }
 
 void dev_requant_read_done(sde_dev *dev, struct dev_ctx *x)

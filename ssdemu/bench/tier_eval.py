@@ -159,7 +159,7 @@ def run_policy(model, cfg, dev, ids, ref: Reference, context: int, held: int, na
                diagnostics: bool = True):
     """One policy at one budget: (its row, the manager: its decisions in m.log)."""
     from ssdemu.llm.policies import POLICIES
-    from ssdemu.llm.tiers import DRAM, DRIVE, HBM, TierManager
+    from ssdemu.llm.tiers import DRIVE, TierManager
 
     pol = POLICIES[name](seed)
     m = TierManager(dev, cfg, hbm_tokens=hbm_tokens, window=WINDOW, page_tokens=PAGE_TOKENS,
@@ -175,22 +175,12 @@ def run_policy(model, cfg, dev, ids, ref: Reference, context: int, held: int, na
     ce, agree, diag, t0 = [], 0, [], time.perf_counter()
     try:
         for i, pos in enumerate(range(context, context + held)):
-            m.begin_step(pol.reads(m), select_pages=pol.select_pages(m))
-            attended = {w.index for w in m._attended}
-            hbm = {w.index for w in m.windows if w.tier in (HBM, DRAM)}
-            lg = model.decode_step(ids[pos], pos, m.attend)
+            seen = []
+            lg = decode_one(model, m, pol, ids[pos], pos, seen)
             ce.append(_ce(lg, ids[pos + 1]))
             agree += int(lg.argmax()) == ref.greedy[i]
             if diagnostics:
-                diag.append(_step_diagnostics(m, ref.page_mass[i], attended, hbm,
-                                              dict(m._selected)))
-            m.end_step()
-            pol.update(m)
-            w = m.take_full_tail()
-            if w is not None:
-                if pol.keeps_drive_copy:
-                    m.store(w, DRIVE)
-                pol.admit(m, w)
+                diag.append(_step_diagnostics(m, ref.page_mass[i], *seen))
         wall = time.perf_counter() - t0
     finally:
         m.finish()
@@ -215,6 +205,29 @@ def run_policy(model, cfg, dev, ids, ref: Reference, context: int, held: int, na
     if diag:
         row.update({k: float(np.mean([d[k] for d in diag])) for k in ("fmm", "lir", "match")})
     return row, m
+
+
+def decode_one(model, m, pol, token: int, pos: int, seen: list | None = None) -> np.ndarray:
+    """One decode step under a policy: its reads, the model's step over what the manager
+    serves, the policy's update, a full tail made a window and admitted.  seen (a list):
+    gets the step's attended and HBM windows' indexes and the drive's page choices."""
+    from ssdemu.llm.tiers import DRAM, DRIVE, HBM
+
+    m.begin_step(pol.reads(m), select_pages=pol.select_pages(m))
+    if seen is not None:
+        seen += [{w.index for w in m._attended},
+                 {w.index for w in m.windows if w.tier in (HBM, DRAM)}]
+    lg = model.decode_step(token, pos, m.attend)
+    if seen is not None:
+        seen.append(dict(m._selected))
+    m.end_step()
+    pol.update(m)
+    w = m.take_full_tail()
+    if w is not None:
+        if pol.keeps_drive_copy:
+            m.store(w, DRIVE)
+        pol.admit(m, w)
+    return lg
 
 
 def _tier_counts(m) -> dict:
@@ -365,15 +378,7 @@ def _answer(model, cfg, dev, ref, ids, first, name, budget, g, spec) -> list[int
         pol.place(m)
         for pos in range(len(ids), len(ids) + 7):
             answer.append(token)
-            m.begin_step(pol.reads(m), select_pages=pol.select_pages(m))
-            token = int(model.decode_step(token, pos, m.attend).argmax())
-            m.end_step()
-            pol.update(m)
-            w = m.take_full_tail()
-            if w is not None:
-                if pol.keeps_drive_copy:
-                    m.store(w, DRIVE)
-                pol.admit(m, w)
+            token = int(decode_one(model, m, pol, token, pos).argmax())
     finally:
         m.finish()
     return answer
