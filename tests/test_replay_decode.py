@@ -127,3 +127,25 @@ def test_the_cli_prints_tpot():
     r = subprocess.run([sys.executable, "-m", "ssdemu", "replay", SAMPLE, "--requests", "50",
                         "--decode", "drive-select", "--json"], capture_output=True, text=True)
     assert json.loads(r.stdout)["decode"]["storage_mode"] == "drive-select"
+
+
+def test_a_policy_step_reads_its_band_and_its_promotions():
+    """tier_step: the band's blocks (half int8, half int4 windows of the model) and a new
+    window's store every 64 steps; qevict's promotions add raw windows; dropping reads
+    nothing."""
+    from ssdemu.replay.decode import WINDOW_TOKENS, tier_step, window_bytes
+
+    p, m = load("star2000d"), model_config("llama-3-8b")
+    for policy in ("streaming", "h2o", "random", "contiguity"):
+        assert tier_step(p, m, 8192, policy, 25.0, 0.5) == (0.0, 0.0, 0.0)
+    plain, int8, int4 = (window_bytes(m, s) for s in ("plain", "int8_g64", "int4_g64"))
+    t, link, nand = tier_step(p, m, 8192, "predictive", 25.0, 0.0)
+    band = 8192 // 4 // WINDOW_TOKENS  # 32 windows in HBM, as many in the band
+    assert link == pytest.approx(band // 2 * (int8 + int4) + plain / WINDOW_TOKENS)
+    assert tier_step(p, m, 8192, "qevict", 25.0, 0.0) == (t, link, nand)
+    tq, lq, _ = tier_step(p, m, 8192, "qevict", 25.0, 0.5)
+    raw = WINDOW_TOKENS * m.layers * m.kv_heads * m.head_dim * 2 * m.element_bytes
+    assert lq == pytest.approx(link + 0.5 * raw) and tq > t
+    assert tier_step(p, m, 8192, "predictive", 50.0, 0.0)[1] > link  # a larger band
+    with pytest.raises(ValueError, match="not a placement policy"):
+        tier_step(p, m, 8192, "lru", 25.0, 0.0)
