@@ -25,7 +25,7 @@ import tempfile
 
 import hostlib
 from ssdemu.tools import mount
-from ssdemu.tools.daemon_process import DaemonProcess
+from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 
 GIB = 1 << 30
 
@@ -95,7 +95,9 @@ def bench_mlperf_kv(benchmark: str, *, users: int = 8, duration: int = 20,
             str(capacity_gb), "--seed", str(seed)]
     base = tempfile.mkdtemp(prefix="ssdemu-bench-mlperf-", dir=where or "/var/tmp")
     ns_bytes = int((capacity_gb * 1.5 + 0.25) * GIB) >> 20 << 20  # entries, ext4's own
-    d = DaemonProcess(os.path.join(base, "s.sock"),
+    # the socket apart: `where` (a test's tmp_path) can be past a Unix socket path's length
+    sock_dir = socket_dir("ssdemu-mlperf-")
+    d = DaemonProcess(os.path.join(sock_dir, "s.sock"),
                       media=f"file:{os.path.join(base, 'drive.img')}:"
                             f"{-(-ns_bytes * 2 // GIB) + 1}G",
                       extra=["--profile", profile], log_path=os.path.join(base, "d.log"))
@@ -128,6 +130,7 @@ def bench_mlperf_kv(benchmark: str, *, users: int = 8, duration: int = 20,
     finally:
         d.terminate()
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(sock_dir, ignore_errors=True)
     return {"on_drive": on_drive, "own_disk": own, "profile": profile, "users": users,
             "duration_s": duration, "capacity_gb": capacity_gb, "seed": seed,
             "own_disk_dir": where or "/var/tmp"}

@@ -18,7 +18,6 @@ import numpy as np
 
 from ssdemu.replay.serving import ModelConfig
 from ssdemu.sim.profile import Profile
-from ssdemu.sim.retrieval import AttentionShape, decode_step
 from ssdemu.sim.timing import DeviceModel
 
 DECODE_MODES = {"dense": "ship-all", "host-select": "host-select",
@@ -34,7 +33,11 @@ GRID_RATIO = 1.05
 LAYERS_MODELLED = 4  # of the model's layers, scaled up: the layers are alike
 
 
-def attention_shape(model: ModelConfig) -> AttentionShape:
+def attention_shape(model: ModelConfig):
+    # ssdemu.sim.retrieval imports the firmware's retrieval kernels (Numba): only the
+    # selecting modes need it, not the placement policies' decodes
+    from ssdemu.sim.retrieval import AttentionShape
+
     return AttentionShape(model.layers, model.kv_heads, model.query_heads // model.kv_heads,
                           model.head_dim, model.element_bytes)
 
@@ -138,6 +141,8 @@ def decode_report(requests, profile: Profile, model: ModelConfig, mode: str,
     if mode not in DECODE_MODES:
         raise ValueError(f"--decode must be one of {', '.join((*DECODE_MODES, *TIER_POLICIES))}"
                          f", got {mode!r}")
+    from ssdemu.sim.retrieval import decode_step
+
     shape = attention_shape(model)
     reqs = [r for r in requests if r.output_length > 0]
     if not reqs:
