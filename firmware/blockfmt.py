@@ -8,7 +8,7 @@ Header (little-endian):
 | 4 | 2 | format version (2; version 1 blocks, token-major, are still read) |
 | 6 | 2 | header bytes (64) |
 | 8 | 1 | scheme: 1 group-wise int, 2 KIVI, 3 fp8 e4m3, 4 plain |
-| 9 | 1 | bits (8 or 4; 8 for fp8; the element's for plain) |
+| 9 | 1 | bits (8, 4 or 2; 8 for fp8; the element's for plain) |
 | 10 | 1 | flags: 0 symmetric (int), 1 scale per KV head (fp8), 2 host's rows 2LT, 3 by head |
 | 11 | 1 | element dtype of the original block (0 fp16, 1 bf16, 2 fp32) |
 | 12 | 4 | group size (32, 64, 128; 0 for fp8 and plain) |

@@ -118,9 +118,9 @@ _G = np.frombuffer(b"_g", np.uint8)
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def parse_bits_group(name, n, pos, p):
-    """`B_gG` at name[pos:] (B 8 or 4, G 32, 64 or 128) into p; the position after it, or
-    -1.  The grammar integer kinds share (int8_g64, kivi4_g32_r128)."""
-    if pos >= n or (name[pos] != 56 and name[pos] != 52):  # "8" or "4"
+    """`B_gG` at name[pos:] (B 8, 4 or 2, G 32, 64 or 128) into p; the position after it, or
+    -1.  The grammar integer kinds share (int8_g64, kivi2_g32_r128)."""
+    if pos >= n or (name[pos] != 56 and name[pos] != 52 and name[pos] != 50):  # "8" "4" "2"
         return -1
     p[P_BITS] = name[pos] - 48
     pos += 1

@@ -37,10 +37,11 @@ from firmware.int_sections import (
     _int_views_zeroed,
 )
 from firmware.quant_int import dequantize_int, quantize_int
+from firmware.sizes import code_bytes
 
 CODE = 1
 NAME = "int"
-GRAMMAR = "int8_gN / int4_gN [_sym]"
+GRAMMAR = "int8_gN / int4_gN [_sym] / int2_gN"
 KEEPS_ORDER = True
 BODY_IS_ELEMENTS = False
 # vector ops on the firmware's lanes (c/model/sde_kinds.h is generated from these):
@@ -68,8 +69,8 @@ def parse(name, n, p):
     if pos < 0:
         return E_SCHEME
     if pos < n:
-        if not (n - pos == _SYM.shape[0] and _is(name, n, pos, _SYM)):
-            return E_SCHEME
+        if not (n - pos == _SYM.shape[0] and _is(name, n, pos, _SYM)) or p[P_BITS] == 2:
+            return E_SCHEME  # a symmetric 2-bit code has three levels: no scheme
         p[P_SYM] = 1
     p[P_KIND] = CODE
     return 0
@@ -89,8 +90,9 @@ def header(p):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def check_fields(p, bits, flags, dtype):
     group = p[P_GROUP]
-    if (bits != 4 and bits != 8) or not (group == 32 or group == 64 or group == 128) \
-            or flags & FLAG_PER_HEAD or p[P_RESIDUAL]:
+    if (bits != 2 and bits != 4 and bits != 8) \
+            or not (group == 32 or group == 64 or group == 128) \
+            or flags & FLAG_PER_HEAD or p[P_RESIDUAL] or (bits == 2 and flags & FLAG_SYMMETRIC):
         return E_FIELDS
     return 0
 
@@ -114,7 +116,7 @@ def quantize(p, x, src, body):
     for a in range(0, n, PIECE):  # PIECE is a multiple of every group and of 16
         b = min(a + PIECE, n)
         ga, gb = a // group, (b + group - 1) // group
-        ca, cb = (a, b) if bits == 8 else (a >> 1, (b + 1) >> 1)
+        ca, cb = a * bits // 8, code_bytes(b, bits)  # PIECE: whole bytes of codes
         bad += quantize_int(x[a:b], dtype, group, bits, sym, s[ga:gb],
                             z if sym else z[ga:gb], c[ca:cb])
         if summed:
@@ -155,7 +157,7 @@ def dequantize_summed(p, body, x):
     for a in range(0, n, PIECE):
         b = min(a + PIECE, n)
         ga, gb = a // group, (b + group - 1) // group
-        ca, cb = (a, b) if bits == 8 else (a >> 1, (b + 1) >> 1)
+        ca, cb = a * bits // 8, code_bytes(b, bits)  # PIECE: whole bytes of codes
         w1, w2 = word_sums(c[ca:ca + (cb - ca) // 8 * 8].view(np.uint64))
         s1 += w1
         s2 += w2 + np.uint64(ca // 8) * w1

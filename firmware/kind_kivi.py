@@ -33,7 +33,7 @@ from firmware.quant_int import dequantize_int, quantize_int
 
 CODE = 2
 NAME = "kivi"
-GRAMMAR = "kivi8_gN_rR / kivi4_gN_rR"
+GRAMMAR = "kivi8_gN_rR / kivi4_gN_rR / kivi2_gN_rR"
 KEEPS_ORDER = False
 BODY_IS_ELEMENTS = False
 COST_QUANTIZE = (9, 6, 0)  # the int kind's, and the keys' transpose
@@ -83,7 +83,7 @@ def header(p):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def check_fields(p, bits, flags, dtype):
     group = p[P_GROUP]
-    if (bits != 4 and bits != 8) or not (group == 32 or group == 64 or group == 128) \
+    if (bits != 2 and bits != 4 and bits != 8) or not (group == 32 or group == 64 or group == 128) \
             or flags & FLAG_PER_HEAD:
         return E_FIELDS
     if p[P_RESIDUAL] > p[P_TOKENS] or flags & FLAG_SYMMETRIC:

@@ -1,4 +1,5 @@
-"""Group-wise integer quantization kernels (int8, int4 two per byte; symmetric or asymmetric).
+"""Group-wise integer quantization kernels (int8; int4 two per byte; int2 four per byte;
+symmetric or asymmetric, 2-bit asymmetric only).
 
 Groups are `group` consecutive elements of the flat input (the last one may be shorter).
 Asymmetric: scale = (max - min) / (2^bits - 1), zero = min, code = floor((x - min) / scale +
@@ -6,7 +7,9 @@ Asymmetric: scale = (max - min) / (2^bits - 1), zero = min, code = floor((x - mi
 code = floor(x / scale + 1/2) in [-qmax, qmax], stored offset by 2^(bits-1).  Either way
 |x - x'| <= scale / 2 plus float rounding.  A constant group comes back exact when
 asymmetric (scale 0), and within float rounding when symmetric.
-int4 packs element 2j in the low nibble and 2j+1 in the high nibble of byte j.
+int4 packs element 2j in the low nibble and 2j+1 in the high nibble of byte j; int2 packs
+element 4j + i in bits 2i..2i+1 of byte j (KIVI's 2-bit codes; Liu et al., ICML 2024).  A
+symmetric 2-bit code would have three levels (-1, 0, 1): no scheme names it.
 
 Kernels convert a chunk of whole groups to float32 at a time (firmware.convert), then work
 group by group on that chunk; all outputs are preallocated by the caller.
@@ -16,8 +19,10 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+import firmware.blockparams  # noqa: F401  (registers firmware.sizes' arithmetic with Numba)
 from firmware.bits import fp16_bits_as_f32, u32_as_f32
 from firmware.convert import f32_to_bf16, f32_to_fp16
+from firmware.sizes import code_bytes
 
 CHUNK = 2048  # elements per pass, a multiple of every group size: 8 KiB of float32, in L1
 # (measured: 2048 elements 4.1 GB/s, 4096 3.4, 8192 2.9 for int8_g64 on fp16)
@@ -285,6 +290,7 @@ _MM_F32_32, _MM_F32_64, _MM_F32_128 = (_f32_min_max_kernel(g) for g in GROUPS)
 (_QG_32_8, _QG_32_8S, _QG_32_4, _QG_32_4S, _QG_64_8, _QG_64_8S, _QG_64_4, _QG_64_4S,
  _QG_128_8, _QG_128_8S, _QG_128_4, _QG_128_4S) = (
     _quant_groups_kernel(g, b, s) for g in GROUPS for b in (8, 4) for s in (False, True))
+_QG_32_2, _QG_64_2, _QG_128_2 = (_quant_groups_kernel(g, 2, False) for g in GROUPS)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -316,8 +322,16 @@ def _f32_min_max_of(buf, n, group, lohi):
 
 @njit(cache=True, nogil=True, inline="always")
 def _quant_groups_of(buf, n, base, group, bits, symmetric, scales, zeros, codes, lohi):
-    """_quant_groups by the kernel compiled for this group size, bit width and symmetry."""
-    if group == 32:
+    """_quant_groups by the kernel compiled for this group size, bit width and symmetry
+    (2-bit: asymmetric only)."""
+    if bits == 2:
+        if group == 32:
+            _QG_32_2(buf, n, base, scales, zeros, codes, lohi)
+        elif group == 64:
+            _QG_64_2(buf, n, base, scales, zeros, codes, lohi)
+        else:
+            _QG_128_2(buf, n, base, scales, zeros, codes, lohi)
+    elif group == 32:
         if bits == 8:
             if symmetric:
                 _QG_32_8S(buf, n, base, scales, zeros, codes, lohi)
@@ -366,11 +380,40 @@ def _pack4_into(codes, m, payload, at):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _pack2_into(codes, m, payload, at):
+    """codes[:m] (one int2 code per byte) four per byte into payload[at:], element 4j in the
+    low two bits; four codes read as one little-endian uint32 (contiguous loads, as
+    _pack4_into)."""
+    w = codes.view(np.uint32)  # codes holds CHUNK bytes, a multiple of 4
+    base = np.uint64(at)
+    for j in range(m >> 2):
+        x = w[j]
+        payload[base + np.uint64(j)] = np.uint8(
+            (x & np.uint32(0x3)) | ((x >> np.uint32(6)) & np.uint32(0xC))
+            | ((x >> np.uint32(12)) & np.uint32(0x30)) | ((x >> np.uint32(18)) & np.uint32(0xC0)))
+    if m % 4:
+        j = m >> 2
+        v = 0
+        for i in range(m - 4 * j):
+            v |= np.int64(codes[4 * j + i]) << (2 * i)
+        payload[base + np.uint64(j)] = np.uint8(v)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pack_into(codes, m, payload, c0, bits):
+    """A chunk's sub-byte codes (bits 4 or 2) packed into the payload at element c0."""
+    if bits == 4:
+        _pack4_into(codes, m, payload, c0 >> 1)
+    else:
+        _pack2_into(codes, m, payload, c0 >> 2)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def quantize_int(src, dtype, group, bits, symmetric, scales, zeros, payload):
     """src: uint16[n] (fp16 dtype 0 / bf16 dtype 1) or float32[n] (dtype 2) -> per-group
-    scales (and zeros when asymmetric) and payload: uint8 codes, one per element (int8) or
-    two per byte (int4).  Returns the number of inf/NaN inputs (the caller refuses the block
-    when it is not 0).
+    scales (and zeros when asymmetric) and payload: uint8 codes, one per element (int8), two
+    per byte (int4) or four (int2).  Returns the number of inf/NaN inputs (the caller refuses
+    the block when it is not 0).
 
     A 16-bit block (every KV block a model sends) is quantized by one compiled function per
     (dtype, bits, symmetric), each with the three as compile-time constants: compiled as one
@@ -405,6 +448,7 @@ _FP16_8, _FP16_8S, _FP16_4, _FP16_4S = (_half_quantizer(0, b, s)
                                         for b in (8, 4) for s in (False, True))
 _BF16_8, _BF16_8S, _BF16_4, _BF16_4S = (_half_quantizer(1, b, s)
                                         for b in (8, 4) for s in (False, True))
+_FP16_2, _BF16_2 = _half_quantizer(0, 2, False), _half_quantizer(1, 2, False)
 
 
 @overload(_by_carrier, jit_options={"nogil": True})
@@ -415,6 +459,10 @@ def _by_carrier_typed(src, dtype, group, bits, symmetric, scales, zeros, payload
         return by_float32
 
     def by_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
+        if bits == 2:
+            if dtype == 0:
+                return _FP16_2(src, group, scales, zeros, payload)
+            return _BF16_2(src, group, scales, zeros, payload)
         if dtype == 0:
             if bits == 8:
                 if symmetric:
@@ -439,7 +487,7 @@ def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
     then converted and quantized.  Inlined where dtype, bits and symmetric are constants."""
     n = src.shape[0]
     assert group == 32 or group == 64 or group == 128
-    step = CHUNK  # even, so int4 chunks start on a byte boundary
+    step = CHUNK  # a multiple of 4, so int4 and int2 chunks start on a byte boundary
     buf = np.empty(step, np.float32)
     codes = np.empty(step, np.uint8)
     lohi = np.empty(2 * (CHUNK // SUB), np.float32)
@@ -447,7 +495,7 @@ def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
     for c0 in range(0, n, step):
         c1 = min(c0 + step, n)
         m = c1 - c0
-        # int8 codes go straight into the payload; int4 codes are packed two per byte after
+        # int8 codes go straight into the payload; int4 and int2 codes are packed after
         target = payload[c0:c1] if bits == 8 else codes[:m]
         part = src[c0:c1]
         bad += _half_min_max_of(part, m, group, dtype, lohi)
@@ -461,8 +509,8 @@ def _quantize_half(src, dtype, group, bits, symmetric, scales, zeros, payload):
             for i in range(m):
                 buf[i] = u32_as_f32(np.uint32(part[i]) << np.uint32(16))
         _quant_groups_of(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
-        if bits == 4:
-            _pack4_into(codes, m, payload, c0 >> 1)
+        if bits != 8:
+            _pack_into(codes, m, payload, c0, bits)
     return bad
 
 
@@ -489,8 +537,8 @@ def _quantize_float32(src, group, bits, symmetric, scales, zeros, payload):
             buf[i] = v
         _f32_min_max_of(buf, m, group, lohi)
         _quant_groups_of(buf, m, c0, group, bits, symmetric, scales, zeros, target, lohi)
-        if bits == 4:
-            _pack4_into(codes, m, payload, c0 >> 1)
+        if bits != 8:
+            _pack_into(codes, m, payload, c0, bits)
     return bad
 
 
@@ -499,7 +547,17 @@ def _dequant_chunk(pay, m, gbase, group, bits, symmetric, scales, zeros, buf):
     """Codes of one chunk (pay: its payload bytes) -> float32 values in buf[:m]."""
     offset = np.float32(1 << (bits - 1))
     mask = np.uint8(0x0F)
-    if bits == 4:
+    if bits == 2:
+        three = np.uint8(3)
+        for j in range(m // 4):
+            b = pay[j]
+            buf[4 * j] = np.float32(b & three)
+            buf[4 * j + 1] = np.float32((b >> np.uint8(2)) & three)
+            buf[4 * j + 2] = np.float32((b >> np.uint8(4)) & three)
+            buf[4 * j + 3] = np.float32(b >> np.uint8(6))
+        for i in range(m // 4 * 4, m):
+            buf[i] = np.float32((pay[i // 4] >> np.uint8(2 * (i % 4))) & three)
+    elif bits == 4:
         for j in range(m // 2):
             b = pay[j]
             buf[2 * j] = np.float32(b & mask)
@@ -544,13 +602,21 @@ def _dequant_chunk_kernel(group, bits, symmetric):
 (_DQ_32_8, _DQ_32_8S, _DQ_32_4, _DQ_32_4S, _DQ_64_8, _DQ_64_8S, _DQ_64_4, _DQ_64_4S,
  _DQ_128_8, _DQ_128_8S, _DQ_128_4, _DQ_128_4S) = (
     _dequant_chunk_kernel(g, b, s) for g in GROUPS for b in (8, 4) for s in (False, True))
+_DQ_32_2, _DQ_64_2, _DQ_128_2 = (_dequant_chunk_kernel(g, 2, False) for g in GROUPS)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _dequant_chunk_of(pay, m, gbase, group, bits, symmetric, scales, zeros, buf):
     """_dequant_chunk by the kernel compiled for this group size, bit width and symmetry
-    (see "one compiled kernel per constant")."""
-    if group == 32:
+    (see "one compiled kernel per constant"; 2-bit: asymmetric only)."""
+    if bits == 2:
+        if group == 32:
+            _DQ_32_2(pay, m, gbase, scales, zeros, buf)
+        elif group == 64:
+            _DQ_64_2(pay, m, gbase, scales, zeros, buf)
+        else:
+            _DQ_128_2(pay, m, gbase, scales, zeros, buf)
+    elif group == 32:
         if bits == 8:
             if symmetric:
                 _DQ_32_8S(pay, m, gbase, scales, zeros, buf)
@@ -585,12 +651,12 @@ def _dequant_chunk_of(pay, m, gbase, group, bits, symmetric, scales, zeros, buf)
 def dequantize_int(payload, n, dtype, group, bits, symmetric, scales, zeros, out):
     """Inverse of quantize_int into out: uint16[n] (fp16/bf16) or float32[n]."""
     assert group == 32 or group == 64 or group == 128
-    step = CHUNK  # even: int4 chunks start on a byte boundary
+    step = CHUNK  # a multiple of 4: int4 and int2 chunks start on a byte boundary
     buf = np.empty(step, np.float32)
     for c0 in range(0, n, step):
         c1 = min(c0 + step, n)
         m = c1 - c0
-        pay = payload[c0 >> 1:(c1 + 1) >> 1] if bits == 4 else payload[c0:c1]
+        pay = payload[c0 * bits // 8:code_bytes(c1, bits)]
         gbase = c0 // group
         _dequant_chunk_of(pay, m, gbase, group, bits, symmetric, scales, zeros, buf)
         dst = out[c0:c1]

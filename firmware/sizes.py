@@ -42,11 +42,16 @@ def summary_section_bytes(tokens, layers, heads, head_dim, page, elem_bytes):
     return pad8(layers * 2 * heads * pages_of(tokens, page) * head_dim * elem_bytes)
 
 
+def code_bytes(n, bits):
+    """Bytes of n codes of `bits` bits (8, 4 or 2), packed; the last byte partly used."""
+    return (n * bits + 7) // 8
+
+
 def int_section_used(n, group, bits, symmetric):
     """An integer section of n elements (firmware/int_sections.py): a float32 scale (and a
-    zero point unless symmetric) per group, then the codes (8 or 4 bits)."""
+    zero point unless symmetric) per group, then the codes (8, 4 or 2 bits)."""
     groups = (n + group - 1) // group
-    return 4 * groups * (1 if symmetric else 2) + (n if bits == 8 else (n + 1) // 2)
+    return 4 * groups * (1 if symmetric else 2) + code_bytes(n, bits)
 
 
 def int_section_bytes(n, group, bits, symmetric):
@@ -79,14 +84,14 @@ def plain_body_bytes(elements, elem_bytes):
 
 
 # the compiled firmware's callers (firmware/blockparams.py registers them with Numba)
-ARITHMETIC = (pad8, element_bytes, pages_of, summary_section_bytes, int_section_used,
+ARITHMETIC = (pad8, element_bytes, pages_of, summary_section_bytes, code_bytes, int_section_used,
               int_section_bytes, kivi_quantized_tokens, int_body_bytes, kivi_body_bytes,
               fp8_body_bytes, plain_body_bytes)
 
 
 # ---- scheme names, as text ----------------------------------------------------------------
 
-_BITS_GROUP = r"(?P<bits>[84])_g(?P<group>[0-9]{1,9})"
+_BITS_GROUP = r"(?P<bits>[842])_g(?P<group>[0-9]{1,9})"
 _GRAMMAR = {  # kind NAME -> the names it takes (firmware/kind_*.py GRAMMAR)
     "int": re.compile(r"int" + _BITS_GROUP + r"(?P<sym>_sym)?"),
     "kivi": re.compile(r"kivi" + _BITS_GROUP + r"_r(?P<residual>[0-9]{1,9})"),
@@ -96,8 +101,8 @@ _GRAMMAR = {  # kind NAME -> the names it takes (firmware/kind_*.py GRAMMAR)
 
 
 # the kinds' GRAMMAR lines (firmware/kind_*.py), for the error firmware.quant gives too
-GRAMMAR_TEXT = ("int8_gN / int4_gN [_sym], kivi8_gN_rR / kivi4_gN_rR, fp8_tensor, fp8_head, "
-                f"plain (N in {GROUPS})")
+GRAMMAR_TEXT = ("int8_gN / int4_gN [_sym] / int2_gN, kivi8_gN_rR / kivi4_gN_rR / kivi2_gN_rR, "
+                f"fp8_tensor, fp8_head, plain (N in {GROUPS})")
 
 
 def unknown_scheme(name) -> ValueError:
@@ -125,6 +130,8 @@ def parse_scheme_name(name: str) -> dict | None:
         g = m.groupdict()
         group = int(g.get("group") or 0)
         if "group" in g and group not in GROUPS:
+            return None
+        if g.get("bits") == "2" and g.get("sym"):  # three levels: no scheme (quant_int.py)
             return None
         return {"kind": kind, "bits": 0 if kind == "plain" else int(g.get("bits") or 8),
                 "group": group, "symmetric": bool(g.get("sym")),

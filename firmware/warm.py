@@ -39,8 +39,8 @@ from firmware.prefix_hash import hash_chain
 from firmware.quant import dequantize, quantize, requantize
 
 # every scheme kind, element type and code path the daemon's compute commands reach
-SCHEMES = ("int8_g64", "int4_g64", "int8_g32_sym", "int4_g128_sym", "kivi4_g32_r128",
-           "kivi8_g64_r128", "fp8_tensor", "fp8_head")
+SCHEMES = ("int8_g64", "int4_g64", "int2_g64", "int8_g32_sym", "int4_g128_sym", "kivi4_g32_r128",
+           "kivi8_g64_r128", "kivi2_g32_r128", "fp8_tensor", "fp8_head")
 CARRIERS = {"fp16": np.uint16, "bf16": np.uint16, "fp32": np.float32}
 
 

@@ -202,8 +202,8 @@ class KVCommands(Staging):
                             nsid: int = 0) -> Future:
         """Rewrite the key's stored compressed block in place at a lower scheme, in the
         drive (its firmware dequantizes and quantizes it again, its page summaries
-        recomputed; journaled like a put): int8 -> int4, plain or fp8 -> int4, ...  The
-        result is the new block's size.  InvalidCommandError (INVALID_FIELD): not a
+        recomputed; journaled like a put): int8 -> int4 -> int2 or kivi2, plain or fp8 ->
+        int4, ...  The result is the new block's size.  InvalidCommandError (INVALID_FIELD): not a
         compressed block, or a scheme that is unknown, does not fit the block or is not
         lower (fewer bits per element and a smaller block); AbortedError: the key changed
         meanwhile (the newer value is kept).  A promotion is kv_get_dequantized."""

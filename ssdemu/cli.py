@@ -494,9 +494,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--trials", type=_positive_int, default=20, help="passkey prompts a length")
     ev.add_argument("--policies", type=_name_list, metavar="NAMES",
                     help="KV placement policies instead (ssdemu/llm/policies: streaming, h2o, "
-                    "random, contiguity, drive-select, qevict, predictive, or all): each one's "
-                    "quality, Future Missed Mass, bytes moved and modelled TPOT per memory "
-                    "budget, on the first of --profiles")
+                    "random, contiguity, drive-select, qevict, qevict-2bit, predictive, or "
+                    "all): each one's quality, Future Missed Mass, bytes moved and modelled "
+                    "TPOT per memory budget, on the first of --profiles")
     ev.add_argument("--memory-budgets", type=_percent_list, default=(12.5, 25.0, 50.0),
                     metavar="PCTS", help="with --policies: HBM budgets, percent of the context")
     ev.add_argument("--seed", type=_nonnegative_int, default=0)

@@ -281,7 +281,9 @@ def test_an_unknown_layout_is_refused(dev):
 @pytest.mark.parametrize(("old", "new", "layout"), [("int8_g64", "int4_g64", "t2l"),
                                                     ("plain", "int8_g32_sym", "2lt"),
                                                     ("fp8_head", "kivi4_g32_r0", "t2l"),
-                                                    ("int8_g64", "int4_g128_sym", "2lt")])
+                                                    ("int8_g64", "int4_g128_sym", "2lt"),
+                                                    ("int4_g64", "int2_g64", "2lt"),
+                                                    ("kivi4_g32_r16", "kivi2_g32_r16", "t2l")])
 def test_requantize_in_drive_is_the_firmwares(dev, old, new, layout):
     """The drive's demotion is, byte for byte, the firmware's requantize of the block it
     held (in either of the host's layouts), its result the new size, and a dequantized

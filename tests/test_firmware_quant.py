@@ -27,7 +27,9 @@ from firmware.quant import compressed_nbytes, dequantize, parse_scheme, quantize
 shapes = st.tuples(st.integers(1, 24), st.integers(1, 3), st.integers(1, 3),
                    st.sampled_from([8, 16, 64, 128]))
 dtypes = st.sampled_from(["fp16", "bf16", "fp32"])
-schemes = st.tuples(st.sampled_from([8, 4]), st.sampled_from([32, 64, 128]), st.booleans())
+# (bits, group, symmetric): 2-bit codes are asymmetric only (symmetric, three levels)
+schemes = st.tuples(st.sampled_from([8, 4, 2]), st.sampled_from([32, 64, 128]),
+                    st.booleans()).map(lambda s: (s[0], s[1], s[2] and s[0] != 2))
 fills = st.sampled_from(["gauss", "zeros", "const", "outliers", "tiny", "large"])
 
 
@@ -204,7 +206,7 @@ def test_wrong_out_buffer_refused(bad):
 @settings(max_examples=60, deadline=None)
 @given(shape=st.tuples(st.integers(1, 80), st.integers(1, 2), st.integers(1, 2),
                        st.sampled_from([32, 64, 128])),
-       dtype=dtypes, bits=st.sampled_from([8, 4]), group=st.sampled_from([32, 64]),
+       dtype=dtypes, bits=st.sampled_from([8, 4, 2]), group=st.sampled_from([32, 64]),
        residual=st.sampled_from([0, 8, 32]), fill=fills, seed=st.integers(0, 2**31))
 def test_kivi_matches_reference(shape, dtype, bits, group, residual, fill, seed):
     from firmware.quant import kivi_quantized_tokens
@@ -283,14 +285,15 @@ def test_nan_refused_by_every_scheme(scheme):
 
 # ---- the compiled whole-block code the drive runs (firmware/blockops.py) ------------------
 
-_INT_RE = r"\Aint(8|4)_g0*(32|64|128)(_sym)?\Z"
-_KIVI_RE = r"\Akivi(8|4)_g0*(32|64|128)_r[0-9]{1,9}\Z"
+_INT_RE = r"\A(int(8|4)_g0*(32|64|128)(_sym)?|int2_g0*(32|64|128))\Z"
+_KIVI_RE = r"\Akivi(8|4|2)_g0*(32|64|128)_r[0-9]{1,9}\Z"
 
 
 @settings(max_examples=300, deadline=None)
 @given(name=st.one_of(
     st.from_regex(r"\A(int|kivi|fp8_)[0-9a-z_]{0,14}\Z"),
     st.sampled_from(["int8_g64", "int4_g128_sym", "kivi4_g32_r128", "kivi8_g64_r0",
+                     "int2_g64", "int2_g64_sym", "kivi2_g32_r0", "int3_g64", "kivi2_g48_r0",
                      "fp8_tensor", "fp8_head", "int8_g64_sym_", "int8_g064", "kivi4_g32",
                      "int8_g64\0x", "fp8_heads", "plain", "plains", "plain_g64"]),
     st.text(max_size=20)))

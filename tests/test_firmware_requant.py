@@ -18,7 +18,8 @@ from firmware.layout import KVShape
 from firmware.quant import compressed_nbytes, dequantize, parse_scheme, quantize, requantize
 
 SCHEMES = ("plain", "fp8_tensor", "fp8_head", "int8_g64", "int8_g32_sym", "kivi8_g32_r16",
-           "int4_g64", "int4_g128_sym", "kivi4_g32_r0", "kivi4_g32_r16")
+           "int4_g64", "int4_g128_sym", "kivi4_g32_r0", "kivi4_g32_r16", "int2_g64",
+           "kivi2_g32_r16")
 PAGE = 16
 
 

@@ -17,7 +17,8 @@ from firmware import kinds, quant, sizes
 from firmware.layout import KVShape, storage_dtype
 
 DTYPES = {"fp16": 0, "bf16": 1, "fp32": 2}
-SCHEMES = ("int8_g32", "int8_g64", "int4_g128", "int8_g64_sym", "int4_g32_sym",
+SCHEMES = ("int8_g32", "int8_g64", "int4_g128", "int8_g64_sym", "int4_g32_sym", "int2_g64",
+           "int2_g128", "kivi2_g32_r16",
            "kivi4_g32_r128", "kivi8_g64_r1", "kivi4_g128_r0", "fp8_tensor", "fp8_head",
            "plain")
 
@@ -45,7 +46,7 @@ def test_the_unknown_scheme_error_is_the_firmwares():
 @given(name=st.one_of(
     st.sampled_from(SCHEMES),
     st.builds("".join, st.lists(st.sampled_from(
-        ["int", "kivi", "fp8", "_tensor", "_head", "plain", "8", "4", "_g", "32", "64", "128",
+        ["int", "kivi", "fp8", "_tensor", "_head", "plain", "8", "4", "2", "_g", "32", "64", "128",
          "16", "_r", "0", "5", "_sym", "_", "x", "1"]), max_size=6)),
     st.text(max_size=12)))
 def test_names_parse_alike_as_text_and_as_bytes(name):

@@ -22,8 +22,10 @@ from ssdemu.llm.tiers import (
     DRIVE,
     DRIVE_INT4,
     DRIVE_INT8,
+    DRIVE_KIVI2,
     DROPPED,
     HBM,
+    SCHEME,
     TierManager,
     _attention_with_probs,
 )
@@ -45,12 +47,12 @@ def dev(tmp_path_factory):
         assert d.terminate()[0] == 0
 
 
-def manager(dev, windows: int, prefix: bytes, hbm_windows: int = 2) -> TierManager:
+def manager(dev, windows: int, prefix: bytes, hbm_windows: int = 2, w: int = W) -> TierManager:
     rng = np.random.default_rng(len(prefix))
-    k = [rng.standard_normal((windows * W + 5, CFG.kv_heads, CFG.head_dim)).astype(np.float16)
+    k = [rng.standard_normal((windows * w + 5, CFG.kv_heads, CFG.head_dim)).astype(np.float16)
          for _ in range(CFG.layers)]
     v = [rng.standard_normal(x.shape).astype(np.float16) for x in k]
-    m = TierManager(dev, CFG, hbm_tokens=hbm_windows * W, window=W, page_tokens=16,
+    m = TierManager(dev, CFG, hbm_tokens=hbm_windows * w, window=w, page_tokens=16,
                     gpu_step_ns=1e6, prefix=prefix)
     m.load_prefill(k, v, np.arange(windows, dtype=float))
     return m
@@ -90,6 +92,52 @@ def test_each_move_is_its_command_and_the_drive_holds_what_the_manager_believes(
     assert [e[1:] for e in m.log] == [(1, HBM, DRIVE_INT8), (1, DRIVE_INT8, DRIVE_INT4),
                                       (1, DRIVE_INT4, DRIVE_INT8), (1, DRIVE_INT8, HBM),
                                       (1, HBM, DROPPED), (2, HBM, DRIVE)]
+
+
+def test_the_demotion_chain_down_to_two_bits_is_the_drives_requantize(dev):
+    """int8 -> int4 -> KIVI 2-bit, each step a requantize in place (nothing re-sent), the
+    drive's block the firmware's chain byte for byte, each one smaller; a promotion brings
+    the 2-bit values back."""
+    with pytest.raises(ValueError, match="multiple of 32"):
+        m = manager(dev, 3, b"c16")  # 16-token windows: KIVI's 32-token groups hold none
+        m.move(m.windows[1], DRIVE_KIVI2)
+    m.finish()
+    m = manager(dev, 3, b"ch", w=32)
+    w = m.windows[1]
+    blob = quantize(block_of(m, w), "fp16", "int8_g64", summary_page=16)
+    m.move(w, DRIVE_INT8)
+    sizes = [len(dev.kv_get(m.key(w)))]
+    for tier in (DRIVE_INT4, DRIVE_KIVI2):
+        m.move(w, tier)
+        blob = requantize(blob, SCHEME[tier])
+        assert dev.kv_get(m.key(w)) == blob.tobytes() and w.copy == tier
+        sizes.append(len(blob))
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    assert (m.books.stores, m.books.demotions) == (1, 2)
+    m.move(w, HBM)
+    assert np.array_equal(block_of(m, w), dequantize(blob)[0])
+    m.finish()
+
+
+def test_qevict_2bit_splits_its_band_in_three():
+    """The band's ranks in equal shares, best at int8; two levels split it as qevict did."""
+    from types import SimpleNamespace
+
+    from ssdemu.llm.policies.qevict import QEvict, QEvict2Bit
+
+    def targets(cls, n):
+        ws = [SimpleNamespace(index=i, tier=HBM, score=float(n + 2 - i)) for i in range(n + 2)]
+        moves = []
+        m = SimpleNamespace(windows=ws, hbm_windows=2,
+                            move=lambda w, t: (moves.append(t), setattr(w, "tier", t)))
+        p = cls()
+        p.band = lambda m: n - 1  # the last below-HBM window is dropped
+        p._rank(m)
+        return moves
+
+    assert targets(QEvict2Bit, 7) == [DRIVE_INT8] * 2 + [DRIVE_INT4] * 2 + [DRIVE_KIVI2] * 2 \
+        + [DROPPED]
+    assert targets(QEvict, 7) == [DRIVE_INT8] * 3 + [DRIVE_INT4] * 3 + [DROPPED]
 
 
 def test_a_step_attends_what_it_was_given_and_records_each_windows_share(dev):
@@ -220,7 +268,7 @@ def model_run(dev):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["streaming", "h2o", "random", "contiguity", "drive-select",
-                                  "qevict", "predictive"])
+                                  "qevict", "qevict-2bit", "predictive"])
 def test_every_policy_keeps_its_invariants_at_every_step(dev, model_run, name):
     """HBM within the budget with the sink and the newest window in it; nothing dropped
     comes back; the drive holds exactly the copies the manager believes, at their schemes;
@@ -249,7 +297,7 @@ def test_every_policy_keeps_its_invariants_at_every_step(dev, model_run, name):
         row, m = T.run_policy(model, cfg, dev, ids, ref, CONTEXT, HELD, name, 192,
                               T.gpu_step_ns(), prefix=b"inv" + name.encode()[:8])
         full = None
-        if name in ("streaming", "drive-select", "qevict", "predictive"):
+        if name in ("streaming", "drive-select", "qevict", "qevict-2bit", "predictive"):
             full, _ = T.run_policy(model, cfg, dev, ids, ref, CONTEXT, HELD, name,
                                    CONTEXT + 64, T.gpu_step_ns(),
                                    prefix=b"all" + name.encode()[:8])
@@ -262,7 +310,7 @@ def test_every_policy_keeps_its_invariants_at_every_step(dev, model_run, name):
         assert full["lir"] == pytest.approx(0.0, abs=1e-6)
         assert full["perplexity"] == pytest.approx(np.exp(ref.ce.mean()), rel=2e-3)
     assert row["tpot_ms"] >= T.gpu_step_ns() / 1e6
-    if name in ("drive-select", "qevict", "predictive"):
+    if name in ("drive-select", "qevict", "qevict-2bit", "predictive"):
         assert row["link_bytes_per_token"] > 0 and row["nand_bytes_per_token"] > 0
     else:
         assert row["link_bytes_per_token"] == row["nand_bytes_per_token"] == 0

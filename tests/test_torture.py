@@ -72,6 +72,10 @@ def test_the_value_check_knows_the_demoted_blocks():
     """A block demoted in place (KV_REQUANTIZE) is its state, not the version it came from,
     and the other way round; every scheme the crash loop stores has a rule."""
     assert set(DEMOTE) == set(QUANT_SCHEMES)
+    assert {"int2_g32", "kivi2_g32_r16"} <= set(DEMOTE.values())  # the chain down to 2-bit
+    for old in QUANT_SCHEMES:  # every rule is a demotion the drive takes
+        w = next(x for x in range(30, 90) if quantized(x) and scheme_of(x) == old)
+        assert len(compressed_of(b"k1", (w, DEMOTED))) < len(compressed_of(b"k1", w)), old
     v = next(x for x in range(30, 60) if quantized(x) and scheme_of(x) == "int8_g64")
     demoted = compressed_of(b"k1", (v, DEMOTED)).tobytes()
     assert len(demoted) < len(compressed_of(b"k1", v).tobytes())

@@ -9,9 +9,11 @@ stores, demotes and returns).  Its tiers, fastest first:
   budget (`hbm_tokens`) bounds how many windows it holds;
 - DRAM: full precision in the host's memory, attended every step, its bytes crossing the
   link to the GPU each step (`dram_tokens`; 0 unless given);
-- DRIVE, DRIVE_INT8, DRIVE_INT4: the drive's copy at full precision or quantized (one block
-  under the window's key); attended only when the policy reads it for a step (KV_RETRIEVE
-  of the compressed block, dequantized on the host as a GPU would);
+- DRIVE, DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2: the drive's copy at full precision or
+  quantized (one block under the window's key; the 2-bit tier is KIVI's, keys per channel
+  and values per token, since 2-bit codes grouped along a token's channels lose the keys'
+  outlier channels); attended only when the policy reads it for a step (KV_RETRIEVE of the
+  compressed block, dequantized on the host as a GPU would);
 - DROPPED: gone (its drive copy deleted).
 
 Moves: to a drive tier, a window the drive holds no copy of is stored (KV_STORE_QUANTIZED
@@ -40,10 +42,12 @@ import numpy as np
 
 HBM, DRAM = "hbm", "dram"
 DRIVE, DRIVE_INT8, DRIVE_INT4 = "drive", "drive-int8", "drive-int4"
+DRIVE_KIVI2 = "drive-kivi2"
 DROPPED = "dropped"
-TIERS = (HBM, DRAM, DRIVE, DRIVE_INT8, DRIVE_INT4, DROPPED)
-DRIVE_TIERS = (DRIVE, DRIVE_INT8, DRIVE_INT4)  # most precise first
-SCHEME = {DRIVE: "plain", DRIVE_INT8: "int8_g64", DRIVE_INT4: "int4_g64"}
+TIERS = (HBM, DRAM, DRIVE, DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2, DROPPED)
+DRIVE_TIERS = (DRIVE, DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2)  # most precise first
+SCHEME = {DRIVE: "plain", DRIVE_INT8: "int8_g64", DRIVE_INT4: "int4_g64",
+          DRIVE_KIVI2: "kivi2_g32_r0"}
 HOST_TIERS = (HBM, DRAM)
 
 
@@ -169,6 +173,9 @@ class TierManager:
             return
         if w.tier == DROPPED:
             raise ValueError(f"window {w.index} was dropped: nothing brings it back")
+        if tier == DRIVE_KIVI2 and self.window % 32:
+            raise ValueError(f"{DRIVE_KIVI2} needs windows of a multiple of 32 tokens (KIVI's "
+                             f"key groups run along tokens), not {self.window}")
         self.log.append((self.step, w.index, w.tier, tier))
         if tier in HOST_TIERS:
             if w.k is None:  # a promotion: the drive's copy, dequantized in the drive

@@ -95,10 +95,10 @@ QUANT_SHAPE = (48, 2, 2, 2, 64)  # tokens, K/V, layers, KV heads, head_dim
 QUANT_PAGE = 16
 
 
-# a block of each scheme is demoted in place to the scheme below it (KV_REQUANTIZE), where
-# there is one: a state (version, DEMOTED) is that version's block requantized
+# a block of each scheme is demoted in place to the scheme below it (KV_REQUANTIZE; the 4-bit
+# ones to 2-bit): a state (version, DEMOTED) is that version's block requantized
 DEMOTE = {"plain": "int8_g64", "int8_g64": "int4_g64", "fp8_head": "int4_g32",
-          "int4_g32_sym": None, "kivi4_g32_r16": None}
+          "int4_g32_sym": "int2_g32", "kivi4_g32_r16": "kivi2_g32_r16"}
 DEMOTED = "demoted"
 
 

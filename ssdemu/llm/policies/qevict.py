@@ -9,10 +9,14 @@ only the rest is dropped (its copy deleted).  Each step attends the quantized ba
 back from the drive (a GPU-resident quantized tier in the paper; the drive's here), so that
 its windows' importance is measured as HBM's is.  Importance is the accumulated attention
 (the prefill's, then every step's).  A band window whose importance passes the least
-important HBM window's is promoted (a dequantized retrieve) and that one demoted to int8."""
+important HBM window's is promoted (a dequantized retrieve) and that one demoted to int8.
+
+`qevict-2bit` splits the band in three, int8, int4 and KIVI's 2-bit (the demotion chain
+int8 -> int4 -> 2-bit, every step of it the drive's requantize), at the same band size: the
+same memory, fewer bytes read per step, coarser values."""
 
 from ssdemu.llm.policies.base import Policy, add_mass, by_score, protected
-from ssdemu.llm.tiers import DRIVE_INT4, DRIVE_INT8, DROPPED, HBM
+from ssdemu.llm.tiers import DRIVE_INT4, DRIVE_INT8, DRIVE_KIVI2, DROPPED, HBM
 
 BAND_FACTOR = 1.0
 
@@ -21,6 +25,7 @@ class QEvict(Policy):
     name = "qevict"
     keeps_drive_copy = True
     band_factor = BAND_FACTOR
+    levels = (DRIVE_INT8, DRIVE_INT4)  # the band's tiers, best first, equal shares
 
     def place(self, m) -> None:
         for w in m.windows:
@@ -28,10 +33,10 @@ class QEvict(Policy):
         self._rank(m)
 
     def reads(self, m) -> list:
-        return m.in_tier(DRIVE_INT8, DRIVE_INT4)
+        return m.in_tier(*self.levels)
 
     def update(self, m) -> None:
-        add_mass(m.in_tier(HBM, DRIVE_INT8, DRIVE_INT4))
+        add_mass(m.in_tier(HBM, *self.levels))
         self._promote(m)
         self._rank(m)
 
@@ -45,16 +50,17 @@ class QEvict(Policy):
     def _promote(self, m) -> None:
         """Promotion on drift: the band's best in place of HBM's weakest, while it beats it."""
         keep = protected(m)
-        band = by_score(m.in_tier(DRIVE_INT8, DRIVE_INT4))
+        band = by_score(m.in_tier(*self.levels))
         hbm = by_score([w for w in m.in_tier(HBM) if w.index not in keep])
         while band and hbm and band[0].score > hbm[-1].score:
             up, down = band.pop(0), hbm.pop()
             m.move(up, HBM)
-            m.move(down, DRIVE_INT8)
+            m.move(down, self.levels[0])
 
     def _rank(self, m) -> None:
-        """HBM for the protected and the best, the band below them (int8 above int4), the
-        rest dropped.  A window moves down only (a promotion is _promote's)."""
+        """HBM for the protected and the best, the band below them (its levels in equal
+        shares, the best at the most precise), the rest dropped.  A window moves down only
+        (a promotion is _promote's)."""
         keep = protected(m)
         live = [w for w in m.windows if w.tier != DROPPED]
         ranked = by_score([w for w in live if w.index not in keep])
@@ -62,13 +68,21 @@ class QEvict(Policy):
         hbm_now = [w for w in ranked if w.tier == HBM]
         stay = set(w.index for w in by_score(hbm_now)[:n_hbm]) | keep
         below = [w for w in ranked if w.index not in stay]
-        band = self.band(m)
+        band, n = self.band(m), len(self.levels)
         for i, w in enumerate(below):
-            target = (DRIVE_INT8 if i < band // 2 else DRIVE_INT4) if i < band else DROPPED
+            # level j takes band's ranks [j * band // n, (j + 1) * band // n): for two
+            # levels, int8 the upper band // 2 and int4 the rest, as before the third
+            target = (self.levels[max(j for j in range(n) if i >= j * band // n)]
+                      if i < band else DROPPED)
             if w.tier == HBM or _lower(target, w.tier):
                 m.move(w, target)
 
 
+class QEvict2Bit(QEvict):
+    name = "qevict-2bit"
+    levels = (DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2)
+
+
 def _lower(target: str, tier: str) -> bool:
-    order = (HBM, DRIVE_INT8, DRIVE_INT4, DROPPED)
+    order = (HBM, DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2, DROPPED)
     return order.index(target) > order.index(tier)
