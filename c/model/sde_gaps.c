@@ -12,6 +12,19 @@
  * instead, a gap exactly as long as the stage, left by a transfer of the same size, could not
  * hold it by half an ulp, and every such gap cost a scan of its chunk.) */
 
+static struct sde_gap_chunk *chunk_new(sde_gaps *g)
+{
+    return g->nspare ? g->spare[--g->nspare] : malloc(sizeof(struct sde_gap_chunk));
+}
+
+static void chunk_free(sde_gaps *g, struct sde_gap_chunk *k)
+{
+    if (g->nspare < SDE_GAP_SPARES)
+        g->spare[g->nspare++] = k;
+    else
+        free(k);
+}
+
 static void tree_set(sde_gaps *g, uint32_t c)
 {
     if (!g->tree)
@@ -118,7 +131,7 @@ static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
 static void remove_chunks(sde_gaps *g, uint32_t at, uint32_t count)
 {
     for (uint32_t c = at; c < at + count; c++)
-        free(g->chunk[c]);
+        chunk_free(g, g->chunk[c]);
     uint32_t tail = g->nchunks - at - count;
     memmove(&g->chunk[at], &g->chunk[at + count], tail * sizeof(*g->chunk));
     memmove(&g->last[at], &g->last[at + count], tail * sizeof(*g->last));
@@ -131,6 +144,8 @@ void sde_gaps_free(sde_gaps *g)
 {
     for (uint32_t c = 0; c < g->nchunks; c++)
         free(g->chunk[c]);
+    for (uint32_t i = 0; i < g->nspare; i++)
+        free(g->spare[i]);
     free(g->chunk);
     free(g->last);
     free(g->maxlen);
@@ -142,12 +157,12 @@ int sde_gaps_append(sde_gaps *g, double start, double end)
 {
     struct sde_gap_chunk *k = g->nchunks ? g->chunk[g->nchunks - 1] : NULL;
     if (!k || k->n == SDE_GAP_CHUNK) {
-        k = malloc(sizeof(*k));
+        k = chunk_new(g);
         if (!k)
             return -ENOMEM;
         k->n = 0;
         if (insert_chunk(g, g->nchunks, k) < 0) {
-            free(k);
+            chunk_free(g, k);
             return -ENOMEM;
         }
     }
@@ -174,7 +189,7 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
     if (done < was.end)
         parts[m++] = (struct sde_gap){done, was.end};
     if (k->n - 1 + m > SDE_GAP_CHUNK) { /* a full chunk gains one: split it in halves */
-        struct sde_gap_chunk *upper = malloc(sizeof(*upper));
+        struct sde_gap_chunk *upper = chunk_new(g);
         if (upper && insert_chunk(g, c + 1, upper) == 0) {
             uint32_t half = SDE_GAP_CHUNK / 2;
             upper->n = k->n - half;
@@ -188,7 +203,8 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
                 k = upper;
             }
         } else {
-            free(upper);
+            if (upper)
+                chunk_free(g, upper);
             m--; /* the part after the stage is lost: pessimistic, still valid */
         }
     }
