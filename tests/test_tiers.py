@@ -243,7 +243,7 @@ def test_decisions_depend_on_the_seed_alone():
         load()
     except ModelFileError as e:
         missing(str(e))
-    names = ("h2o", "random", "contiguity", "qevict", "predictive")
+    names = ("h2o", "random", "contiguity", "qevict", "qevict-2bit", "predictive")
     a, b = _decisions(names, 1), _decisions(names, 2)
     for name in names:
         assert a[name][0] == b[name][0], name
