@@ -14,6 +14,7 @@ from quant_ref import (
     ref_from_f32,
     ref_kivi_block,
     ref_quant_dequant,
+    ref_scheme,
     ref_to_f32,
 )
 
@@ -64,6 +65,19 @@ def test_int_quantization_matches_reference(shape, dtype, scheme, fill, seed):
     # symmetric, it is max|x| / qmax * qmax, exact up to float rounding
     if fill == "zeros" or (fill == "const" and not sym):
         assert np.array_equal(got, x)
+
+
+@pytest.mark.parametrize("scheme", ["int8_g32", "int4_g32", "int2_g32", "int2_g128"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 3), (3, 1, 1, 5), (1, 1, 1, 1), (7, 1, 3, 33)])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_element_counts_that_do_not_fill_a_byte_of_codes(scheme, shape, dtype):
+    """Packed codes whose last byte is partly used (6, 30, 2 and 1,386 elements): the tail
+    pieces of the packing and unpacking loops, which shapes of whole channels never reach."""
+    block = make_block(shape, dtype, "gauss", 3)
+    blob = quantize(block, dtype, scheme)
+    assert blob.nbytes == compressed_nbytes(KVShape(*shape), scheme, dtype)
+    back, _ = dequantize(blob)
+    assert np.array_equal(back, ref_scheme(block, dtype, scheme))
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])

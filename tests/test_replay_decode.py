@@ -147,5 +147,11 @@ def test_a_policy_step_reads_its_band_and_its_promotions():
     raw = WINDOW_TOKENS * m.layers * m.kv_heads * m.head_dim * 2 * m.element_bytes
     assert lq == pytest.approx(link + 0.5 * raw) and tq > t
     assert tier_step(p, m, 8192, "predictive", 50.0, 0.0)[1] > link  # a larger band
+    kivi2 = window_bytes(m, "kivi2_g32_r0")  # qevict-2bit: the band in thirds
+    t2, l2, n2 = tier_step(p, m, 8192, "qevict-2bit", 25.0, 0.0)
+    assert l2 == pytest.approx(10 * int8 + 11 * int4 + 11 * kivi2 + plain / WINDOW_TOKENS)
+    assert l2 < link and t2 <= t
+    _, _, n2p = tier_step(p, m, 8192, "qevict-2bit", 25.0, 0.5)
+    assert n2p == pytest.approx(n2 + 0.5 * (kivi2 + 2 * int8))
     with pytest.raises(ValueError, match="not a placement policy"):
         tier_step(p, m, 8192, "lru", 25.0, 0.0)

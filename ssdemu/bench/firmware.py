@@ -17,7 +17,8 @@ from firmware.quant import compressed_nbytes, dequantize, quantize
 from ssdemu.bench.prefix import bench_prefix_match
 
 SCHEMES = ("int8_g64", "int4_g64", "int8_g64_sym", "int4_g64_sym", "int8_g128", "int4_g32",
-           "int2_g64", "kivi4_g32_r128", "kivi8_g32_r128", "kivi2_g32_r128", "fp8_tensor", "fp8_head")
+           "int2_g64", "kivi4_g32_r128", "kivi8_g32_r128", "kivi2_g32_r128", "fp8_tensor",
+           "fp8_head")
 REPEATS = 5
 
 

@@ -23,9 +23,15 @@ from ssdemu.sim.timing import DeviceModel
 DECODE_MODES = {"dense": "ship-all", "host-select": "host-select",
                 "drive-select": "drive-select"}
 # the KV placement policies of ssdemu/llm/policies, at trace scale (tier_step below): the
-# drop-only ones read nothing from the drive; qevict and predictive read their quantized band
-# every step, qevict also promotes at the drift model's rate (ssdemu/replay/drift.py)
-TIER_POLICIES = ("streaming", "h2o", "random", "contiguity", "qevict", "predictive")
+# drop-only ones read nothing from the drive; qevict, qevict-2bit and predictive read their
+# quantized band every step, the qevicts also promote at the drift model's rate
+# (ssdemu/replay/drift.py)
+TIER_POLICIES = ("streaming", "h2o", "random", "contiguity", "qevict", "qevict-2bit",
+                 "predictive")
+# each reading policy's band, in equal shares, most precise first (ssdemu/llm/policies and
+# ssdemu/llm/tiers.SCHEME; predictive's int8 above int4 as qevict's)
+BAND_SCHEMES = {"qevict": ("int8_g64", "int4_g64"), "predictive": ("int8_g64", "int4_g64"),
+                "qevict-2bit": ("int8_g64", "int4_g64", "kivi2_g32_r0")}
 WINDOW_TOKENS = 64  # the tier manager's window: a drive block
 TIER_BUDGET_PCT = 25.0
 BUDGET_TOKENS = 2048  # Quest's budget at long contexts
@@ -63,34 +69,39 @@ def tier_step(profile: Profile, model: ModelConfig, context_tokens: int, policy:
               budget_pct: float, promotions: float) -> tuple[float, float, float]:
     """One decode step's storage side under a placement policy at context n: (latency ns,
     link bytes, NAND bytes).  HBM holds budget_pct of the context (two windows at least);
-    qevict's and predictive's quantized band (as many windows as HBM: upper half int8,
-    lower int4) is read back at the step's start, every block at once, on the timing model;
-    a promotion (`promotions` per step, an expected rate) adds a dequantized retrieve of a
-    window on the step's path and a demotion in the drive (NAND only); a new window is
-    stored every WINDOW_TOKENS steps, behind the step (its bytes only)."""
+    the quantized band of qevict, qevict-2bit and predictive (as many windows as HBM, in
+    BAND_SCHEMES' equal shares: int8 above int4, and KIVI-2 below for qevict-2bit) is read
+    back at the step's start, every block at once, on the timing model; a promotion
+    (`promotions` per step, an expected rate) adds a dequantized retrieve of a window on the
+    step's path and a demotion in the drive (NAND only); a new window is stored every
+    WINDOW_TOKENS steps, behind the step (its bytes only)."""
     if policy not in TIER_POLICIES:
         raise ValueError(f"not a placement policy: {policy!r}")
-    if policy not in ("qevict", "predictive"):
+    if policy not in BAND_SCHEMES:
         return 0.0, 0.0, 0.0  # HBM alone: nothing from the drive
     hbm = max(2, round(context_tokens * budget_pct / 100 / WINDOW_TOKENS))
     windows = context_tokens // WINDOW_TOKENS
-    plain, int8, int4 = (window_bytes(model, s) for s in ("plain", "int8_g64", "int4_g64"))
+    plain = window_bytes(model, "plain")
+    levels = [window_bytes(model, s) for s in BAND_SCHEMES[policy]]
+    int8, lowest = levels[0], levels[-1]
     store = plain / WINDOW_TOKENS
-    band = max(0, min(hbm, windows - hbm))
-    sizes = [int8] * (band // 2) + [int4] * (band - band // 2)
+    band, n = max(0, min(hbm, windows - hbm)), len(levels)
+    # level j takes the band's ranks [j * band // n, (j + 1) * band // n), as the policy does
+    sizes = [levels[j] for j in range(n) for _ in range((j + 1) * band // n - j * band // n)]
     dev = DeviceModel(profile)
     done, link, nand = 0.0, store, store
     for i, n in enumerate(sizes):
         done = max(done, dev.read(0.0, i * (plain + 4096), n))
         link += n
         nand += n
-    if policy == "qevict" and promotions > 0:
+    if policy != "predictive" and promotions > 0:
         raw = WINDOW_TOKENS * model.layers * model.kv_heads * model.head_dim * 2 \
             * model.element_bytes
         promote = DeviceModel(profile).read(0.0, 0, raw)  # the raw block over the link
         done += promotions * promote
         link += promotions * raw
-        nand += promotions * (int4 + 2 * int8)  # its read, and a demotion's read and write
+        # its read (at the band's lowest), and a demotion's read and write (to int8)
+        nand += promotions * (lowest + 2 * int8)
     return done, link, nand
 
 
@@ -109,7 +120,7 @@ def tier_report(requests, profile: Profile, model: ModelConfig, policy: str,
     lo = min(r.input_length for r in reqs)
     hi = max(r.input_length + r.output_length for r in reqs)
     grid = _grid(max(lo, 2 * WINDOW_TOKENS), hi)
-    rate = drift.promotions(policy, frac) if policy == "qevict" else 0.0
+    rate = drift.promotions(policy, frac) if policy.startswith("qevict") else 0.0
     steps = np.array([tier_step(profile, model, int(n), policy, budget_pct, rate)
                       for n in grid])
     gpu_s = 1.0 / model.decode_tokens_per_s
