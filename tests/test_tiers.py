@@ -317,6 +317,21 @@ def test_every_policy_keeps_its_invariants_at_every_step(dev, model_run, name):
 
 
 @pytest.mark.slow
+def test_a_policys_time_does_not_depend_on_the_runs_before_it(dev, model_run):
+    """Runs on one daemon: the second starts past the first's background work on the
+    virtual clock, so the same policy gives the same modelled TPOT and bytes again (each
+    run started at 0 queued behind the runs before it: TPOT grew run after run)."""
+    T, cfg, model, ids, ref = model_run
+    rows = [T.run_policy(model, cfg, dev, ids, ref, CONTEXT, HELD, "qevict", 192,
+                         T.gpu_step_ns(), prefix=b"again%d" % i)[0] for i in range(2)]
+    assert rows[0]["tpot_ms"] > T.gpu_step_ns() / 1e6  # the drive's part is there
+    for key in ("link_bytes_per_token", "nand_bytes_per_token", "perplexity"):
+        assert rows[1][key] == rows[0][key], key
+    # the media under the second run's blocks is not the first's (other places, dies)
+    assert rows[1]["tpot_ms"] == pytest.approx(rows[0]["tpot_ms"], rel=0.01)
+
+
+@pytest.mark.slow
 def test_eval_policies_prints_one_table_and_one_json(tmp_path):
     from ssdemu.llm.gguf_model import ModelFileError, load
 

@@ -85,7 +85,7 @@ class TierManager:
 
     def __init__(self, dev, cfg, *, hbm_tokens: int, dram_tokens: int = 0, window: int = 64,
                  page_tokens: int = 16, gpu_step_ns: float = 0.0, prefix: bytes = b"t",
-                 nsid: int = 0, seed: int = 0):
+                 nsid: int = 0, seed: int = 0, start_ns: float = 0.0):
         if hbm_tokens < 2 * window:
             raise ValueError(f"an HBM budget holds two windows at least ({2 * window} tokens)")
         self.dev, self.cfg, self.window, self.page_tokens = dev, cfg, window, page_tokens
@@ -97,7 +97,9 @@ class TierManager:
         shape = (0, cfg.layers, cfg.kv_heads, cfg.head_dim)
         self.tail_k, self.tail_v = np.zeros(shape, np.float16), np.zeros(shape, np.float16)
         self.books = Books()
-        self.t = 0.0  # the virtual clock, ns
+        # the virtual clock, ns: a run on a drive that served others starts past their
+        # work (start_ns), or it would queue behind it (the drive's clock only goes forward)
+        self.t = float(start_ns)
         self.step = 0
         self._critical = 0.0  # this step's drive time the step waits for
         self._step_kv: list | None = None
