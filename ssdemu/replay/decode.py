@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ssdemu.llm.policies.qevict import QEvict, QEvict2Bit, band_split
+from ssdemu.llm.tiers import SCHEME
 from ssdemu.replay.serving import ModelConfig
 from ssdemu.sim.profile import Profile
 from ssdemu.sim.timing import DeviceModel
@@ -28,10 +30,10 @@ DECODE_MODES = {"dense": "ship-all", "host-select": "host-select",
 # (ssdemu/replay/drift.py)
 TIER_POLICIES = ("streaming", "h2o", "random", "contiguity", "qevict", "qevict-2bit",
                  "predictive")
-# each reading policy's band, in equal shares, most precise first (ssdemu/llm/policies and
-# ssdemu/llm/tiers.SCHEME; predictive's int8 above int4 as qevict's)
-BAND_SCHEMES = {"qevict": ("int8_g64", "int4_g64"), "predictive": ("int8_g64", "int4_g64"),
-                "qevict-2bit": ("int8_g64", "int4_g64", "kivi2_g32_r0")}
+# each reading policy's band, most precise first: the policies' own levels at the tier
+# manager's schemes (predictive's int8 above int4 is qevict's)
+BAND_SCHEMES = {p.name: tuple(SCHEME[t] for t in p.levels) for p in (QEvict, QEvict2Bit)}
+BAND_SCHEMES["predictive"] = BAND_SCHEMES["qevict"]
 WINDOW_TOKENS = 64  # the tier manager's window: a drive block
 TIER_BUDGET_PCT = 25.0
 BUDGET_TOKENS = 2048  # Quest's budget at long contexts
@@ -85,9 +87,8 @@ def tier_step(profile: Profile, model: ModelConfig, context_tokens: int, policy:
     levels = [window_bytes(model, s) for s in BAND_SCHEMES[policy]]
     int8, lowest = levels[0], levels[-1]
     store = plain / WINDOW_TOKENS
-    band, n = max(0, min(hbm, windows - hbm)), len(levels)
-    # level j takes the band's ranks [j * band // n, (j + 1) * band // n), as the policy does
-    sizes = [levels[j] for j in range(n) for _ in range((j + 1) * band // n - j * band // n)]
+    band = max(0, min(hbm, windows - hbm))
+    sizes = band_split(band, levels)
     dev = DeviceModel(profile)
     done, link, nand = 0.0, store, store
     for i, n in enumerate(sizes):

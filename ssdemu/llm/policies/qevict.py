@@ -16,7 +16,7 @@ int8 -> int4 -> 2-bit, every step of it the drive's requantize), at the same ban
 same memory, fewer bytes read per step, coarser values."""
 
 from ssdemu.llm.policies.base import Policy, add_mass, by_score, protected
-from ssdemu.llm.tiers import DRIVE_INT4, DRIVE_INT8, DRIVE_KIVI2, DROPPED, HBM
+from ssdemu.llm.tiers import DRIVE_INT4, DRIVE_INT8, DRIVE_KIVI2, DROPPED, HBM, TIERS
 
 BAND_FACTOR = 1.0
 
@@ -68,21 +68,22 @@ class QEvict(Policy):
         hbm_now = [w for w in ranked if w.tier == HBM]
         stay = set(w.index for w in by_score(hbm_now)[:n_hbm]) | keep
         below = [w for w in ranked if w.index not in stay]
-        band, n = self.band(m), len(self.levels)
+        split = band_split(self.band(m), self.levels)
         for i, w in enumerate(below):
-            # level j takes band's ranks [j * band // n, (j + 1) * band // n): for two
-            # levels, int8 the upper band // 2 and int4 the rest, as before the third
-            target = (self.levels[max(j for j in range(n) if i >= j * band // n)]
-                      if i < band else DROPPED)
-            if w.tier == HBM or _lower(target, w.tier):
+            target = split[i] if i < len(split) else DROPPED
+            if w.tier == HBM or TIERS.index(target) > TIERS.index(w.tier):
                 m.move(w, target)
+
+
+def band_split(band: int, levels) -> list:
+    """The band's ranks, best first, each given its level: level j takes the ranks
+    [j * band // n, (j + 1) * band // n) (two levels: the upper band // 2 and the rest).
+    Replay's model of the policy (ssdemu/replay/decode.py) splits its band alike."""
+    n = len(levels)
+    return [levels[j] for j in range(n) for _ in range((j + 1) * band // n - j * band // n)]
 
 
 class QEvict2Bit(QEvict):
     name = "qevict-2bit"
     levels = (DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2)
 
-
-def _lower(target: str, tier: str) -> bool:
-    order = (HBM, DRIVE_INT8, DRIVE_INT4, DRIVE_KIVI2, DROPPED)
-    return order.index(target) > order.index(tier)
