@@ -110,6 +110,12 @@ def test_corrupt_blocks_detected():
     resealed = seal(dataclasses.replace(header, bits=3), blob.copy())
     with pytest.raises(CorruptBlockError, match="bad header: bits 3"):
         dequantize(resealed)
+    # 2-bit codes are asymmetric only: a header claiming symmetric 2-bit is refused
+    sym = quantize(block, "fp16", "int4_g64_sym")
+    header, _ = open_block(sym)
+    resealed = seal(dataclasses.replace(header, bits=2), sym.copy())
+    with pytest.raises(CorruptBlockError, match="bad header"):
+        dequantize(resealed)
 
 
 @settings(max_examples=40, deadline=None)
