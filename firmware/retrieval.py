@@ -33,7 +33,7 @@ them before a kernel runs (no kernel raises; nothing raised can cross a C callba
 import numpy as np
 from numba import njit
 
-from firmware.bits import f32_as_u32, u32_as_f32
+from firmware.bits import f32_as_u32, fp16_bits_as_f32, u32_as_f32
 
 # int8 summaries: the scale leaves room so that the largest bound still fits after rounding
 # outwards (|bound| / scale <= 126.5, +1 for the rounding, < 127)
@@ -349,18 +349,46 @@ def rerank_candidates(bound_scores, select_scores, c, sink_pages, recent_pages, 
             out_ids[h, j] = -1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _page_logits(q, keys, h, t0, t1, scale, out):
-    D = keys.shape[2]
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _f32(x, bf16):
+    """An element of keys or values as float32: a float32 as it is; a uint16, the bits of an
+    fp16 (bf16 False) or of a bf16 (True)."""
+    if bf16:
+        return u32_as_f32(np.uint32(x) << np.uint32(16))
+    return fp16_bits_as_f32(x)
+
+
+# the dot products may be summed in any order (LLVM then sums them lane by lane): the re-rank
+# and attention are compared with their references to rounding, unlike Quest's score
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+def _group_logits(qs, keys, h, t0, t1, scale, bf16, row, out):
+    """out[g, t - t0] = qs[g] . keys[h, t] * scale for t in [t0, t1), every query g of the
+    group (qs (group, D) float64): each key row converted once (into row, float64) for the
+    whole group."""
+    group, D = qs.shape
     for t in range(t0, t1):
-        s = 0.0
         for d in range(D):
-            s += np.float64(q[d]) * np.float64(keys[h, t, d])
-        out[t - t0] = s * scale
+            row[d] = np.float64(_f32(keys[h, t, d], bf16))
+        for g in range(group):
+            s = 0.0
+            for d in range(D):
+                s += qs[g, d] * row[d]
+            out[g, t - t0] = s * scale
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
+def _group_queries(queries, h, group):
+    """KV head h's query group as float64 (group, D): converted once per command."""
+    D = queries.shape[1]
+    qs = np.empty((group, D), np.float64)
+    for g in range(group):
+        for d in range(D):
+            qs[g, d] = np.float64(queries[h * group + g, d])
+    return qs
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores, bf16=False):
     """The second stage: for each KV head, re-rank its candidate pages (cand_ids (H, c), -1
     for none) by the exact attention they hold, and keep the k best (ties to the lower page
     id).  A page's score is the largest over the query group of the log of its share of
@@ -368,12 +396,14 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
     q.k / sqrt(head_dim), less the same over every candidate's tokens.  A share, not a raw
     mass: each query head's softmax has its own normalizer, so a head with larger logits
     would otherwise outrank a page that holds most of another head's attention.  Returns the
-    number kept per head."""
+    number kept per head.  keys: float32, or uint16 carrying fp16 (bf16 False) or bf16 bits:
+    a sequence's layer as stored, read in place."""
     H, T, D = keys.shape
     group = queries.shape[0] // H
     c = cand_ids.shape[1]
     scale = 1.0 / np.sqrt(np.float64(D))
-    logits = np.empty(page, np.float64)
+    logits = np.empty((group, page), np.float64)
+    row = np.empty(D, np.float64)
     lse = np.empty((c, group), np.float64)
     total = np.empty(group, np.float64)
     cs = np.empty(c, np.float32)
@@ -382,20 +412,21 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
     got = 0
     for h in range(H):
         n = 0
+        qs = _group_queries(queries, h, group)
         for j in range(c):
             pid = cand_ids[h, j]
             if pid < 0:
                 continue
             t0 = pid * page
             t1 = min(T, t0 + page)
+            _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
             for g in range(group):
-                _page_logits(queries[h * group + g], keys, h, t0, t1, scale, logits)
-                m = logits[0]
+                m = logits[g, 0]
                 for t in range(1, t1 - t0):
-                    m = max(m, logits[t])
+                    m = max(m, logits[g, t])
                 acc = 0.0
                 for t in range(t1 - t0):
-                    acc += np.exp(logits[t] - m)
+                    acc += np.exp(logits[g, t] - m)
                 lse[n, g] = m + np.log(acc)
             ci[n] = pid
             n += 1
@@ -418,54 +449,60 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def attend_pages(queries, keys, values, page, ids, out, lse):
+def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
     """Exact softmax attention of each query head over the pages ids (H, n) of its KV head
     (-1: no page; a page listed twice counts once), scaled by 1 / sqrt(head_dim): the output
     vectors into out (q_heads, D) and the natural log-sum-exp of the scaled logits into lse
     (q_heads), so that the host can merge this with attention over other tokens (o = sum_i
     e^(lse_i - lse) o_i, lse = log sum_i e^lse_i, as flash-attention merges blocks).  A head
-    with no page gets a zero output and lse = -inf."""
+    with no page gets a zero output and lse = -inf.  keys and values as rerank_pages's."""
     H, T, D = keys.shape
     group = queries.shape[0] // H
     n = ids.shape[1]
     scale = 1.0 / np.sqrt(np.float64(D))
-    logits = np.empty(page, np.float64)
-    acc = np.empty(D, np.float64)
+    logits = np.empty((group, page), np.float64)
+    row = np.empty(D, np.float64)
+    vrow = np.empty(D, np.float64)
+    acc = np.empty((group, D), np.float64)
+    m = np.empty(group, np.float64)
+    den = np.empty(group, np.float64)
     P = pages_of(T, page)
     seen = np.zeros(P, np.bool_)
     for h in range(H):
+        qs = _group_queries(queries, h, group)
+        m[:] = -np.inf
+        den[:] = 0.0
+        acc[:] = 0.0
+        seen[:] = False
+        for j in range(n):
+            pid = ids[h, j]
+            if pid < 0 or pid >= P or seen[pid]:
+                continue
+            seen[pid] = True
+            t0 = pid * page
+            t1 = min(T, t0 + page)
+            _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
+            for t in range(t1 - t0):
+                for d in range(D):  # the value row once for the whole group
+                    vrow[d] = np.float64(_f32(values[h, t0 + t, d], bf16))
+                for g in range(group):  # online softmax: rescale when the max grows
+                    x = logits[g, t]
+                    if x > m[g]:
+                        r = np.exp(m[g] - x)
+                        den[g] *= r
+                        for d in range(D):
+                            acc[g, d] *= r
+                        m[g] = x
+                    w = np.exp(x - m[g])
+                    den[g] += w
+                    for d in range(D):
+                        acc[g, d] += w * vrow[d]
         for g in range(group):
             qh = h * group + g
-            q = queries[qh]
-            m = -np.inf
-            den = 0.0
-            for d in range(D):
-                acc[d] = 0.0
-            seen[:] = False
-            for j in range(n):
-                pid = ids[h, j]
-                if pid < 0 or pid >= P or seen[pid]:
-                    continue
-                seen[pid] = True
-                t0 = pid * page
-                t1 = min(T, t0 + page)
-                _page_logits(q, keys, h, t0, t1, scale, logits)
-                for t in range(t1 - t0):  # online softmax: rescale when the max grows
-                    x = logits[t]
-                    if x > m:
-                        r = np.exp(m - x)
-                        den *= r
-                        for d in range(D):
-                            acc[d] *= r
-                        m = x
-                    w = np.exp(x - m)
-                    den += w
-                    for d in range(D):
-                        acc[d] += w * np.float64(values[h, t0 + t, d])
-            if den > 0:
+            if den[g] > 0:
                 for d in range(D):
-                    out[qh, d] = np.float32(acc[d] / den)
-                lse[qh] = np.float32(m + np.log(den))
+                    out[qh, d] = np.float32(acc[g, d] / den[g])
+                lse[qh] = np.float32(m[g] + np.log(den[g]))
             else:
                 for d in range(D):
                     out[qh, d] = 0.0

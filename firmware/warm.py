@@ -216,9 +216,12 @@ def _warm_retrieval(rng) -> None:
     sel = np.empty((H, P), np.float32)
     R.selective_scores(q, lo, hi, spread, R.select_channels(D), sel, scores)
     R.rerank_candidates(scores, sel, k, 0, 0, ids)
-    R.rerank_pages(q, keys, page, ids, 1, ids[:, :1].copy(), sc[:, :1].copy())
-    R.attend_pages(q, keys, keys, page, ids, np.empty((2 * H, D), np.float32),
-                   np.empty(2 * H, np.float32))
+    # the daemon's carriers: gathered float32 pages, a sequence's fp16 or bf16 bits in place
+    for kv, bf16 in ((keys, False), (keys.astype(np.float16).view(np.uint16), False),
+                     (keys.view(np.uint32).astype(np.uint16), True)):
+        R.rerank_pages(q, kv, page, ids, 1, ids[:, :1].copy(), sc[:, :1].copy(), bf16)
+        R.attend_pages(q, kv, kv, page, ids, np.empty((2 * H, D), np.float32),
+                       np.empty(2 * H, np.float32), bf16)
 
 
 if __name__ == "__main__":

@@ -147,7 +147,11 @@ def _reseal(blob: np.ndarray) -> np.ndarray:
 
 
 def test_runs_adjacent_on_the_media_are_one_read():
-    from ssdemu.device.retrieval import _joined
+    from ssdemu.device.retrieval import _joined as joined_arrays
+
+    def _joined(*args):
+        offs, lens = joined_arrays(*args)
+        return [(int(o), int(n)) for o, n in zip(offs, lens, strict=True)]
 
     offs = np.array([100, 0, 50, 300, 140, 120])
     lens = np.array([20, 50, 10, 5, 10, 30])

@@ -45,6 +45,19 @@ double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nb
     return m->ops->sense(m, submit, offset, nbytes);
 }
 
+double sde_model_sense_runs(sde_model *m, double submit, const uint64_t *offs,
+                            const uint64_t *lens, uint32_t n)
+{
+    double last = submit;
+    for (uint32_t i = 0; i < n; i++) {
+        double t = sde_model_sense(m, submit, offs[i], lens[i]);
+        if (t < 0)
+            return -1.0;
+        last = t > last ? t : last;
+    }
+    return last;
+}
+
 double model_detailed_sense(sde_model *m, double submit, uint64_t offset, uint64_t nbytes)
 {
     double t = model_controller(m, submit) + m->p.read_latency_ns;

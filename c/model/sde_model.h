@@ -106,6 +106,11 @@ double sde_model_flush(sde_model *m, double submit);
  * `ready` (the link plus its latency; the channels and the programs). */
 double sde_model_sense(sde_model *m, double submit, uint64_t offset, uint64_t nbytes);
 double sde_model_receive(sde_model *m, double submit, uint64_t nbytes);
+/* n senses submitted at `submit` (offs[i], lens[i], in order): the latest completion, or -1
+ * as sde_model_sense: a retrieval command's runs of pages in one call, not one from
+ * Python per run. */
+double sde_model_sense_runs(sde_model *m, double submit, const uint64_t *offs,
+                            const uint64_t *lens, uint32_t n);
 double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
 /* ...and with *leaving (NULL: not wanted): the bytes whose programs it booked, which leave

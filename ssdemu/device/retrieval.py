@@ -71,7 +71,7 @@ from ssdemu.sim.cost import (
     summary_bytes,
     topk_cost,
 )
-from ssdemu.sim.timing import DeviceModel, budget_of
+from ssdemu.sim.timing import DeviceModel, budget_of, model_params
 from ssdemu_wire.layout import (
     OPCODES,
     REQUEST_DTYPE,
@@ -257,6 +257,11 @@ def layer_elements(block: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarra
     return tuple(np.ascontiguousarray(block[:, kv, layer].transpose(1, 0, 2)) for kv in (0, 1))
 
 
+def _carrier(x: np.ndarray) -> np.ndarray:
+    """Elements as the kernels take them: fp16 as its uint16 bits (Numba has no float16)."""
+    return x.view(np.uint16) if x.dtype == np.float16 else x
+
+
 def to_f32(x: np.ndarray, code: int) -> np.ndarray:
     if code == DTYPE_FP32:
         return x.astype(np.float32)
@@ -284,12 +289,13 @@ def unpack_bounds(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _joined(offs: np.ndarray, lens: np.ndarray, page: int = 1) -> list:
-    """(offset, bytes) runs of the media, sorted, as the drive reads them: runs that overlap,
-    touch, or begin in the NAND page (of `page` bytes) where the runs before them end are
-    one read (a page is sensed once; the bytes between are transferred with it).  A page of
-    one head's keys and its scales are a few hundred bytes: sensed apart, each took a whole
-    t_read of the same die, and a by-head ATTEND cost more than the token rows it saves."""
+def _joined(offs: np.ndarray, lens: np.ndarray, page: int = 1) -> tuple:
+    """(offsets, bytes), arrays: the runs of the media, sorted, as the drive reads them: runs
+    that overlap, touch, or begin in the NAND page (of `page` bytes) where the runs before
+    them end are one read (a page is sensed once; the bytes between are transferred with
+    it).  A page of one head's keys and its scales are a few hundred bytes: sensed apart,
+    each took a whole t_read of the same die, and a by-head ATTEND cost more than the token
+    rows it saves."""
     order = np.argsort(offs, kind="stable")
     offs, ends = offs[order], offs[order] + lens[order]
     reach = np.maximum.accumulate(ends)
@@ -297,7 +303,7 @@ def _joined(offs: np.ndarray, lens: np.ndarray, page: int = 1) -> list:
     starts = np.flatnonzero(np.r_[True, (offs[1:] > reach[:-1])
                                   & (offs[1:] // page > (reach[:-1] - 1) // page)])
     stops = np.r_[starts[1:], len(offs)] - 1
-    return [(int(offs[a]), int(reach[z] - offs[a])) for a, z in zip(starts, stops, strict=True)]
+    return offs[starts], reach[stops] - offs[starts]
 
 
 def _ident(req: Request, nsid: int, b: Block) -> tuple:
@@ -334,6 +340,19 @@ class ByteLRU:
                 self._d.move_to_end(key)
             return v
 
+    def get_prefix(self, keys) -> list:
+        """get() of keys in order up to the first miss, under one lock: the entries of the
+        leading hits (each touched, as get() would)."""
+        out = []
+        with self._lock:
+            for key in keys:
+                v = self._d.get(key)
+                if v is None:
+                    break
+                self._d.move_to_end(key)
+                out.append(v)
+        return out
+
     def put(self, key, value, nbytes: int) -> None:
         with self._lock:
             self._put(key, value, nbytes)
@@ -364,6 +383,7 @@ class Retrieval:
         self.cache = ByteLRU(self.profile.retrieval.summary_dram_bytes)
         # blocks' layers decoded, in this host's memory (see DECODED_BYTES)
         self.decoded = ByteLRU(DECODED_BYTES, entry_bytes=256)
+        self._model_params = model_params(self.profile)  # each command's model copies them
         self._lock = threading.Lock()
         self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
                        "summary_hits": 0, "summary_misses": 0, "summary_reads": 0,
@@ -487,7 +507,7 @@ class Retrieval:
         out = self._region(client, p0 >> 40, p0 & ((1 << 40) - 1), int(sqe["param1"]))
         if len(out) < req.out_bytes():
             raise Refused("INVALID_BUFFER", f"the output needs {req.out_bytes()} bytes")
-        timing = _Timing(self.profile, len(inp))
+        timing = _Timing(self.profile, len(inp), self._model_params)
         blocks = self._blocks(req, nsid)
         self._local.memo_left = MEMO_BYTES  # this command's, on this worker
         # the sequence as this request reads it: its blocks' places and contents, the layout
@@ -616,14 +636,19 @@ class Retrieval:
         token-major block (a plain value, a version-1 block, fp8, KIVI): each page any head
         chose, as its whole token rows.  The blocks of one header are booked together (a
         numpy pass over all their pages: block by block it was most of a command's host
-        time)."""
+        time); a sequence whose blocks all share one header in one pass from its runs'
+        table (_uniform_runs), the same reads."""
+        hs = np.concatenate([np.full(len(p), h) for h, p in enumerate(heads)])
+        ps = np.concatenate(heads)
+        table = self._uniform_runs(req, nsid, blocks)
+        if table is not None:
+            self._book_runs(table, hs, ps, timing, values)
+            return
         first = np.array([b.first_page for b in blocks])
         touched = np.unique(np.searchsorted(first, union, side="right") - 1)
         by_header: dict = {}
         for i in touched:
             by_header.setdefault(self._header(req, nsid, blocks[i]), []).append(i)
-        hs = np.concatenate([np.full(len(p), h) for h, p in enumerate(heads)])
-        ps = np.concatenate(heads)
         blk = np.searchsorted(first, ps, side="right") - 1
         for header, members in by_header.items():
             if header is None or not header.by_head:
@@ -639,9 +664,49 @@ class Retrieval:
                 o, n = _blockfmt.page_runs(header, req.layer, kv, hs[mine], t0, t1)
                 offs.append(o + np.tile(at, len(o) // max(1, len(at))))  # one per stream
                 lens.append(n)
-            for off, n in _joined(np.concatenate(offs), np.concatenate(lens),
-                                  self.profile.nand.page_bytes):
-                timing.media_read(off, n)
+            timing.media_runs(*_joined(np.concatenate(offs), np.concatenate(lens),
+                                       self.profile.nand.page_bytes))
+
+    def _book_runs(self, table, hs: np.ndarray, ps: np.ndarray, timing, values: bool) -> None:
+        """The reads of pages ps of heads hs (a page listed twice is read once) from the
+        sequence's runs' table (_uniform_runs)."""
+        rel_off, rel_len, at, nb = table
+        bi, pi = np.divmod(ps, nb)
+        kvs = (0, 1) if values else (0,)
+        offs = np.concatenate([rel_off[kv][:, hs, pi] + at[bi] for kv in kvs], axis=None)
+        lens = np.concatenate([rel_len[kv][:, hs, pi] for kv in kvs], axis=None)
+        timing.media_runs(*_joined(offs, lens, self.profile.nand.page_bytes))
+
+    def _uniform_runs(self, req: Request, nsid: int, blocks: list[Block]):
+        """When every block of the sequence is laid out by head under one header (the same
+        shape and scheme: a decoding engine's sequence), the runs of the request's layer as
+        a table kept with the sequence's decoded data: (offsets, bytes) per kv, each
+        (runs per page, kv_heads, pages of a block) within a block, the blocks' offsets and
+        pages per block.  None otherwise (booked header by header)."""
+        key = (self._local.sid, "runs", req.layer, req.page)
+        got = self.decoded.get(key)
+        if got is not None:
+            return got[0]
+        headers = {self._header(req, nsid, b) for b in blocks}
+        header = headers.pop() if len(headers) == 1 else None
+        table = None
+        if header is not None and header.by_head:
+            tokens = header.shape.tokens
+            nb = R.pages_of(tokens, req.page)
+            if all(b.tokens == tokens and b.first_page == i * nb for i, b in enumerate(blocks)):
+                hs = np.repeat(np.arange(req.kv_heads), nb)
+                t0 = np.tile(np.arange(nb) * req.page, req.kv_heads)
+                t1 = np.minimum(tokens, t0 + req.page)
+                rel_off, rel_len = [], []
+                for kv in (0, 1):
+                    o, n = _blockfmt.page_runs(header, req.layer, kv, hs, t0, t1)
+                    rel_off.append(o.reshape(-1, req.kv_heads, nb))
+                    rel_len.append(n.reshape(-1, req.kv_heads, nb))
+                table = (rel_off, rel_len, np.array([b.offset for b in blocks], np.int64), nb)
+        if self._local.keep_decoded:
+            self.decoded.put(key, table, 0 if table is None else
+                             2 * sum(x.nbytes for x in table[0]) + table[2].nbytes)
+        return table
 
     @staticmethod
     def _book_token_rows(req: Request, b: Block, union: np.ndarray, timing) -> None:
@@ -716,18 +781,32 @@ class Retrieval:
         self.decoded.put((ck, "bounds"), (plo, phi, b.code), nbytes)
         return plo, phi
 
-    def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing) -> tuple:
+    def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing,
+                   arrays: bool = True) -> tuple:
         """The sequence's summaries, packed, a (lo, hi) per block (each block's first_page
         set), and its pages.  The pages are counted block by block, and the command refused
         (RETRIEVAL_LIMIT) as soon as they pass what one command may score: its work stops
-        there.  Scoring converts them to float32 a block at a time (_bounds)."""
+        there.  Scoring converts them to float32 a block at a time (_bounds).  arrays False
+        (the caller holds the sequence's): the leading blocks the controller's DRAM holds are
+        touched there in one pass, their entries None."""
         packed, first = [], 0
+        hits = [] if arrays else self.cache.get_prefix(
+            [_summary_key(req, nsid, b) for b in blocks])
+        if hits:
+            with self._lock:
+                self._stats["summary_hits"] += len(hits)
         for i, b in enumerate(blocks):
-            plo, phi = self._block_summaries(req, nsid, b, timing)
+            if i < len(hits):
+                (b.tokens, b.token_bytes), _ = hits[i]
+                plo = phi = None
+                pages = R.pages_of(b.tokens, req.page)
+            else:
+                plo, phi = self._block_summaries(req, nsid, b, timing)
+                pages = plo.shape[1]
             if b.tokens % req.page and i != len(blocks) - 1:
                 raise Refused("INVALID_FIELD", "every block but the last must hold whole pages")
             b.first_page = first
-            first += plo.shape[1]
+            first += pages
             if req.kv_heads * first * req.head_dim > RETRIEVAL_MAX_SCORED:
                 raise Refused("RETRIEVAL_LIMIT", f"the sequence passes {first} pages at block "
                               f"{i}: x {req.kv_heads} KV heads x {req.head_dim} channels, more "
@@ -752,14 +831,34 @@ class Retrieval:
 
     def _pages(self, req: Request, nsid: int, blocks: list[Block], rows: np.ndarray,
                timing, values: bool):
-        """Each KV head's own pages of rows (H, n) global page ids (-1: none) as float32:
-        (keys (H, T, D), values or None, local ids (H, n)).  Head h's pages, in ascending
-        order, take its slots 0, 1, ...; the sequence's last page, when it is partial, takes
-        slot n, the last (T ends with its tokens: the kernels cut a page at T), so that a
-        local id orders as its page does.  A command's memory is then what it reads: n pages
-        of each head, not every head of the pages any head chose.  The NAND reads are
-        booked as the block's layout places the pages (_book_pages)."""
+        """Each KV head's own pages of rows (H, n) global page ids (-1: none), for the
+        kernels: (keys (H, T, D), values or None, ids (H, n), bf16, back).  When the
+        sequence's layer is in the host's decoded data (_seq_kv), keys and values are it, as
+        stored (uint16 carrying fp16 or bf16 bits, or float32), and ids are rows: the kernels
+        read the pages in place (back None).  Otherwise each head's pages are gathered as
+        float32: head h's, in ascending order, take its slots 0, 1, ...; the sequence's last
+        page, when it is partial, takes slot n, the last (T ends with its tokens: the
+        kernels cut a page at T), so that a local id orders as its page does; ids are the
+        local ids and back (H, n + 2) maps a local id to its page.  A command's memory is
+        then what it reads: n pages of each head, not every head of the pages any head
+        chose.  The NAND reads are booked as the block's layout places the pages
+        (_book_pages)."""
         H, n = rows.shape
+        table = self._uniform_runs(req, nsid, blocks)
+        seq = self._seq_kv(req, nsid, blocks)
+        if table is not None and seq is not None:  # in place, booked from the table
+            hs, ps = np.nonzero(rows >= 0)
+            self._book_runs(table, hs, rows[hs, ps], timing, values)
+            k, v, code = seq
+            return (_carrier(k), _carrier(v) if values else None, rows.astype(np.int32),
+                    code == DTYPE_BF16, None)
+        heads = [np.unique(rows[h][rows[h] >= 0]) for h in range(H)]
+        union = np.unique(rows[rows >= 0])
+        self._book_pages(req, nsid, blocks, heads, union, timing, values)
+        if seq is not None:  # the sequence's layer in one array: read in place
+            k, v, code = seq
+            return (_carrier(k), _carrier(v) if values else None, rows.astype(np.int32),
+                    code == DTYPE_BF16, None)
         P = sum(R.pages_of(b.tokens, req.page) for b in blocks)
         last = blocks[-1]
         last_len = last.tokens - (R.pages_of(last.tokens, req.page) - 1) * req.page
@@ -767,33 +866,17 @@ class Retrieval:
         T = n * req.page + (last_len if partial else 0)
         keys = np.zeros((H, T, req.head_dim), np.float32)
         vals = np.zeros_like(keys) if values else None
-        heads, slots = [], []
+        slots = []
         local = np.full((H, n), -1, np.int32)
-        for h in range(H):
-            u = np.unique(rows[h][rows[h] >= 0])
+        back = np.full((H, n + 2), -1, np.int64)
+        for h, u in enumerate(heads):
             sl = np.arange(len(u))
             if partial and len(u) and u[-1] == P - 1:
                 sl[-1] = n
             ok = rows[h] >= 0
             local[h, ok] = sl[np.searchsorted(u, rows[h][ok])]
-            heads.append(u)
+            back[h, sl] = u
             slots.append(sl)
-        union = np.unique(rows[rows >= 0])
-        self._book_pages(req, nsid, blocks, heads, union, timing, values)
-        seq = self._seq_kv(req, nsid, blocks)
-        if seq is not None:  # the sequence's layer in one array: a gather per head
-            k, v, code = seq
-            tokens = k.shape[1]
-            step = np.arange(req.page)
-            for h in range(H):
-                src = (heads[h][:, None] * req.page + step).reshape(-1)
-                dst = (slots[h][:, None] * req.page + step).reshape(-1)
-                ok = src < tokens  # the partial last page's tokens only
-                src, dst = src[ok], dst[ok]
-                keys[h, dst] = to_f32(k[h, src], code)
-                if values:
-                    vals[h, dst] = to_f32(v[h, src], code)
-            return keys, vals, local
         for b in blocks:
             nb = R.pages_of(b.tokens, req.page)
             if not ((union >= b.first_page) & (union < b.first_page + nb)).any():
@@ -813,7 +896,7 @@ class Retrieval:
                 keys[h, dst] = to_f32(k[h, src], b.code)
                 if values:
                     vals[h, dst] = to_f32(v[h, src], b.code)
-        return keys, vals, local
+        return keys, vals, local, False, back
 
     def _seq_kv(self, req: Request, nsid: int, blocks: list[Block]):
         """(K, V, code): the request's layer over the whole sequence, (kv_heads, tokens, D)
@@ -882,9 +965,9 @@ class Retrieval:
         scores it in one kernel call per pass, not one per block (the per-block calls and
         conversions were most of a short command's host time).  The kernels work page by
         page (channel_range_sums in page order), so the bits are the block-by-block ones."""
-        packed, P = self._summaries(req, nsid, blocks, timing)
         key = (self._local.sid, "bounds", req.layer, req.page, req.int8)
         got = self.decoded.get(key)
+        packed, P = self._summaries(req, nsid, blocks, timing, arrays=got is None)
         if got is not None:
             return (*got[0], P)
         parts = [self._bounds(req, plo, phi) for plo, phi in packed]
@@ -893,6 +976,21 @@ class Retrieval:
         if self._local.keep_decoded:
             self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
         return lo, hi, P
+
+    def _spread(self, req: Request, lo: np.ndarray, hi: np.ndarray, P: int) -> np.ndarray:
+        """The channels' mean page range of the sequence's summaries (lo, hi: _seq_bounds's),
+        kept with them: a function of the summaries alone, the same for every query."""
+        key = (self._local.sid, "spread", req.layer, req.page, req.int8)
+        got = self.decoded.get(key)
+        if got is not None:
+            return got[0]
+        acc = np.zeros((req.kv_heads, req.head_dim), np.float64)
+        R.channel_range_sums(lo, hi, acc)
+        spread = np.empty((req.kv_heads, req.head_dim), np.float32)
+        R.spread_of_sums(acc, P, spread)
+        if self._local.keep_decoded:
+            self.decoded.put(key, spread, spread.nbytes)
+        return spread
 
     def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
         lo, hi, P = self._seq_bounds(req, nsid, blocks, timing)
@@ -913,10 +1011,7 @@ class Retrieval:
             # alone misses keys that outlier channels hide); the spread is the mean range the
             # summaries keep (host: summed from the bounds a block at a time here; modelled:
             # kept as they are made)
-            acc = np.zeros((H, D), np.float64)
-            R.channel_range_sums(lo, hi, acc)
-            spread = np.empty((H, D), np.float32)
-            R.spread_of_sums(acc, P, spread)
+            spread = self._spread(req, lo, hi, P)
             r = R.select_channels(D)
             sel = np.empty((H, P), np.float32)
             R.selective_scores(req.queries, lo, hi, spread, r, sel, scores)
@@ -929,23 +1024,23 @@ class Retrieval:
                 empty = np.full((H, req.k), -1, np.int32)
                 return (empty.astype("<i4").tobytes()
                         + np.full((H, req.k), -np.inf, "<f4").tobytes(), P)
-            keys, _, local = self._pages(req, nsid, blocks, ids, timing, False)
+            keys, _, local, bf16, back = self._pages(req, nsid, blocks, ids, timing, False)
             kids = np.empty((H, req.k), np.int32)
             ksc = np.empty((H, req.k), np.float32)
-            R.rerank_pages(req.queries, keys, req.page, local, req.k, kids, ksc)
-            # local ids back to the pages: a head's local id j is its j-th candidate slot
-            back = np.full((H, local.shape[1] + 2), -1, np.int64)
-            for h in range(H):
-                ok = local[h] >= 0
-                back[h, local[h][ok]] = ids[h][ok]
-            ids = np.where(kids >= 0, np.take_along_axis(back, np.maximum(kids, 0), 1),
-                           -1).astype(np.int32)
-            sco = ksc
+            R.rerank_pages(req.queries, keys, req.page, local, req.k, kids, ksc, bf16)
+            if back is not None:  # local ids back to the pages
+                kids = np.where(kids >= 0, np.take_along_axis(back, np.maximum(kids, 0), 1),
+                                -1).astype(np.int32)
+            ids, sco = kids, ksc
             timing.rerank(req, int((local >= 0).sum()))
         return ids.astype("<i4").tobytes() + sco.astype("<f4").tobytes(), P
 
     def _attend(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
-        for b in blocks:  # the tokens of each block: from its summaries' entry, or a read
+        # the tokens of each block: from its summaries' entry, or a read
+        hits = self.cache.get_prefix([_summary_key(req, nsid, b) for b in blocks])
+        for b, ((tokens, token_bytes), _) in zip(blocks, hits, strict=False):
+            b.tokens, b.token_bytes = tokens, token_bytes
+        for b in blocks[len(hits):]:
             hit = self.cache.get(_summary_key(req, nsid, b))
             if hit is None:
                 self._read(req, nsid, b)
@@ -963,13 +1058,15 @@ class Retrieval:
         # each head's pages in the order given, then the forced ones (attention adds them
         # up in this order)
         rows = np.full((req.kv_heads, ids.shape[1] + len(forced)), -1, np.int64)
+        forced = np.array(forced, np.int64)
         for h in range(req.kv_heads):
-            row = [int(p) for p in ids[h] if p >= 0] + forced
-            rows[h, :len(row)] = row
-        keys, values, local = self._pages(req, nsid, blocks, rows, timing, True)
+            mine = ids[h][ids[h] >= 0]
+            rows[h, :len(mine)] = mine
+            rows[h, len(mine):len(mine) + len(forced)] = forced
+        keys, values, local, bf16, _ = self._pages(req, nsid, blocks, rows, timing, True)
         outv = np.empty((req.q_heads, req.head_dim), np.float32)
         lse = np.empty(req.q_heads, np.float32)
-        R.attend_pages(req.queries, keys, values, req.page, local, outv, lse)
+        R.attend_pages(req.queries, keys, values, req.page, local, outv, lse, bf16)
         timing.attend(req, int((local >= 0).sum(axis=1).max()) if local.size else 0)
         return outv.astype("<f4").tobytes() + lse.astype("<f4").tobytes(), \
             int((local >= 0).sum(axis=1).max()) if local.size else 0
@@ -978,9 +1075,9 @@ class Retrieval:
 class _Timing:
     """The modelled device time of one retrieval command, the drive otherwise idle."""
 
-    def __init__(self, profile, request_bytes: int):
+    def __init__(self, profile, request_bytes: int, params=None):
         self.p = profile
-        self.model = DeviceModel(profile)
+        self.model = DeviceModel(profile, params=params)
         self.budget = budget_of(profile)
         self.budget.share_dram(self.model)
         self.ready = self.model.receive(0.0, request_bytes)
@@ -1033,6 +1130,13 @@ class _Timing:
     def media_read(self, offset: int, nbytes: int) -> None:
         """A run of the media (stored blocks' bytes) read from NAND."""
         self.sensed = max(self.sensed, self._sense(offset, nbytes))
+
+    def media_runs(self, offs: np.ndarray, lens: np.ndarray) -> None:
+        """media_read() of each run, in order, in one call to the model."""
+        lens = np.maximum(lens, 1).astype(np.uint64)
+        self.nand_bytes += int(lens.sum())
+        self.sensed = max(self.sensed, self.model.sense_runs(self.ready,
+                                                             offs.astype(np.uint64), lens))
 
     def rerank(self, req: Request, pages: int) -> None:
         start = max(self.t, self.sensed)

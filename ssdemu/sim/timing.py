@@ -190,18 +190,22 @@ class DeviceModel:
     plane uses too)."""
 
     def __init__(self, profile: Profile, bulk_pages: int | None = None, ftl_bytes: int = 0,
-                 dram: bool = True, threads: int = 1):
+                 dram: bool = True, threads: int = 1, params=None):
         """bulk_pages: transfers of this many pages or more are booked in bulk (0: never;
         default: a full stripe); ftl_bytes: the FTL's logical size (0: none); dram: model the
         controller's DRAM (the virtual-clock daemon does not: c/dev); threads: 2 books
         half of a batch's dies (the recipes' blocks of a request) on a helper thread, with
-        identical results, on a host with two CPUs or more (c/model/sde_model.h)."""
+        identical results, on a host with two CPUs or more (c/model/sde_model.h); params:
+        model_params(profile, ...) made once by a caller that makes many models of it (the
+        C model copies them)."""
         if threads not in (1, 2):
             raise ValueError(f"the timing model runs on 1 or 2 threads, got {threads}")
         self.p = profile
         self.ftl = ftl_scale(profile, ftl_bytes) if ftl_bytes else None
         out = ffi.new("sde_model **")
-        params = model_params(profile, bulk_pages=bulk_pages, ftl_bytes=ftl_bytes, dram=dram)
+        if params is None:
+            params = model_params(profile, bulk_pages=bulk_pages, ftl_bytes=ftl_bytes,
+                                  dram=dram)
         if lib.sde_model_new(params, out) < 0:
             raise ValueError(f"profile {profile.name} does not make a model")
         self._m = ffi.gc(out[0], lib.sde_model_free)
@@ -226,6 +230,15 @@ class DeviceModel:
     def sense(self, submit: float, offset: int, nbytes: int) -> float:
         """A read's NAND half: when the bytes are in the controller (no link)."""
         return self._check(lib.sde_model_sense(self._m, submit, offset, nbytes), submit)
+
+    def sense_runs(self, submit: float, offs, lens) -> float:
+        """sense() of each run submitted at `submit` (offs, lens: contiguous uint64 arrays of
+        one length): the latest completion (submit when there are none)."""
+        if len(offs) != len(lens):
+            raise ValueError("sense_runs: offsets and lengths differ in number")
+        return self._check(lib.sde_model_sense_runs(
+            self._m, submit, ffi.from_buffer("uint64_t[]", offs),
+            ffi.from_buffer("uint64_t[]", lens), len(offs)), submit)
 
     @property
     def handle(self):
