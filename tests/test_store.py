@@ -604,3 +604,24 @@ def test_every_keyed_entry_point_checks_key_size_then_namespace_then_the_key(dri
     assert set(got.values()) == {lib.SDE_SC_KV_KEY_NOT_EXIST}
     s.close()
     m.close()
+
+
+def test_lookup_many_answers_each_key_as_lookup_does(drive):
+    """Keys of several lengths, missing ones between stored ones, more than one hold of the
+    data plane's lock (LOOKUP_HOLD): each answer is the key's own, in order."""
+    from ssdemu.device.store import LOOKUP_HOLD
+
+    m, s = fresh(drive)
+    stored = [f"k{i}".encode() * (1 + i % 3) for i in range(0, LOOKUP_HOLD + 40, 2)]
+    for i, key in enumerate(stored):
+        s.put(key, bytes([i % 251]) * (10 + i))
+    asked = [f"k{i}".encode() * (1 + i % 3) for i in range(LOOKUP_HOLD + 40)]
+    got = s.lookup_many(asked)
+    assert len(got) == len(asked)
+    for key, place in zip(asked, got, strict=True):
+        if key in stored:
+            assert place is not None and place[1] == 10 + stored.index(key)
+            assert place == s.lookup(key)
+        else:
+            assert place is None
+    assert s.lookup_many([]) == []

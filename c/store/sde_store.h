@@ -134,6 +134,11 @@ int sde_store_list(sde_store *st, uint32_t nsid, const uint8_t *start, uint32_t 
  * place from the one before): 0, or a status (SDE_SC_KV_KEY_NOT_EXIST, ...). */
 int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
                      uint64_t *offset, uint64_t *len, uint64_t *hash);
+/* sde_store_lookup of n keys, laid end to end in keys (klens[i] bytes each): status[i] and,
+ * where it is 0, offset[i], len[i] and hash[i].  One call for a retrieval command's blocks. */
+void sde_store_lookup_many(sde_store *st, uint32_t nsid, const uint8_t *keys,
+                           const uint32_t *klens, uint32_t n, uint64_t *offset, uint64_t *len,
+                           uint64_t *hash, int32_t *status);
 /* delta +1 / -1; *count gets the pins left.  A pinned key cannot be deleted. */
 int sde_store_pin(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen, int delta,
                   uint32_t *count);

@@ -130,6 +130,14 @@ int sde_store_lookup(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t 
     return SDE_SC_SUCCESS;
 }
 
+void sde_store_lookup_many(sde_store *st, uint32_t nsid, const uint8_t *keys,
+                           const uint32_t *klens, uint32_t n, uint64_t *offset, uint64_t *len,
+                           uint64_t *hash, int32_t *status)
+{
+    for (uint32_t i = 0; i < n; keys += klens[i], i++)
+        status[i] = sde_store_lookup(st, nsid, keys, klens[i], &offset[i], &len[i], &hash[i]);
+}
+
 static int key_cmp(const uint8_t *a, uint32_t al, const uint8_t *b, uint32_t bl)
 {
     int c = memcmp(a, b, al < bl ? al : bl);

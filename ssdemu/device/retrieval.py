@@ -200,7 +200,8 @@ def parse(op: str, data: memoryview | bytes) -> Request:
     need = at + n * KEY_BYTES + qh * d * 4 + (kv * k * 4 if op == "ATTEND" else 0)
     if len(data) < need:
         raise Refused("INVALID_BUFFER", f"the request needs {need} bytes, has {len(data)}")
-    keys = tuple(bytes(data[at + i * KEY_BYTES: at + i * KEY_BYTES + klen]) for i in range(n))
+    slots = bytes(data[at:at + n * KEY_BYTES])
+    keys = tuple(slots[i:i + klen] for i in range(0, n * KEY_BYTES, KEY_BYTES))
     at += n * KEY_BYTES
     q = np.frombuffer(bytes(data[at:at + qh * d * 4]), "<f4").reshape(qh, d).copy()
     at += qh * d * 4
@@ -214,7 +215,7 @@ def parse(op: str, data: memoryview | bytes) -> Request:
                    rerank, q, ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class Block:
     """One stored block of the sequence: where it lies, its tokens, its first page."""
     key: bytes
@@ -226,6 +227,7 @@ class Block:
     code: int = DTYPE_FP16  # its element type, once read
     vhash: int = 0  # the stored value's content hash (the store's)
     kv: tuple | None = None  # its layer's K and V once read, kept for the command (MEMO_BYTES)
+    ident: tuple = ()  # the value as the request reads it (_ident)
 
 
 def block_elements(value: bytes, req: Request) -> tuple[np.ndarray, int]:
@@ -308,16 +310,15 @@ def _joined(offs: np.ndarray, lens: np.ndarray, page: int = 1) -> tuple:
 
 def _ident(req: Request, nsid: int, b: Block) -> tuple:
     """A stored value as a request reads it: its place, length and content hash, and the
-    layout a plain block is read in."""
-    return (nsid, b.key, b.offset, b.length, b.vhash, req.layers, req.kv_heads, req.head_dim,
-            req.dtype)
+    layout a plain block is read in (made once per command: Retrieval._blocks)."""
+    return b.ident
 
 
 def _summary_key(req: Request, nsid: int, b: Block) -> tuple:
     """What a block's summaries depend on: the value (its place and its content hash: a block
     deleted and stored again, the same size, lands on the same place), how the request reads
     it (a plain block is read in the request's layout), the layer and the page."""
-    return (*_ident(req, nsid, b), req.layer, req.page)
+    return (b.ident, req.layer, req.page)
 
 
 class ByteLRU:
@@ -510,9 +511,6 @@ class Retrieval:
         timing = _Timing(self.profile, len(inp), self._model_params)
         blocks = self._blocks(req, nsid)
         self._local.memo_left = MEMO_BYTES  # this command's, on this worker
-        # the sequence as this request reads it: its blocks' places and contents, the layout
-        self._local.sid = (nsid, req.layers, req.kv_heads, req.head_dim, req.dtype,
-                           tuple((b.key, b.offset, b.length, b.vhash) for b in blocks))
         # a sequence bigger than the host's decoded cache keeps none of its blocks' layers
         # there: an LRU cycled by more than it holds never hits, it only holds the memory
         # (its stored bytes: the decoded size of a plain block; _seq_kv finds the rest)
@@ -531,13 +529,15 @@ class Retrieval:
         return result, len(inp) + len(payload), done
 
     def _blocks(self, req: Request, nsid: int) -> list[Block]:
-        blocks = []
-        for i, (key, place) in enumerate(zip(req.keys, self.d.store.lookup_many(req.keys, nsid),
-                                             strict=True)):
-            if place is None:
-                raise Refused("KV_KEY_NOT_EXIST", f"block {i} of the sequence is not stored")
-            blocks.append(Block(key, place[0], place[1], 0, 0, 0, vhash=place[2]))
-        return blocks
+        places = self.d.store.lookup_many(req.keys, nsid)
+        if None in places:
+            raise Refused("KV_KEY_NOT_EXIST",
+                          f"block {places.index(None)} of the sequence is not stored")
+        shape = (req.layers, req.kv_heads, req.head_dim, req.dtype)
+        # the sequence as this request reads it: its blocks' places and contents, the layout
+        self._local.sid = (nsid, *shape, tuple(zip(req.keys, places, strict=True)))
+        return [Block(key, off, n, 0, 0, 0, DTYPE_FP16, h, None, (nsid, key, off, n, h, *shape))
+                for key, (off, n, h) in zip(req.keys, places, strict=True)]
 
     def _value(self, b: Block, nsid: int) -> bytes:
         """A block's stored value, read through the store (its checksum checked)."""
