@@ -207,7 +207,15 @@ class Store:
         return self.lookup_many((key,), nsid)[0]
 
     def lookup_many(self, keys, nsid: int = 0) -> list[tuple[int, int, int] | None]:
-        """lookup of each key, LOOKUP_HOLD keys to a hold of the data plane's lock (each hold
+        """lookup of each key (lookup_places's answers as tuples)."""
+        places, found = self.lookup_places(keys, nsid)
+        return [p if good else None
+                for p, good in zip(zip(*places.tolist(), strict=True), found.tolist(),
+                                   strict=True)]
+
+    def lookup_places(self, keys, nsid: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(offset, length, content hash) rows (3, n) uint64 and found (n,) bool of each key,
+        LOOKUP_HOLD keys to a hold of the data plane's lock (each hold
         wakes the data plane when it ends, and a retrieval command names every block of a
         sequence; a hold for all of 16,384 keys kept the data plane and the other retrieval
         workers waiting ~10 ms)."""
@@ -227,9 +235,7 @@ class Store:
                     *(ffi.cast("uint64_t *", address_of(places) + 8 * (r * n + at))
                       for r in range(3)),
                     ffi.cast("int32_t *", address_of(status) + 4 * at))
-        ok = (status == lib.SDE_SC_SUCCESS).tolist()
-        return [p if good else None
-                for p, good in zip(zip(*places.tolist(), strict=True), ok, strict=True)]
+        return places, status == lib.SDE_SC_SUCCESS
 
     def delete(self, key: bytes, nsid: int = 0) -> None:
         check_key(key)
