@@ -666,14 +666,10 @@ class Retrieval:
         token-major block (a plain value, a version-1 block, fp8, KIVI): each page any head
         chose, as its whole token rows.  The blocks of one header are booked together (a
         numpy pass over all their pages: block by block it was most of a command's host
-        time); a sequence whose blocks all share one header in one pass from its runs'
-        table (_uniform_runs), the same reads."""
+        time).  A sequence whose blocks all share one header is booked from its runs'
+        table instead (_pages, _book_runs): the same reads."""
         hs = np.concatenate([np.full(len(p), h) for h, p in enumerate(heads)])
         ps = np.concatenate(heads)
-        table = self._uniform_runs(req, nsid, blocks)
-        if table is not None:
-            self._book_runs(table, hs, ps, timing, values)
-            return
         first = np.array([b.first_page for b in blocks])
         touched = np.unique(np.searchsorted(first, union, side="right") - 1)
         by_header: dict = {}
@@ -713,6 +709,8 @@ class Retrieval:
         a table kept with the sequence's decoded data: (offsets, bytes) per kv, each
         (runs per page, kv_heads, pages of a block) within a block, the blocks' offsets and
         pages per block.  None otherwise (booked header by header)."""
+        if not self._local.keep_decoded:  # streamed: only its touched blocks' headers
+            return None
         key = (self._local.sid, "runs", req.layer, req.page)
         got = self.decoded.get(key)
         if got is not None:
@@ -733,9 +731,8 @@ class Retrieval:
                     rel_off.append(o.reshape(-1, req.kv_heads, nb))
                     rel_len.append(n.reshape(-1, req.kv_heads, nb))
                 table = (rel_off, rel_len, np.array([b.offset for b in blocks], np.int64), nb)
-        if self._local.keep_decoded:
-            self.decoded.put(key, table, 0 if table is None else
-                             2 * sum(x.nbytes for x in table[0]) + table[2].nbytes)
+        self.decoded.put(key, table, 0 if table is None else
+                         2 * sum(x.nbytes for x in table[0]) + table[2].nbytes)
         return table
 
     @staticmethod
@@ -885,20 +882,22 @@ class Retrieval:
         (_book_pages)."""
         H, n = rows.shape
         table = self._uniform_runs(req, nsid, blocks)
-        seq = self._seq_kv(req, nsid, blocks)
-        if table is not None and seq is not None:  # in place, booked from the table
+        if table is not None:
             hs, ps = np.nonzero(rows >= 0)
             self._book_runs(table, hs, rows[hs, ps], timing, values)
-            k, v, code = seq
-            return (_carrier(k), _carrier(v) if values else None, rows.astype(np.int32),
-                    code == DTYPE_BF16, None)
-        heads = [np.unique(rows[h][rows[h] >= 0]) for h in range(H)]
-        union = np.unique(rows[rows >= 0])
-        self._book_pages(req, nsid, blocks, heads, union, timing, values)
+        heads = None
+        if table is None:
+            heads = [np.unique(rows[h][rows[h] >= 0]) for h in range(H)]
+            self._book_pages(req, nsid, blocks, heads, np.unique(rows[rows >= 0]), timing,
+                             values)
+        seq = self._seq_kv(req, nsid, blocks)
         if seq is not None:  # the sequence's layer in one array: read in place
             k, v, code = seq
             return (_carrier(k), _carrier(v) if values else None, rows.astype(np.int32),
                     code == DTYPE_BF16, None)
+        if heads is None:
+            heads = [np.unique(rows[h][rows[h] >= 0]) for h in range(H)]
+        union = np.unique(rows[rows >= 0])
         P = sum(R.pages_of(b.tokens, req.page) for b in blocks)
         last = blocks[-1]
         last_len = last.tokens - (R.pages_of(last.tokens, req.page) - 1) * req.page
@@ -1167,12 +1166,9 @@ class _Timing:
         self.sensed = max(self.sensed, self._sense(b.offset + t0 * b.token_bytes,
                                                    tokens * b.token_bytes))
 
-    def media_read(self, offset: int, nbytes: int) -> None:
-        """A run of the media (stored blocks' bytes) read from NAND."""
-        self.sensed = max(self.sensed, self._sense(offset, nbytes))
-
     def media_runs(self, offs: np.ndarray, lens: np.ndarray) -> None:
-        """media_read() of each run, in order, in one call to the model."""
+        """Runs of the media (stored blocks' bytes) read from NAND, in order, in one call to
+        the model."""
         lens = np.maximum(lens, 1).astype(np.uint64)
         self.nand_bytes += int(lens.sum())
         self.sensed = max(self.sensed, self.model.sense_runs(self.ready,
