@@ -74,3 +74,30 @@ def f32_as_fp16_bits(typingctx, x):
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def i64_as_f64(typingctx, x):
+    """The float64 whose bits are the integer x (64-bit; narrower ones sign-extended)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if x.bitwidth < 64:
+            v = builder.sext(v, ir.IntType(64))
+        return builder.bitcast(v, ir.DoubleType())
+
+    return types.float64(x), codegen
+
+
+@intrinsic
+def f64_as_i64(typingctx, x):
+    """The bits of the float64 x, as an int64."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen

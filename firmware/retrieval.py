@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit
 
 from firmware.bits import f32_as_u32, fp16_bits_as_f32, u32_as_f32
+from firmware.fastexp import exp_nonpositive
 
 # int8 summaries: the scale leaves room so that the largest bound still fits after rounding
 # outwards (|bound| / scale <= 126.5, +1 for the rounding, < 127)
@@ -201,7 +202,7 @@ def selective_scores(queries, mins, maxs, spread, r, scores, bound):
     H, P, D = mins.shape
     group = queries.shape[0] // H
     chosen = np.empty(r, np.int64)
-    keep = np.zeros(D, np.bool_)
+    qd = np.empty(D, np.float64)
     for h in range(H):
         for p in range(P):
             scores[h, p] = -np.inf
@@ -209,23 +210,58 @@ def selective_scores(queries, mins, maxs, spread, r, scores, bound):
         for g in range(group):
             q = queries[h * group + g]
             _channel_order(q, spread[h], r, chosen)
-            keep[:] = False
-            for j in range(r):
-                keep[chosen[j]] = True
-            for p in range(P):
-                s = 0.0
+            for d in range(D):
+                qd[d] = np.float64(q[d])
+            _bound_rows(qd, mins[h], maxs[h], bound[h])
+            for p in range(P):  # the kept channels, ascending: Quest's sum restricted
                 sel = 0.0
-                for d in range(D):  # both sums in channel order
-                    a = np.float64(q[d]) * np.float64(mins[h, p, d])
-                    b = np.float64(q[d]) * np.float64(maxs[h, p, d])
-                    t = a if a > b else b
-                    s += t
-                    if keep[d]:
-                        sel += t
+                for j in range(r):
+                    d = chosen[j]
+                    a = qd[d] * np.float64(mins[h, p, d])
+                    b = qd[d] * np.float64(maxs[h, p, d])
+                    sel += a if a > b else b
                 if np.float32(sel) > scores[h, p]:
                     scores[h, p] = np.float32(sel)
-                if np.float32(s) > bound[h, p]:
-                    bound[h, p] = np.float32(s)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bound_rows(qd, mins, maxs, best):
+    """best[p] = max(best[p], Quest's sum of query qd (float64) over page p), each page's sum
+    in channel order (quest_scores's bits), four pages at a time: one page's sum is a chain
+    of dependent adds, four are four chains the core runs side by side (measured: the
+    selective score 219 -> 170 us at 4K tokens)."""
+    P, D = mins.shape
+    P4 = P - P % 4
+    for p in range(0, P4, 4):
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for d in range(D):
+            x = qd[d]
+            a0 = x * np.float64(mins[p, d])
+            b0 = x * np.float64(maxs[p, d])
+            a1 = x * np.float64(mins[p + 1, d])
+            b1 = x * np.float64(maxs[p + 1, d])
+            a2 = x * np.float64(mins[p + 2, d])
+            b2 = x * np.float64(maxs[p + 2, d])
+            a3 = x * np.float64(mins[p + 3, d])
+            b3 = x * np.float64(maxs[p + 3, d])
+            s0 += a0 if a0 > b0 else b0
+            s1 += a1 if a1 > b1 else b1
+            s2 += a2 if a2 > b2 else b2
+            s3 += a3 if a3 > b3 else b3
+        best[p] = max(best[p], np.float32(s0))
+        best[p + 1] = max(best[p + 1], np.float32(s1))
+        best[p + 2] = max(best[p + 2], np.float32(s2))
+        best[p + 3] = max(best[p + 3], np.float32(s3))
+    for p in range(P4, P):
+        s = 0.0
+        for d in range(D):
+            a = qd[d] * np.float64(mins[p, d])
+            b = qd[d] * np.float64(maxs[p, d])
+            s += a if a > b else b
+        best[p] = max(best[p], np.float32(s))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -376,6 +412,20 @@ def _group_logits(qs, keys, h, t0, t1, scale, bf16, row, out):
             out[g, t - t0] = s * scale
 
 
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+def _page_lse(logits, n, out):
+    """out[g] = log sum_t e**logits[g, t] over a page's n tokens, for each query g: the
+    exponentials vectorized (firmware/fastexp.py), summed in any order."""
+    for g in range(logits.shape[0]):
+        m = logits[g, 0]
+        for t in range(1, n):
+            m = max(m, logits[g, t])
+        acc = 0.0
+        for t in range(n):
+            acc += exp_nonpositive(logits[g, t] - m)
+        out[g] = m + np.log(acc)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _group_queries(queries, h, group):
     """KV head h's query group as float64 (group, D): converted once per command."""
@@ -420,14 +470,7 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores, bf16=Fal
             t0 = pid * page
             t1 = min(T, t0 + page)
             _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
-            for g in range(group):
-                m = logits[g, 0]
-                for t in range(1, t1 - t0):
-                    m = max(m, logits[g, t])
-                acc = 0.0
-                for t in range(t1 - t0):
-                    acc += np.exp(logits[g, t] - m)
-                lse[n, g] = m + np.log(acc)
+            _page_lse(logits, t1 - t0, lse[n])
             ci[n] = pid
             n += 1
         for g in range(group):  # each query head's log-sum-exp over every candidate
@@ -449,6 +492,39 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores, bf16=Fal
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _value_rows(values, h, t0, t1, bf16, out):
+    """A page's value rows of KV head h as float64 (out[t - t0]): once for the group."""
+    for t in range(t0, t1):
+        for d in range(values.shape[2]):
+            out[t - t0, d] = np.float64(_f32(values[h, t, d], bf16))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+def _softmax_page(x, n, vrows, m, den, acc, g, w):
+    """Query g's running softmax (max m[g], denominator den[g], weighted sum acc[g]) over a
+    page's n logits x and value rows: rescaled once when the page raises the max."""
+    mp = x[0]
+    for t in range(1, n):
+        mp = max(mp, x[t])
+    if mp > m[g]:
+        r = exp_nonpositive(m[g] - mp)
+        den[g] *= r
+        for d in range(acc.shape[1]):
+            acc[g, d] *= r
+        m[g] = mp
+    mg = m[g]
+    s = 0.0
+    for t in range(n):
+        w[t] = exp_nonpositive(x[t] - mg)
+        s += w[t]
+    den[g] += s
+    for t in range(n):
+        wt = w[t]
+        for d in range(acc.shape[1]):
+            acc[g, d] += wt * vrows[t, d]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
     """Exact softmax attention of each query head over the pages ids (H, n) of its KV head
     (-1: no page; a page listed twice counts once), scaled by 1 / sqrt(head_dim): the output
@@ -462,7 +538,8 @@ def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
     scale = 1.0 / np.sqrt(np.float64(D))
     logits = np.empty((group, page), np.float64)
     row = np.empty(D, np.float64)
-    vrow = np.empty(D, np.float64)
+    vrows = np.empty((page, D), np.float64)
+    w = np.empty(page, np.float64)
     acc = np.empty((group, D), np.float64)
     m = np.empty(group, np.float64)
     den = np.empty(group, np.float64)
@@ -482,21 +559,9 @@ def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
             t0 = pid * page
             t1 = min(T, t0 + page)
             _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
-            for t in range(t1 - t0):
-                for d in range(D):  # the value row once for the whole group
-                    vrow[d] = np.float64(_f32(values[h, t0 + t, d], bf16))
-                for g in range(group):  # online softmax: rescale when the max grows
-                    x = logits[g, t]
-                    if x > m[g]:
-                        r = np.exp(m[g] - x)
-                        den[g] *= r
-                        for d in range(D):
-                            acc[g, d] *= r
-                        m[g] = x
-                    w = np.exp(x - m[g])
-                    den[g] += w
-                    for d in range(D):
-                        acc[g, d] += w * vrow[d]
+            _value_rows(values, h, t0, t1, bf16, vrows)
+            for g in range(group):  # online softmax a page at a time
+                _softmax_page(logits[g], t1 - t0, vrows, m, den, acc, g, w)
         for g in range(group):
             qh = h * group + g
             if den[g] > 0:

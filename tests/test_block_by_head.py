@@ -146,13 +146,28 @@ def _reseal(blob: np.ndarray) -> np.ndarray:
     return out
 
 
+def _joined(offs, lens, page: int = 1) -> list:
+    """The drive's reads of runs (join_runs, in C) as (offset, bytes) pairs."""
+    from ssdemu.sim.timing import join_runs
+
+    offs, lens = np.array(offs, np.uint64), np.array(lens, np.uint64)
+    n = join_runs(offs, lens, page)
+    return [(int(o), int(k)) for o, k in zip(offs[:n], lens[:n], strict=True)]
+
+
+def _joined_ref(offs, lens, page: int = 1) -> list:
+    """The same in numpy (the join as the retrieval worker first wrote it)."""
+    offs, lens = np.asarray(offs, np.int64), np.asarray(lens, np.int64)
+    order = np.argsort(offs, kind="stable")
+    offs, ends = offs[order], offs[order] + lens[order]
+    reach = np.maximum.accumulate(ends)
+    starts = np.flatnonzero(np.r_[True, (offs[1:] > reach[:-1])
+                                  & (offs[1:] // page > (reach[:-1] - 1) // page)])
+    stops = np.r_[starts[1:], len(offs)] - 1
+    return [(int(o), int(e - o)) for o, e in zip(offs[starts], reach[stops], strict=True)]
+
+
 def test_runs_adjacent_on_the_media_are_one_read():
-    from ssdemu.device.retrieval import _joined as joined_arrays
-
-    def _joined(*args):
-        offs, lens = joined_arrays(*args)
-        return [(int(o), int(n)) for o, n in zip(offs, lens, strict=True)]
-
     offs = np.array([100, 0, 50, 300, 140, 120])
     lens = np.array([20, 50, 10, 5, 10, 30])
     # [0,50)+[50,60) adjacent; [100,120)+[120,150) adjacent, [140,150) inside; [300,305) apart
@@ -163,6 +178,19 @@ def test_runs_adjacent_on_the_media_are_one_read():
     # a run that begins in the page where the others end joins them; the next page does not
     assert _joined(np.array([0, 200, 256]), np.array([130, 10, 4]), 128) == [(0, 210),
                                                                              (256, 4)]
+    assert _joined([], [], 128) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 40), st.integers(0, 70000)), min_size=1,
+                max_size=300),
+       st.sampled_from([1, 512, 4096, 16384]), st.integers(0, 3))
+def test_the_join_in_c_is_the_numpy_one(runs, page, spread):
+    """Offsets spread over 1 to 5 bytes' worth (the radix sort's passes) and clustered (a
+    command's runs within a few megabytes), lengths 0 up to past a NAND page."""
+    offs = np.array([o >> (8 * spread) for o, _ in runs], np.uint64)
+    lens = np.array([n for _, n in runs], np.uint64)
+    assert _joined(offs, lens, page) == _joined_ref(offs, lens, page)
 
 
 @settings(max_examples=25, deadline=None)

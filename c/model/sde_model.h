@@ -111,6 +111,12 @@ double sde_model_receive(sde_model *m, double submit, uint64_t nbytes);
  * Python per run. */
 double sde_model_sense_runs(sde_model *m, double submit, const uint64_t *offs,
                             const uint64_t *lens, uint32_t n);
+/* Runs of the media (offs[i], lens[i], any order) as the drive reads them, in place: sorted
+ * by offset, and runs that overlap, touch, or begin in the NAND page (of `page` bytes) where
+ * the runs before them end joined into one read (a page is sensed once; the bytes between
+ * are transferred with it).  Returns the reads (the first ones of offs and lens), or
+ * -ENOMEM. */
+int64_t sde_runs_join(uint64_t *offs, uint64_t *lens, uint32_t n, uint64_t page);
 double sde_model_transfer(sde_model *m, double ready, uint64_t nbytes);
 double sde_model_program(sde_model *m, double ready, uint64_t offset, uint64_t nbytes);
 /* ...and with *leaving (NULL: not wanted): the bytes whose programs it booked, which leave

@@ -44,6 +44,19 @@ from ssdemu.sim.profile import Profile
 ffi, lib = _model.ffi, _model.lib
 
 
+def join_runs(offs, lens, page: int) -> int:
+    """Runs of the media as the drive reads them (c/model/sde_model.h sde_runs_join): offs
+    and lens (contiguous uint64 arrays of one length) sorted and joined in place; returns how
+    many reads lead them."""
+    if len(offs) != len(lens):
+        raise ValueError("join_runs: offsets and lengths differ in number")
+    n = lib.sde_runs_join(ffi.from_buffer("uint64_t[]", offs),
+                          ffi.from_buffer("uint64_t[]", lens), len(offs), page)
+    if n < 0:
+        raise MemoryError("join_runs")
+    return n
+
+
 class Resource:
     """One resource of the C model alone (for tests of the gap rule)."""
 
