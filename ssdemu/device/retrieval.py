@@ -533,10 +533,14 @@ class Retrieval:
                                     and (verdict is None or verdict[0] != "big"))
         if not self._local.keep_decoded:
             self._local.memo_left = 0  # it streams: a block read again costs less than holding
-        if op == "TOPK_PAGES":
-            payload, result = self._topk(req, nsid, blocks, timing)
-        else:
-            payload, result = self._attend(req, nsid, blocks, timing)
+        try:
+            if op == "TOPK_PAGES":
+                payload, result = self._topk(req, nsid, blocks, timing)
+            else:
+                payload, result = self._attend(req, nsid, blocks, timing)
+        finally:  # the blocks outlive the command (_blocks): not the layers it read
+            for b in blocks:
+                b.kv = None
         out[:len(payload)] = payload
         done = timing.finish(len(payload))
         self._account(timing)
@@ -556,12 +560,10 @@ class Retrieval:
         memo = getattr(self._local, "seq", None)
         if memo is not None and memo[0] == (nsid, shape, at) and memo[1] == req.keys:
             # the sequence of this worker's last command, its blocks where they were (a decode
-            # step names it layer after layer): its blocks again, their command memo cleared
-            # (what else a command sets on them is the stored value's, the same)
-            self._local.sid, out = memo[2], memo[3]
-            for b in out:
-                b.kv = None
-            return out
+            # step names it layer after layer): its blocks again (what a command sets on them
+            # is the stored value's, the same; run() cleared their command memo)
+            self._local.sid = memo[2]
+            return memo[3]
         digest = hashlib.blake2b(at, digest_size=16)
         digest.update(np.fromiter(map(len, req.keys), np.uint32, len(req.keys)).tobytes())
         digest.update(b"".join(req.keys))
