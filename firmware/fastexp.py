@@ -3,8 +3,8 @@
 Numba calls libm's exp one element at a time (no SVML here): the re-rank's ~18,000
 exponentials per command (4K tokens, re-rank 4: a page's logits for each query of the group)
 were a fifth of its time.  This one is branch-free arithmetic and bit casts, so a loop of
-them runs a vector's lanes at once (measured 1.9 vs 5.6 ns an element; the softmax loops
-gain less, as their exps are fewer per load).
+them runs a vector's lanes at once (measured over 16,000 elements: 1.9 ns an element, numpy's
+np.exp 5.6; the softmax loops gain less, as their exps are fewer per load).
 
 Cody and Waite's reduction with a round-to-nearest by the 1.5 * 2**52 shifter, then the
 Taylor polynomial of degree 13 on |r| <= ln 2 / 2 (its truncation error, r**14 / 14!, is
