@@ -35,6 +35,7 @@ from numba import njit
 
 from firmware.bits import f32_as_u32, fp16_bits_as_f32, u32_as_f32
 from firmware.fastexp import exp_nonpositive
+from firmware.prefetch import prefetch_range
 
 # int8 summaries: the scale leaves room so that the largest bound still fits after rounding
 # outwards (|bound| / scale <= 126.5, +1 for the rounding, < 127)
@@ -427,6 +428,24 @@ def _page_lse(logits, n, out):
         out[g] = m + np.log(acc)
 
 
+# pages hinted ahead of the one worked on (measured at 4K tokens, a layer out of the caches:
+# the re-rank 424 us without, 404 one page ahead, 390 two, 391 four)
+AHEAD = 2
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _prefetch_page(x, h, ids, j, page):
+    """Page ids[h, j]'s rows of KV head h in x (H, T, D), C-contiguous, on their way to the
+    caches (firmware/prefetch.py) while the page before it is worked on; nothing past the
+    list's end or for an id that is none."""
+    H, T, D = x.shape
+    if j < ids.shape[1]:
+        pid = ids[h, j]
+        if pid >= 0 and pid * page < T:
+            t0 = pid * page
+            prefetch_range(x, (h * T + t0) * D, (min(T, t0 + page) - t0) * D)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _group_queries(queries, h, group):
     """KV head h's query group as float64 (group, D): converted once per command."""
@@ -464,10 +483,13 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores, bf16=Fal
     for h in range(H):
         n = 0
         qs = _group_queries(queries, h, group)
+        for j in range(AHEAD):
+            _prefetch_page(keys, h, cand_ids, j, page)
         for j in range(c):
             pid = cand_ids[h, j]
             if pid < 0:
                 continue
+            _prefetch_page(keys, h, cand_ids, j + AHEAD, page)
             t0 = pid * page
             t1 = min(T, t0 + page)
             _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
@@ -552,11 +574,16 @@ def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
         den[:] = 0.0
         acc[:] = 0.0
         seen[:] = False
+        for j in range(min(AHEAD, n)):
+            _prefetch_page(keys, h, ids, j, page)
+            _prefetch_page(values, h, ids, j, page)
         for j in range(n):
             pid = ids[h, j]
             if pid < 0 or pid >= P or seen[pid]:
                 continue
             seen[pid] = True
+            _prefetch_page(keys, h, ids, j + AHEAD, page)
+            _prefetch_page(values, h, ids, j + AHEAD, page)
             t0 = pid * page
             t1 = min(T, t0 + page)
             _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)

@@ -156,6 +156,33 @@ def test_summaries_follow_a_rewritten_block(dev):
     assert np.array_equal(ids, ref.topk_pages(s, 2, 1, 1))
 
 
+def test_a_decode_steps_pages_follow_a_block_stored_again_shorter(dev):
+    """A worker keeps what it learned of a sequence's blocks for its next command (their
+    pages); a block stored again with fewer tokens is another sequence: its pages counted
+    again, for TOPK (with re-rank) and ATTEND."""
+    rng = np.random.default_rng(12)
+    blocks = _blocks(rng, 3, 64, 2, 1, 32)
+    keys = _store(dev, "sh", blocks)
+    q = rng.standard_normal((1, 32)).astype(np.float32)
+    kw = dict(layers=2, sink_pages=0, recent_pages=0)
+    for layer in (0, 1, 0):  # as a decode step asks, layer after layer
+        ids, _ = dev.topk_pages(keys, q, layer=layer, kv_heads=1, k=2, rerank=2, **kw)
+        dev.attend(keys, q, ids, layer=layer, **kw)
+    assert dev.attend(keys, q, np.array([[11]], np.int32), layer=0, **kw)[0].shape == (1, 32)
+    blocks[2] = blocks[2][:16]  # 12 pages -> 9
+    dev.kv_put(keys[2], blocks[2].view(np.uint16).tobytes())
+    for layer in (0, 1):
+        ids, _ = dev.topk_pages(keys, q, layer=layer, kv_heads=1, k=9, **kw)
+        s = ref.quest_scores(q, *ref.page_bounds(_layer(blocks, layer, 0), PAGE))
+        assert np.array_equal(ids, ref.topk_pages(s, 9, 0, 0))
+        with pytest.raises(hostlib.InvalidCommandError):  # page 11 is gone
+            dev.attend(keys, q, np.array([[11]], np.int32), layer=layer, **kw)
+        out, _ = dev.attend(keys, q, np.array([[8]], np.int32), layer=layer, **kw)
+        K, V = _layer(blocks, layer, 0)[0, 128:144], _layer(blocks, layer, 1)[0, 128:144]
+        w = np.exp(K @ q[0] / np.sqrt(32) - (K @ q[0] / np.sqrt(32)).max())
+        np.testing.assert_allclose(out[0], (w / w.sum()) @ V, rtol=1e-4, atol=1e-5)
+
+
 def test_a_summary_in_dram_costs_less_than_a_block_from_nand(dev):
     rng = np.random.default_rng(13)
     keys = _store(dev, "tm", _blocks(rng, 4, 256, 2, 2, 64))

@@ -394,6 +394,17 @@ void sde_dev_store_leave(sde_dev *dev)
     kick(dev->doorbell); /* commands waiting for a group this call committed can complete */
 }
 
+void sde_dev_store_lookup_many(sde_dev *dev, uint32_t nsid, const uint8_t *keys,
+                               const uint32_t *klens, uint32_t n, uint64_t *offset,
+                               uint64_t *len, uint64_t *hash, int32_t *status)
+{
+    sde_dev_store_enter(dev);
+    sde_store_lookup_many(dev->store, nsid, keys, klens, n, offset, len, hash, status);
+    /* no kick: a lookup commits nothing, and a data plane woken for nothing takes a core
+     * from the retrieval worker that looked up (every command looks its sequence up) */
+    pthread_mutex_unlock(&dev->lock);
+}
+
 /* ---- admin commands, handled by Python --------------------------------------------------- */
 
 /* An admin command's start: queued for the control plane, which an eventfd wakes. */

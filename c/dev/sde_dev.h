@@ -177,6 +177,11 @@ void sde_dev_model_stats(sde_dev *dev, sde_model_stats *out);
 int sde_dev_attach_store(sde_dev *dev, sde_store *st);
 void sde_dev_store_enter(sde_dev *dev);
 void sde_dev_store_leave(sde_dev *dev);
+/* sde_store_lookup_many on the attached store, between enter and a leave that wakes no one
+ * (a lookup changes nothing the data plane waits on). */
+void sde_dev_store_lookup_many(sde_dev *dev, uint32_t nsid, const uint8_t *keys,
+                               const uint32_t *klens, uint32_t n, uint64_t *offset,
+                               uint64_t *len, uint64_t *hash, int32_t *status);
 
 /* The firmware: the addresses of its entry points (firmware/entry.py), the threads that run
  * them, and the TOPS budget (c/model/sde_budget.h) its kernels are charged to.  Compute commands

@@ -562,7 +562,7 @@ class Retrieval:
             # the sequence of this worker's last command, its blocks where they were (a decode
             # step names it layer after layer): its blocks again (what a command sets on them
             # is the stored value's, the same; run() cleared their command memo)
-            self._local.sid = memo[2]
+            self._local.sid, self._local.known = memo[2], memo[4]
             return memo[3]
         digest = hashlib.blake2b(at, digest_size=16)
         digest.update(np.fromiter(map(len, req.keys), np.uint32, len(req.keys)).tobytes())
@@ -574,7 +574,10 @@ class Retrieval:
                              (nsid, key, off, n, h, *shape)))
             if len(out) % YIELD_EVERY == 0:
                 _yield_gil()
-        self._local.seq = ((nsid, shape, at), req.keys, self._local.sid, out)
+        # what commands learn of these blocks as they stand (their pages for a page size,
+        # their summaries' keys for a layer): the next command over them reuses it
+        self._local.known = {}
+        self._local.seq = ((nsid, shape, at), req.keys, self._local.sid, out, self._local.known)
         return out
 
     def _value(self, b: Block, nsid: int) -> bytes:
@@ -815,13 +818,19 @@ class Retrieval:
         self.decoded.put((ck, "bounds"), (plo, phi, b.code), nbytes)
         return plo, phi
 
-    @staticmethod
-    def _summary_keys(req: Request, nsid: int, blocks: list[Block]) -> list:
+    def _summary_keys(self, req: Request, nsid: int, blocks: list[Block]) -> list:
+        """The blocks' summary keys for the request's layer and page (kept for the
+        sequence's next command: a decode step names the same blocks layer after layer)."""
+        known = self._local.known
+        got = known.get(("keys", req.layer, req.page))
+        if got is not None:
+            return got
         out = []
         for at in range(0, len(blocks), YIELD_EVERY):
             out.extend(_summary_key(req, nsid, b) for b in blocks[at:at + YIELD_EVERY])
             if at + YIELD_EVERY < len(blocks):
                 _yield_gil()
+        known[("keys", req.layer, req.page)] = out
         return out
 
     def _summaries(self, req: Request, nsid: int, blocks: list[Block], timing,
@@ -837,6 +846,12 @@ class Retrieval:
         if hits:
             with self._lock:
                 self._stats["summary_hits"] += len(hits)
+        pages = self._local.known.get(("pages", req.page))
+        if len(hits) == len(blocks) and pages is not None:
+            # every block hit, and an earlier command over these blocks set their tokens and
+            # first pages for this page size and checked them (the same values: the blocks
+            # are where they were, their content the same)
+            return [(None, None)] * len(blocks), pages
         for i, b in enumerate(blocks):
             if i < len(hits):
                 (b.tokens, b.token_bytes), _ = hits[i]
@@ -857,6 +872,7 @@ class Retrieval:
                               f"than the {RETRIEVAL_MAX_SCORED} summary elements a command "
                               "scores")
             packed.append((plo, phi))
+        self._local.known[("pages", req.page)] = first
         return packed, first
 
     @staticmethod
@@ -1084,19 +1100,21 @@ class Retrieval:
     def _attend(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
         # the tokens of each block: from its summaries' entry, or a read
         hits = self.cache.get_prefix(self._summary_keys(req, nsid, blocks))
-        for b, ((tokens, token_bytes), _) in zip(blocks, hits, strict=False):
-            b.tokens, b.token_bytes = tokens, token_bytes
-        for b in blocks[len(hits):]:
-            hit = self.cache.get(_summary_key(req, nsid, b))
-            if hit is None:
-                self._read(req, nsid, b)
-            else:
-                (b.tokens, b.token_bytes), _ = hit
-        first = 0
-        for b in blocks:
-            b.first_page = first
-            first += R.pages_of(b.tokens, req.page)
-        P = first
+        P = self._local.known.get(("pages", req.page))
+        if len(hits) < len(blocks) or P is None:  # else a TOPK over them set them all
+            for b, ((tokens, token_bytes), _) in zip(blocks, hits, strict=False):
+                b.tokens, b.token_bytes = tokens, token_bytes
+            for b in blocks[len(hits):]:
+                hit = self.cache.get(_summary_key(req, nsid, b))
+                if hit is None:
+                    self._read(req, nsid, b)
+                else:
+                    (b.tokens, b.token_bytes), _ = hit
+            first = 0
+            for b in blocks:
+                b.first_page = first
+                first += R.pages_of(b.tokens, req.page)
+            P = first
         forced = list(range(min(req.sinks, P))) + list(range(max(0, P - req.recent), P))
         ids = req.page_ids
         if np.any(ids >= P):
