@@ -208,13 +208,14 @@ def _warm_retrieval(rng) -> None:
     R.bounds_to_int8(lo, hi, cmin, cmax, scales)
     R.int8_to_bounds(cmin, cmax, scales, lo, hi)
     scores = np.empty((H, P), np.float32)
-    R.quest_scores(q, lo, hi, scores)
+    lo_cm, hi_cm = (np.ascontiguousarray(x.transpose(0, 2, 1)) for x in (lo, hi))
+    R.quest_scores(q, lo_cm, hi_cm, scores)
     ids, sc = np.empty((H, k), np.int32), np.empty((H, k), np.float32)
     R.topk_pages(scores, k, 0, 0, ids, sc)
     spread = np.empty((H, D), np.float32)
-    R.channel_spread(lo, hi, spread)
+    R.channel_spread(lo_cm, hi_cm, spread)
     sel = np.empty((H, P), np.float32)
-    R.selective_scores(q, lo, hi, spread, R.select_channels(D), sel, scores)
+    R.selective_scores(q, lo_cm, hi_cm, spread, R.select_channels(D), sel, scores)
     R.rerank_candidates(scores, sel, k, 0, 0, ids)
     # the daemon's carriers: gathered float32 pages, a sequence's fp16 or bf16 bits in place
     for kv, bf16 in ((keys, False), (keys.astype(np.float16).view(np.uint16), False),

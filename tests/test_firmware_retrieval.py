@@ -36,9 +36,14 @@ def _decoded(cmin, cmax, scales):
     return lo, hi
 
 
+def _cm(x):
+    """Summaries (H, P, D) as the scoring kernels take them: channel-major (H, D, P)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1))
+
+
 def _scores(q, mins, maxs):
     s = np.empty(mins.shape[:2], np.float32)
-    R.quest_scores(q, mins, maxs, s)
+    R.quest_scores(q, _cm(mins), _cm(maxs), s)
     return s
 
 
@@ -139,11 +144,11 @@ def test_the_score_bounds_every_key_of_its_page(case, int8):
 
 def _selective(q, mins, maxs):
     spread = np.empty((mins.shape[0], mins.shape[2]), np.float32)
-    R.channel_spread(mins, maxs, spread)
+    R.channel_spread(_cm(mins), _cm(maxs), spread)
     r = R.select_channels(mins.shape[2])
     s = np.empty(mins.shape[:2], np.float32)
     bound = np.empty(mins.shape[:2], np.float32)
-    R.selective_scores(q, mins, maxs, spread, r, s, bound)
+    R.selective_scores(q, _cm(mins), _cm(maxs), spread, r, s, bound)
     assert np.array_equal(bound, _scores(q, mins, maxs))  # one pass, the same bits
     return spread, r, s
 
@@ -160,12 +165,11 @@ def test_the_spread_summed_a_block_at_a_time_is_the_spread_of_all_the_pages(case
     cuts = sorted(data.draw(st.lists(st.integers(0, P), max_size=4)))
     acc = np.zeros((mins.shape[0], mins.shape[2]), np.float64)
     for a, b in zip([0, *cuts], [*cuts, P], strict=True):
-        R.channel_range_sums(np.ascontiguousarray(mins[:, a:b]),
-                             np.ascontiguousarray(maxs[:, a:b]), acc)
+        R.channel_range_sums(_cm(mins[:, a:b]), _cm(maxs[:, a:b]), acc)
     split = np.empty(acc.shape, np.float32)
     R.spread_of_sums(acc, P, split)
     whole = np.empty(acc.shape, np.float32)
-    R.channel_spread(mins, maxs, whole)
+    R.channel_spread(_cm(mins), _cm(maxs), whole)
     assert np.array_equal(split, whole)
     assert np.array_equal(whole, ref.channel_spread(mins, maxs))
 

@@ -146,7 +146,8 @@ def _select(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def _quest(q, mins, maxs) -> np.ndarray:
-    s = np.empty((1, mins.shape[1]), np.float32)
+    """Quest's scores of one head's pages; mins, maxs channel-major (1, D, P)."""
+    s = np.empty((1, mins.shape[2]), np.float32)
     R.quest_scores(q, mins, maxs, s)
     return s[0]
 
@@ -169,6 +170,9 @@ def accuracy_on(suite, seed: int) -> dict:
     imins = np.empty_like(mins)
     imaxs = np.empty_like(maxs)
     R.int8_to_bounds(cmin, cmax, sc, imins, imaxs)
+    # as the scoring kernels take them: channel-major (1, D, P)
+    mins, maxs, imins, imaxs = (np.ascontiguousarray(x.transpose(0, 2, 1))
+                                for x in (mins, maxs, imins, imaxs))
     rng = np.random.default_rng(seed + 1)
     forced = [0, P - 1]
     spread = np.empty((1, D), np.float32)

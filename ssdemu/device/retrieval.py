@@ -1019,8 +1019,8 @@ class Retrieval:
         return out
 
     def _seq_bounds(self, req: Request, nsid: int, blocks, timing) -> tuple:
-        """The sequence's summaries as the score reads them, (lo, hi) float32 (H, P, D)
-        over all its pages, and P.  Each block's summaries go through the drive's DRAM as
+        """The sequence's summaries as the score reads them, (lo, hi) float32 channel-major
+        (H, D, P) over all its pages, and P.  Each block's summaries go through the drive's DRAM as
         before (_summaries: the modelled LRU touched, its misses booked); the float32
         arrays of the whole sequence are kept in the host's DECODED_BYTES under the
         sequence's identity, so that a decode step's next command over the same sequence
@@ -1032,9 +1032,17 @@ class Retrieval:
         packed, P = self._summaries(req, nsid, blocks, timing, arrays=got is None)
         if got is not None:
             return (*got[0], P)
-        parts = [self._bounds(req, plo, phi) for plo, phi in packed]
-        lo = np.concatenate([a for a, _ in parts], axis=1)
-        hi = np.concatenate([b for _, b in parts], axis=1)
+        # channel-major (H, D, P) and C-contiguous, as the scoring kernels take them
+        # (firmware/retrieval.py; np.concatenate of transposed views keeps their memory
+        # order: a strided array, which Numba compiles without vector lanes)
+        lo = np.empty((req.kv_heads, req.head_dim, P), np.float32)
+        hi = np.empty_like(lo)
+        at = 0
+        for plo, phi in packed:
+            a, b = self._bounds(req, plo, phi)
+            lo[:, :, at:at + a.shape[1]] = a.transpose(0, 2, 1)
+            hi[:, :, at:at + a.shape[1]] = b.transpose(0, 2, 1)
+            at += a.shape[1]
         if self._local.keep_decoded:
             self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
         return lo, hi, P
