@@ -51,10 +51,15 @@ def test_real_time_completion_is_held_for_the_modelled_latency(tmp_path):
             assert wall >= modelled  # and the completion waited for it
             assert modelled > 5e6
             for _ in range(9):  # warm reads finish on the media before the model: held
+                t0 = time.perf_counter_ns()
                 dev.read(ns, 0, buf)
+                # the data plane's sleep ends early (the host's wake-up latency) and it polls
+                # the rest: never a completion before its time
+                assert time.perf_counter_ns() - t0 >= dev.qp.last_device_ns
             page = dev.log()
             assert page["held"] >= 9 and page["held"] + page["host_lag"] == 10
             assert page["model"]["nand_bytes_read"] == 10 * 4096
+            assert 0 < page["wake_late_ns"] <= 200_000  # its timed sleeps measured, capped
     finally:
         assert d.terminate()[0] == 0
 

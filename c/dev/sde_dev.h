@@ -66,6 +66,8 @@ typedef struct sde_dev_stats {
     uint64_t client_kicks;    /* completion eventfd writes: a client asleep had to be woken */
     uint64_t slice_ns;       /* the data plane thread's scheduler slice asked for (while
                               * the host is busy), 0: the kernel's default (sde_sched.h) */
+    uint64_t wake_late_ns;   /* how late this host wakes the data plane past a timed sleep's
+                              * end, recent mean: held completions' sleeps end that early */
 } sde_dev_stats;
 
 typedef struct sde_admin_cmd {

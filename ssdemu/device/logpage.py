@@ -85,6 +85,8 @@ class LogPages:
                 "spin_backoffs": st.spin_backoffs,
                 # sleeps at once, not after a spin: a client waited on the data plane's CPU
                 "spin_shared_cpu": st.spin_shared_cpu,
+                # how late a timed sleep wakes (recent mean): held completions wake so early
+                "wake_late_ns": st.wake_late_ns,
                 # completion eventfd writes: a client asleep woken (one per batch posted)
                 "client_kicks": st.client_kicks,
                 # the data plane's scheduler slice asked for (0: the kernel's default)
