@@ -158,9 +158,6 @@ static void drain_doorbells(sde_dev *dev)
     } while (n == 64);
 }
 
-/* Sleep until an I/O completion, a doorbell kick, or (timeout_ns > 0) that much time.  First
- * tell every client to kick the doorbell, then look once more (the other half of the
- * handshake is theirs); then serve what woke us. */
 /* The most a held completion's sleep ends early by (the rest is polled): a host whose
  * wake-ups are later than this is busy, and polling longer would take the CPU its clients
  * need. */
@@ -179,6 +176,9 @@ static void note_wake_late(sde_dev *dev, uint64_t slept_at, uint64_t timeout_ns)
     dev->stats.wake_late_ns = (uint64_t)(late + (over - late) / 8);
 }
 
+/* Sleep until an I/O completion, a doorbell kick, or (timeout_ns > 0) that much time.  First
+ * tell every client to kick the doorbell, then look once more (the other half of the
+ * handshake is theirs); then serve what woke us. */
 static int sleep_and_serve(sde_dev *dev, volatile int *stop, uint64_t timeout_ns)
 {
     pthread_mutex_lock(&dev->lock);
@@ -352,10 +352,8 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns)
         uint64_t spin_for = sde_spin_window(spin_ns, reaping & SDE_OWED);
         uint64_t timeout = 0;
         if (next_due) {
-            /* completions wait for their modelled time: poll up to it when it is near,
-             * else sleep, waking this host's wake-up latency early (a sleep to the due time
-             * ended 60-70 us past it on a 2-vCPU VM: QD1 reads at twice their modelled
-             * latency), and poll the rest */
+            /* completions wait for their modelled time: poll up to it when it is near, else
+             * sleep until the host's wake-up latency before it (note_wake_late), then poll */
             sde_spin_end(&gate);
             uint64_t early = 10000 + dev->stats.wake_late_ns; /* unlocked: this thread's */
             if (next_due <= t + early + 10000 || spin_ns == SDE_DEV_POLL) {
