@@ -187,6 +187,23 @@ def test_a_socket_dir_fits_a_unix_socket_under_a_long_tmpdir(tmp_path, monkeypat
     assert d.startswith(str(short))  # TMPDIR when it fits
 
 
+def test_a_private_daemon_that_does_not_start_leaves_no_directory(tmp_path, monkeypatch):
+    """A benchmark's daemon that exits at start (here: media it cannot parse) raises with its
+    log's tail, and its private directory (socket, log) goes with it (it was left in TMPDIR)."""
+    import tempfile
+
+    import pytest
+
+    from ssdemu.tools.daemon_process import private_daemon
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(RuntimeError, match="daemon exited"):
+        with private_daemon("ssdemu-nostart-", "bogus:1"):
+            pass
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("ssdemu-nostart-")]
+
+
 def test_a_socket_path_that_fits_sun_path_is_served_whatever_its_temporary_name(tmp_path):
     """The daemon binds under a temporary name first (path.PID.tmp), which can pass sun_path's
     107 bytes when the path itself does not; it then binds through the directory's

@@ -127,7 +127,11 @@ def bench_fairness(media: str = "mem:1G", seconds: float = 5.0, kinds=KINDS,
     where = socket_dir("ssdemu-fair-", "sde.sock")
     sock = os.path.join(where, "sde.sock")
     extra = ("--profile", profile) if profile else ()
-    d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
+    try:
+        d = DaemonProcess(sock, media=media, extra=extra, log_path=os.path.join(where, "log"))
+    except BaseException:  # it did not start: its error carries the log's tail
+        shutil.rmtree(where, ignore_errors=True)
+        raise
     try:
         with hostlib.connect(sock) as dev:
             rng = np.random.default_rng(1)

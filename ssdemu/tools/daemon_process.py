@@ -40,8 +40,12 @@ def private_daemon(prefix: str, media: str, extra=()):
     RuntimeError when it did not exit cleanly (a benchmark's figures from a daemon that
     crashed are not figures)."""
     where = socket_dir(prefix, "sde.sock")
-    d = DaemonProcess(os.path.join(where, "sde.sock"), media=media, extra=extra,
-                      log_path=os.path.join(where, "log"))
+    try:
+        d = DaemonProcess(os.path.join(where, "sde.sock"), media=media, extra=extra,
+                          log_path=os.path.join(where, "log"))
+    except BaseException:  # it did not start: its error carries the log's tail
+        shutil.rmtree(where, ignore_errors=True)
+        raise
     try:
         yield d
     finally:
