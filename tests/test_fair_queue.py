@@ -103,3 +103,23 @@ def test_close_wakes_every_worker_and_refuses_more():
         q.put(1, 1, "x")
     with pytest.raises(ValueError, match="at least 1"):
         FairQueue(0)
+
+
+def test_get_nowait_takes_what_may_be_served_now_and_leaves_the_capped():
+    """The workers' loop (ssdemu/device/retrieval.py): a worker that queued a command over
+    its uid's cap gets None and goes back to the data plane; the worker serving that uid
+    takes it when it is done."""
+    q = FairQueue(2)
+    assert q.get_nowait() is None  # nothing waiting
+    q.put(1, 1, ("a", 0))
+    q.put(2, 2, ("b", 0))
+    a = q.get_nowait()
+    assert a == ((1, 1), ("a", 0))
+    q.put(1, 1, ("a", 1))
+    assert q.get_nowait() == ((2, 2), ("b", 0))  # uid 2's turn
+    assert q.get_nowait() is None  # uid 1 at its cap (1 of 2) while uid 2 is served
+    assert q.waiting() == 1
+    q.done(a[0])
+    assert q.get_nowait() == ((1, 1), ("a", 1))
+    q.close()
+    assert q.closed and q.get_nowait() is None

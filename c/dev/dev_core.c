@@ -31,13 +31,15 @@ int sde_dev_new(int media_fd, uint64_t media_size, uint32_t lba_size, uint32_t i
     }
     dev->origin = now_ns(); /* the device clock without a model too (compute times) */
     dev->admin_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dev->retr_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE); /* workers block on it */
     dev->ctx = calloc(io_depth, sizeof(*dev->ctx));
     dev->free_ctx = calloc(io_depth, sizeof(*dev->free_ctx));
     dev->admin = calloc(ADMIN_CAP, sizeof(*dev->admin));
+    dev->retr = calloc(ADMIN_CAP, sizeof(*dev->retr));
     dev->vwrites = calloc(2 * (size_t)io_depth, sizeof(*dev->vwrites));
     dev->owners = calloc(SDE_MAX_OWNERS, sizeof(*dev->owners));
     int ret = -ENOMEM;
-    if (dev->doorbell < 0 || dev->epfd < 0 || dev->admin_fd < 0 || !dev->owners || !dev->ctx || !dev->free_ctx || !dev->admin ||
+    if (dev->doorbell < 0 || dev->epfd < 0 || dev->admin_fd < 0 || dev->retr_fd < 0 || !dev->owners || !dev->ctx || !dev->free_ctx || !dev->admin || !dev->retr ||
         !dev->vwrites)
         goto fail;
     /* a command has at most two I/Os (a KV value's tail), plus the journal's groups */
@@ -80,9 +82,12 @@ void sde_dev_free(sde_dev *dev)
         close(dev->epfd);
     if (dev->admin_fd >= 0)
         close(dev->admin_fd);
+    if (dev->retr_fd >= 0)
+        close(dev->retr_fd);
     free(dev->ctx);
     free(dev->free_ctx);
     free(dev->admin);
+    free(dev->retr);
     free(dev->vwrites);
     free(dev->held);
     sde_model_free(dev->model);
@@ -92,6 +97,7 @@ void sde_dev_free(sde_dev *dev)
 
 int sde_dev_doorbell_fd(sde_dev *dev) { return dev->doorbell; }
 int sde_dev_admin_fd(sde_dev *dev) { return dev->admin_fd; }
+int sde_dev_retrieval_fd(sde_dev *dev) { return dev->retr_fd; }
 
 /* ---- tables (control plane) ---------------------------------------------------------- */
 
@@ -420,6 +426,32 @@ void dev_admin_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t
     a->t0_ns = t0;
     a->sqe = *c;
     kick(dev->admin_fd);
+}
+
+/* A retrieval command's start: queued for the retrieval workers, one of which its count on
+ * the semaphore eventfd wakes. */
+void dev_retrieval_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    if (dev->retr_tail - dev->retr_head >= ADMIN_CAP) {
+        dev_finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
+        return;
+    }
+    sde_admin_cmd *a = &dev->retr[dev->retr_tail++ % ADMIN_CAP];
+    a->qp = qp;
+    a->client = dev->qps[qp].client;
+    a->t0_ns = t0;
+    a->sqe = *c;
+    kick(dev->retr_fd);
+}
+
+int sde_dev_retrieval_pop(sde_dev *dev, sde_admin_cmd *out)
+{
+    pthread_mutex_lock(&dev->lock);
+    int n = dev->retr_head != dev->retr_tail;
+    if (n)
+        *out = dev->retr[dev->retr_head++ % ADMIN_CAP];
+    pthread_mutex_unlock(&dev->lock);
+    return n;
 }
 
 int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max)

@@ -247,6 +247,13 @@ struct sde_dev {
     uint32_t nfree;
     sde_admin_cmd *admin;
     uint32_t admin_head, admin_tail;
+    /* retrieval commands (TOPK_PAGES, ATTEND), for the daemon's retrieval workers: they
+     * wait on retr_fd (a semaphore eventfd: one wakes per command) and pop them here, so
+     * that no other thread hands them over (the control plane's hand-over cost a second
+     * thread wake-up: 135 us a command from receipt to a worker on a 2-vCPU VM) */
+    sde_admin_cmd *retr;
+    uint32_t retr_head, retr_tail;
+    int retr_fd;
     sde_model *model;     /* NULL: no timing model */
     int virtual_time;
     uint64_t origin;      /* real time: the model's zero on the monotonic clock */
@@ -332,6 +339,7 @@ void dev_counters_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_
 void dev_block_io_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_zero_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_admin_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
+void dev_retrieval_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_kv_exist_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_kv_list_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);
 void dev_pin_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0);

@@ -55,9 +55,9 @@ static const struct dev_op op_table[] = {
     {SDE_CMD_PIN, SDE_CLASS_COMPUTE, DP, 0, 1, 1, 0, dev_pin_start, NULL, "PIN"},
     {SDE_CMD_UNPIN, SDE_CLASS_COMPUTE, DP, 0, 1, 1, 0, dev_pin_start, NULL, "UNPIN"},
     /* retrieval (ssdemu/device/retrieval.py): the daemon's retrieval worker runs them */
-    {SDE_CMD_TOPK_PAGES, SDE_CLASS_COMPUTE, SDE_RUN_HOST, 0, 0, 0, 0, dev_admin_start, NULL,
-     "TOPK_PAGES"},
-    {SDE_CMD_ATTEND, SDE_CLASS_COMPUTE, SDE_RUN_HOST, 0, 0, 0, 0, dev_admin_start, NULL,
+    {SDE_CMD_TOPK_PAGES, SDE_CLASS_COMPUTE, SDE_RUN_HOST, 0, 0, 0, 0, dev_retrieval_start,
+     NULL, "TOPK_PAGES"},
+    {SDE_CMD_ATTEND, SDE_CLASS_COMPUTE, SDE_RUN_HOST, 0, 0, 0, 0, dev_retrieval_start, NULL,
      "ATTEND"},
 };
 _Static_assert(sizeof(op_table) / sizeof(op_table[0]) == SDE_CMD_COUNT,

@@ -152,6 +152,12 @@ int sde_dev_run(sde_dev *dev, volatile int *stop, uint64_t spin_ns);
 
 /* Admin commands for Python, and their completions. */
 int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
+/* Retrieval commands (TOPK_PAGES, ATTEND) go to their own queue, for the retrieval workers:
+ * the fd (a blocking semaphore eventfd) counts one per command queued, and a worker that
+ * read one pops one here (1; 0 when another worker took it).  A write to the fd wakes a
+ * worker without a command (to stop it). */
+int sde_dev_retrieval_fd(sde_dev *dev);
+int sde_dev_retrieval_pop(sde_dev *dev, sde_admin_cmd *out);
 /* opcode: the command's (for its class); bytes it moved and bytes the daemon copied.  A
  * non-zero cqe->device_time_ns is the modelled time: in real time the completion is held
  * until t0_ns + that time. */

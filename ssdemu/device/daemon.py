@@ -44,11 +44,9 @@ from ssdemu.errors import SsdemuError
 from ssdemu.sim.profile import Profile
 from ssdemu.sim.timing import budget_of, model_param_fields
 from ssdemu_wire import control, owner_key
-from ssdemu_wire.layout import OPCODES, SQE_DTYPE, STATUS
+from ssdemu_wire.layout import STATUS
 
 ffi, lib = _device.ffi, _device.lib
-RETRIEVAL_OPS = (OPCODES["TOPK_PAGES"], OPCODES["ATTEND"])
-SQE_FIELDS = SQE_DTYPE.names
 
 log = logging.getLogger("ssdemu.serve")
 
@@ -347,11 +345,7 @@ class Daemon:
             if n <= 0:
                 return
             for i in range(n):
-                a = cmds[i]
-                if a.sqe.opcode in RETRIEVAL_OPS:  # long: on the retrieval worker
-                    sqe = {name: getattr(a.sqe, name) for name in SQE_FIELDS}
-                    self.retrieval.submit((a.qp, a.client, a.t0_ns, sqe))
-                    continue
+                a = cmds[i]  # not TOPK_PAGES nor ATTEND: the retrieval workers take those
                 try:
                     out = self.admin.run(self.clients.get(a.client), a.sqe)
                 except Exception:  # a bug on our side: the client gets an error, we go on

@@ -85,6 +85,16 @@ class FairQueue:
                     return got
                 self._cv.wait()
 
+    def get_nowait(self):
+        """get() without waiting: (flow, item) of a command that may be served now, or None
+        (none waiting under its caps; the worker serving the capped ones takes them next)."""
+        with self._cv:
+            return None if self._closed else self._take()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def done(self, flow) -> None:
         uid, _ = flow
         with self._cv:

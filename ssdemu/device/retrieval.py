@@ -1,10 +1,11 @@
 """TOPK_PAGES and ATTEND: query-aware retrieval over a sequence's KV blocks as the drive stores
 them (c/wire/sde_queue.h says the wire form).
 
-The data plane hands these two opcodes to the daemon (its opcode table routes them to the
-host side), where worker threads run them (as many as the firmware's threads, taken fairly
-between uids and their clients: fair_queue.py), so that the control plane's own loop (hello,
-buffers, admin) never waits for one, nor one client's long command another's: read the
+The data plane queues these two opcodes for the daemon's worker threads (its opcode table
+routes them to dev_retrieval_start; a worker waits on the queue's eventfd and pops them
+itself), which run them (as many as the firmware's threads, taken fairly between uids and
+their clients: fair_queue.py), so that the control plane's own loop (hello, buffers, admin)
+never waits for one, nor one client's long command another's: read the
 blocks through the store (real reads of the media), summarize, score, select and attend
 with the firmware's kernels (firmware/retrieval.py, compiled, nogil), write the result into
 the client's registered buffer, and complete the command at its modelled time.
@@ -60,6 +61,7 @@ from firmware.layout import (
     ELEMENT_BYTES,
     storage_dtype,
 )
+from ssdemu.device._device import ffi as _device_ffi
 from ssdemu.device._device import lib as _device_lib
 from ssdemu.device.fair_queue import FairQueue
 from ssdemu.device.latency import bucket_values_ns, new_histogram, percentiles_us
@@ -80,11 +82,13 @@ from ssdemu_wire.layout import (
     RETRIEVAL_INT8,
     RETRIEVAL_MAGIC,
     RETRIEVAL_MAX_SCORED,
+    SQE_DTYPE,
     STATUS,
     retrieval_over_limit,
 )
 
 log = logging.getLogger("ssdemu.retrieval")
+SQE_FIELDS = SQE_DTYPE.names  # a command's fields, copied from the data plane's queue
 
 
 class _Firmware:
@@ -411,19 +415,32 @@ class Retrieval:
         # one per core of this host), fair between uids (fair_queue.py)
         self.workers = max(1, min(self.profile.compute.units, os.cpu_count() or 1))
         self._q = FairQueue(self.workers)
+        # the data plane queues TOPK_PAGES and ATTEND for the workers themselves: a worker
+        # waits on this fd (GIL released), pops one command and joins it to the fair queue
+        self._fd = _device_lib.sde_dev_retrieval_fd(daemon.dev)
         self._threads = [threading.Thread(target=self._loop, name=f"ssdemu-retrieval-{i}",
                                           daemon=True) for i in range(self.workers)]
         for t in self._threads:
             t.start()
 
-    def submit(self, cmd) -> None:
-        """An admin-queue command (sde_admin_cmd, copied): queued for a worker, fairly
-        between uids, run there and completed."""
-        client = self.d.clients.get(cmd[1])
-        self._q.put(client.uid if client is not None else -1, cmd[1], cmd)
+    def _next(self):
+        """Wait for the data plane's next retrieval command (the fd counts them) and join it
+        to the fair queue, fairly between uids (its uid: the client's, -1 once it left)."""
+        os.read(self._fd, 8)  # one count: one command queued, or close() waking this worker
+        a = _device_ffi.new("sde_admin_cmd *")
+        if not _device_lib.sde_dev_retrieval_pop(self.d.dev, a):
+            return
+        sqe = {name: getattr(a.sqe, name) for name in SQE_FIELDS}
+        client = self.d.clients.get(a.client)
+        try:
+            self._q.put(client.uid if client is not None else -1, a.client,
+                        (a.qp, a.client, a.t0_ns, sqe))
+        except RuntimeError:  # closed: the daemon stops, as with the commands still queued
+            return
 
     def close(self) -> None:
         self._q.close()
+        os.write(self._fd, len(self._threads).to_bytes(8, "little"))  # each worker wakes
         for t in self._threads:
             t.join(timeout=30)
 
@@ -432,10 +449,13 @@ class Retrieval:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
         except OSError:
             pass
-        while True:
-            got = self._q.get()
+        while not self._q.closed:
+            # first what the fair queue holds (a command another worker queued that was
+            # over its uid's cap then), then the data plane's next
+            got = self._q.get_nowait()
             if got is None:
-                return
+                self._next()
+                continue
             try:
                 self._serve(got[1])
             finally:
