@@ -413,35 +413,43 @@ void sde_dev_store_lookup_many(sde_dev *dev, uint32_t nsid, const uint8_t *keys,
 
 /* ---- admin commands, handled by Python --------------------------------------------------- */
 
-/* An admin command's start: queued for the control plane, which an eventfd wakes. */
-void dev_admin_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+/* A command for Python: copied onto a ring of ADMIN_CAP (full: INTERNAL) and counted on
+ * its eventfd. */
+static void host_queue(sde_dev *dev, sde_admin_cmd *ring, uint32_t head, uint32_t *tail,
+                       int fd, int qp, const sde_sqe *c, int cls, uint64_t t0)
 {
-    if (dev->admin_tail - dev->admin_head >= ADMIN_CAP) {
+    if (*tail - head >= ADMIN_CAP) {
         dev_finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
         return;
     }
-    sde_admin_cmd *a = &dev->admin[dev->admin_tail++ % ADMIN_CAP];
+    sde_admin_cmd *a = &ring[(*tail)++ % ADMIN_CAP];
     a->qp = qp;
     a->client = dev->qps[qp].client;
     a->t0_ns = t0;
     a->sqe = *c;
-    kick(dev->admin_fd);
+    kick(fd);
+}
+
+/* An admin command's start: queued for the control plane, which the eventfd wakes. */
+void dev_admin_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
+{
+    host_queue(dev, dev->admin, dev->admin_head, &dev->admin_tail, dev->admin_fd, qp, c, cls,
+               t0);
 }
 
 /* A retrieval command's start: queued for the retrieval workers, one of which its count on
  * the semaphore eventfd wakes. */
 void dev_retrieval_start(sde_dev *dev, int qp, const sde_sqe *c, int cls, uint64_t t0)
 {
-    if (dev->retr_tail - dev->retr_head >= ADMIN_CAP) {
-        dev_finish(dev, qp, cls, c->cid, SDE_SC_INTERNAL, 0, 0, t0);
-        return;
-    }
-    sde_admin_cmd *a = &dev->retr[dev->retr_tail++ % ADMIN_CAP];
-    a->qp = qp;
-    a->client = dev->qps[qp].client;
-    a->t0_ns = t0;
-    a->sqe = *c;
-    kick(dev->retr_fd);
+    host_queue(dev, dev->retr, dev->retr_head, &dev->retr_tail, dev->retr_fd, qp, c, cls, t0);
+}
+
+uint32_t sde_dev_retrieval_queued(sde_dev *dev)
+{
+    pthread_mutex_lock(&dev->lock);
+    uint32_t n = dev->retr_tail - dev->retr_head;
+    pthread_mutex_unlock(&dev->lock);
+    return n;
 }
 
 int sde_dev_retrieval_pop(sde_dev *dev, sde_admin_cmd *out)

@@ -158,6 +158,8 @@ int sde_dev_admin_pop(sde_dev *dev, sde_admin_cmd *out, uint32_t max);
  * worker without a command (to stop it). */
 int sde_dev_retrieval_fd(sde_dev *dev);
 int sde_dev_retrieval_pop(sde_dev *dev, sde_admin_cmd *out);
+/* Retrieval commands queued that no worker has popped yet. */
+uint32_t sde_dev_retrieval_queued(sde_dev *dev);
 /* opcode: the command's (for its class); bytes it moved and bytes the daemon copied.  A
  * non-zero cqe->device_time_ns is the modelled time: in real time the completion is held
  * until t0_ns + that time. */

@@ -496,7 +496,8 @@ class Retrieval:
             out["kernels"] = {k: dict(v) for k, v in self._stats["kernels"].items()}
         out["summary_dram_bytes"] = self.cache.bytes
         out["workers"] = self.workers
-        out["waiting"] = self._q.waiting()
+        # waiting for a worker: on the data plane's ring, or in the fair queue over a cap
+        out["waiting"] = self._q.waiting() + _device_lib.sde_dev_retrieval_queued(self.d.dev)
         out["decoded_host_bytes"] = self.decoded.bytes
         with self._lock:
             lag, worst = self._lag.copy(), self._lag_max
