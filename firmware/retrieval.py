@@ -379,32 +379,66 @@ def _f32(x, bf16):
     return fp16_bits_as_f32(x)
 
 
+TOKENS_AT_ONCE = 4  # _group_logits's tokens a pass: its rows' first dimension
+
+
 # the dot products may be summed in any order (LLVM then sums them lane by lane): the re-rank
 # and attention are compared with their references to rounding, unlike Quest's score
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-def _group_logits(qs, keys, h, t0, t1, scale, bf16, row, out):
+def _group_logits(qs, keys, h, t0, t1, scale, bf16, rows, out):
     """out[g, t - t0] = qs[g] . keys[h, t] * scale for t in [t0, t1), every query g of the
-    group (qs (group, D) float64): each key row converted once (into row, float64) for the
-    whole group."""
+    group (qs (group, D) float64): each key row converted once (into rows (TOKENS_AT_ONCE, D),
+    float64) for the whole group, and TOKENS_AT_ONCE tokens' sums of a query run side by side
+    (one sum at a time waited on its own additions and horizontal sum: 183 against 166 us a
+    4K-token re-rank's logits, measured)."""
     group, D = qs.shape
-    for t in range(t0, t1):
+    t = t0
+    while t + TOKENS_AT_ONCE <= t1:
         for d in range(D):
-            row[d] = np.float64(_f32(keys[h, t, d], bf16))
+            rows[0, d] = np.float64(_f32(keys[h, t, d], bf16))
+            rows[1, d] = np.float64(_f32(keys[h, t + 1, d], bf16))
+            rows[2, d] = np.float64(_f32(keys[h, t + 2, d], bf16))
+            rows[3, d] = np.float64(_f32(keys[h, t + 3, d], bf16))
         for g in range(group):
-            s = 0.0
+            s0 = 0.0
+            s1 = 0.0
+            s2 = 0.0
+            s3 = 0.0
             for d in range(D):
-                s += qs[g, d] * row[d]
-            out[g, t - t0] = s * scale
+                q = qs[g, d]
+                s0 += q * rows[0, d]
+                s1 += q * rows[1, d]
+                s2 += q * rows[2, d]
+                s3 += q * rows[3, d]
+            out[g, t - t0] = s0 * scale
+            out[g, t + 1 - t0] = s1 * scale
+            out[g, t + 2 - t0] = s2 * scale
+            out[g, t + 3 - t0] = s3 * scale
+        t += TOKENS_AT_ONCE
+    while t < t1:  # a page's last tokens, fewer than TOKENS_AT_ONCE
+        for d in range(D):
+            rows[0, d] = np.float64(_f32(keys[h, t, d], bf16))
+        for g in range(group):
+            s0 = 0.0
+            for d in range(D):
+                s0 += qs[g, d] * rows[0, d]
+            out[g, t - t0] = s0 * scale
+        t += 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
 def _page_lse(logits, n, out):
-    """out[g] = log sum_t e**logits[g, t] over a page's n tokens, for each query g: the
-    exponentials vectorized (firmware/fastexp.py), summed in any order."""
-    for g in range(logits.shape[0]):
+    """out[g] = log sum_t e**logits[g, t] over a page's n tokens, for each query g: every
+    query's max first, then each one's sum of exponentials (vectorized,
+    firmware/fastexp.py, summed in any order) and its log."""
+    G = logits.shape[0]
+    for g in range(G):
         m = logits[g, 0]
         for t in range(1, n):
             m = max(m, logits[g, t])
+        out[g] = m
+    for g in range(G):
+        m = out[g]
         acc = 0.0
         for t in range(n):
             acc += exp_nonpositive(logits[g, t] - m)
@@ -456,7 +490,7 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores, bf16=Fal
     c = cand_ids.shape[1]
     scale = 1.0 / np.sqrt(np.float64(D))
     logits = np.empty((group, page), np.float64)
-    row = np.empty(D, np.float64)
+    rows = np.empty((TOKENS_AT_ONCE, D), np.float64)
     lse = np.empty((c, group), np.float64)
     total = np.empty(group, np.float64)
     cs = np.empty(c, np.float32)
@@ -475,7 +509,7 @@ def rerank_pages(queries, keys, page, cand_ids, k, out_ids, out_scores, bf16=Fal
             _prefetch_page(keys, h, cand_ids, j + AHEAD, page)
             t0 = pid * page
             t1 = min(T, t0 + page)
-            _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
+            _group_logits(qs, keys, h, t0, t1, scale, bf16, rows, logits)
             _page_lse(logits, t1 - t0, lse[n])
             ci[n] = pid
             n += 1
@@ -543,7 +577,7 @@ def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
     n = ids.shape[1]
     scale = 1.0 / np.sqrt(np.float64(D))
     logits = np.empty((group, page), np.float64)
-    row = np.empty(D, np.float64)
+    rows = np.empty((TOKENS_AT_ONCE, D), np.float64)
     vrows = np.empty((page, D), np.float64)
     w = np.empty(page, np.float64)
     acc = np.empty((group, D), np.float64)
@@ -569,7 +603,7 @@ def attend_pages(queries, keys, values, page, ids, out, lse, bf16=False):
             _prefetch_page(values, h, ids, j + AHEAD, page)
             t0 = pid * page
             t1 = min(T, t0 + page)
-            _group_logits(qs, keys, h, t0, t1, scale, bf16, row, logits)
+            _group_logits(qs, keys, h, t0, t1, scale, bf16, rows, logits)
             _value_rows(values, h, t0, t1, bf16, vrows)
             for g in range(group):  # online softmax a page at a time
                 _softmax_page(logits[g], t1 - t0, vrows, m, den, acc, g, w)

@@ -696,6 +696,29 @@ def test_the_byte_lru_counts_a_replaced_entry_once_and_entries_of_nothing():
     assert small.get("big") is None and small.bytes <= 1000
 
 
+def _request(keys, layer=0):
+    q = np.zeros((2, 4), np.float32)
+    return pack_retrieval_request(dtype_code=1, layer=layer, layers=2, kv_heads=1, q_heads=2,
+                                  head_dim=4, page_tokens=4, keys=keys, k=1, queries=q)
+
+
+def test_parse_reuses_the_keys_of_the_sequence_it_parsed_last_and_no_others():
+    """A decode step names one sequence layer after layer: parse() keeps the keys it made
+    last, with the bytes they came from, and hands them out again only for the same bytes
+    and key length."""
+    from ssdemu.device.retrieval import parse
+
+    a = parse("TOPK_PAGES", _request([b"s/01", b"s/02"]).tobytes())
+    b = parse("TOPK_PAGES", _request([b"s/01", b"s/02"], layer=1).tobytes())
+    assert b.keys is a.keys and b.layer == 1
+    c = parse("TOPK_PAGES", _request([b"s/01", b"s/03"]).tobytes())
+    assert c.keys == (b"s/01", b"s/03")
+    # the same slot bytes read with another key length: other keys
+    d = parse("TOPK_PAGES", _request([b"s/0", b"s/0"]).tobytes())
+    e = parse("TOPK_PAGES", _request([b"s/0\0", b"s/0\0"]).tobytes())
+    assert d.keys == (b"s/0", b"s/0") and e.keys == (b"s/0\0", b"s/0\0")
+
+
 def test_another_clients_one_block_topk_is_not_queued_behind_a_long_one(daemon, dev):
     """Retrieval runs on as many workers as the firmware's threads: while one client's long
     TOPK (48 blocks read, decoded, summarized) runs, another's one-block TOPK is served by

@@ -65,7 +65,7 @@ from ssdemu.device._device import ffi as _device_ffi
 from ssdemu.device._device import lib as _device_lib
 from ssdemu.device.fair_queue import FairQueue
 from ssdemu.device.latency import bucket_values_ns, new_histogram, percentiles_us
-from ssdemu.device.store import CorruptValue, KeyNotFound
+from ssdemu.device.store import CorruptValue, KeyBatch, KeyNotFound
 from ssdemu.sim.cost import (
     attend_cost,
     rerank_cost,
@@ -205,8 +205,12 @@ _REQUEST = _struct_of(REQUEST_DTYPE)
 assert _REQUEST.size == REQUEST_DTYPE.itemsize
 
 
+_last_keys: tuple = (0, b"", ())  # the keys parse() made last, with the bytes they came from
+
+
 def parse(op: str, data: memoryview | bytes) -> Request:
     """The request at the start of a command's buffer, checked; raises Refused."""
+    global _last_keys
     if len(data) < _REQUEST.size:
         raise Refused("INVALID_FIELD", "shorter than a request header")
     (magic, dtype, flags, layer, layers, kv, qh, d, page, klen, n, k, sinks, recent,
@@ -231,7 +235,12 @@ def parse(op: str, data: memoryview | bytes) -> Request:
     if len(data) < need:
         raise Refused("INVALID_BUFFER", f"the request needs {need} bytes, has {len(data)}")
     slots = bytes(data[at:at + n * KEY_BYTES])
-    keys = tuple(slots[i:i + klen] for i in range(0, n * KEY_BYTES, KEY_BYTES))
+    last = _last_keys  # (klen, slots, keys): a decode step names one sequence layer by layer
+    if last[0] == klen and last[1] == slots:
+        keys = last[2]
+    else:
+        keys = tuple(slots[i:i + klen] for i in range(0, n * KEY_BYTES, KEY_BYTES))
+        _last_keys = (klen, slots, keys)  # one tuple: swapped atomically between workers
     at += n * KEY_BYTES
     # copies: the client may change its buffer while the command runs
     q = np.frombuffer(data, "<f4", qh * d, at).reshape(qh, d).copy()
@@ -568,7 +577,12 @@ class Retrieval:
         return result, len(inp) + len(payload), done
 
     def _blocks(self, req: Request, nsid: int) -> list[Block]:
-        places, found = self.d.store.lookup_places(req.keys, nsid)
+        # the keys laid out for the lookup once for the sequence a decode step names layer
+        # after layer (its lookup is made again: a block may have been replaced meanwhile)
+        batch = getattr(self._local, "batch", None)
+        if batch is None or batch.keys != req.keys:
+            batch = self._local.batch = KeyBatch(req.keys)
+        places, found = self.d.store.lookup_batch(batch, nsid)
         if not found.all():
             raise Refused("KV_KEY_NOT_EXIST", f"block {int(np.argmin(found))} of the sequence "
                           "is not stored")

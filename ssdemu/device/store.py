@@ -35,6 +35,22 @@ STORE_ANY, STORE_IF_EXISTS, STORE_IF_NOT_EXISTS = (
     lib.SDE_KV_STORE_ANY, lib.SDE_KV_STORE_IF_EXISTS, lib.SDE_KV_STORE_IF_NOT_EXISTS)
 
 
+class KeyBatch:
+    """Keys laid out for sde_store_lookup_many: their bytes end to end, their lengths, each
+    one's start (C pointers into arrays this object keeps alive)."""
+
+    def __init__(self, keys):
+        keys = [bytes(k) for k in keys]
+        self.keys = tuple(keys)
+        self.n = len(keys)
+        klens = np.fromiter(map(len, keys), np.uint32, self.n)
+        self._blob = np.frombuffer(b"".join(keys) or b"\0", np.uint8)
+        self._klens = klens
+        self.starts = np.concatenate(([0], np.cumsum(klens, dtype=np.int64))).tolist()
+        self.kp = ffi.from_buffer("uint8_t[]", self._blob)
+        self.lp = ffi.from_buffer("uint32_t[]", klens)
+
+
 class StoreError(SsdemuError):
     """The media cannot be served as an ssdemu store."""
 
@@ -219,16 +235,17 @@ class Store:
         block of a sequence; a hold for all of 16,384 keys kept the data plane and the other
         retrieval workers waiting ~10 ms).  Inside the daemon each hold is one C call that
         wakes no one when it ends (sde_dev_store_lookup_many: a lookup commits nothing)."""
-        keys = [bytes(k) for k in keys]
-        n = len(keys)
-        klens = np.fromiter(map(len, keys), np.uint32, n)
-        blob = np.frombuffer(b"".join(keys) or b"\0", np.uint8)
-        starts = np.concatenate(([0], np.cumsum(klens, dtype=np.int64))).tolist()
+        return self.lookup_batch(KeyBatch(keys), nsid)
+
+    def lookup_batch(self, batch: KeyBatch, nsid: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """lookup_places of keys laid out once (KeyBatch): a decode step looks the same
+        sequence up layer after layer."""
+        n = batch.n
         places = np.empty((3, max(n, 1)), np.uint64)  # offset, length, hash
         status = np.empty(max(n, 1), np.int32)
-        kp, lp = ffi.from_buffer("uint8_t[]", blob), ffi.from_buffer("uint32_t[]", klens)
         op, np_, hp = (ffi.from_buffer("uint64_t[]", places[r]) for r in range(3))
         sp = ffi.from_buffer("int32_t[]", status)
+        kp, lp, starts = batch.kp, batch.lp, batch.starts
         for at in range(0, n, LOOKUP_HOLD):
             m = min(LOOKUP_HOLD, n - at)
             args = (nsid, kp + starts[at], lp + at, m, op + at, np_ + at, hp + at, sp + at)
