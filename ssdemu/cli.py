@@ -205,6 +205,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
                        help="serve Prometheus metrics (the log page's counters) at "
                        "http://HOST:PORT/metrics")
+    serve.add_argument("--retrieval-host-bytes", type=_positive_size, metavar="SIZE",
+                       help="this host's memory the retrieval workers keep decoded blocks "
+                       "and summaries in (default 128M); a sequence larger than it is "
+                       "streamed, a part of its blocks at a time")
     serve.add_argument("--power-cut", action="store_true",
                        help="power-cut emulation: keep what each write overwrites until a "
                        "flush makes it durable, so that 'ctl fault power-cut' can lose it "
@@ -863,7 +867,7 @@ def _cmd_serve(args) -> int:
                      args.format, args.timing, args.clock, args.journal_blocks, args.group,
                      quotas, args.power_cut, args.metrics, admin_key=admin_key,
                      poll=args.poll, realtime=args.realtime, media_io=args.media_io,
-                     kv_layout=args.kv_layout)
+                     kv_layout=args.kv_layout, retrieval_host_bytes=args.retrieval_host_bytes)
 
 
 def _cmd_mount(args) -> int:

@@ -806,3 +806,54 @@ def test_a_sequence_past_the_pages_a_command_scores_stops_at_the_bound(dev):
     assert (ids >= 0).all()
     for key in keys:
         dev.kv_delete(key)
+
+
+@pytest.fixture(scope="module")
+def small_host_dev(tmp_path_factory):
+    """A daemon whose retrieval workers keep 64 KiB of decoded data: a sequence of a few
+    blocks is streamed, its summaries scored a part (2 KiB of bounds: one block here) at a
+    time."""
+    where = tmp_path_factory.mktemp("s")
+    d = DaemonProcess(str(where / "sde.sock"), media="mem:64M",
+                      extra=("--retrieval-host-bytes", "64K"), log_path=str(where / "log"))
+    try:
+        with hostlib.connect(d.socket_path) as device:
+            yield device
+    finally:
+        code, err = d.terminate()
+        assert code == 0, err
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_streamed_sequence_scores_part_by_part_as_the_whole(small_host_dev, int8):
+    """Past the workers' decoded bytes, a sequence's summaries are scored a part of its
+    blocks at a time: Quest's scores and pages are the reference's bits, and the re-rank's
+    candidates the reference's (half by bound, half by the channel-selective score, whose
+    spread sums every part), asked twice (the second with the spread kept)."""
+    dev = small_host_dev
+    rng = np.random.default_rng(11 + int8)
+    blocks = _blocks(rng, 6, 64, 2, 2, 32)  # 32 KiB each: 192 KiB, past the 64 KiB
+    keys = _store(dev, f"st{int(int8)}", blocks)
+    K = _layer(blocks, 1, 0)
+    mins, maxs = ref.page_bounds(K, PAGE)
+    if int8:
+        mins, maxs = ref.int8_to_bounds(*ref.bounds_to_int8(mins, maxs))
+    for _ in range(2):
+        q = rng.standard_normal((4, 32)).astype(np.float32)
+        s = ref.quest_scores(q, mins, maxs)
+        ids, scores = dev.topk_pages(keys, q, layer=1, layers=2, kv_heads=2, k=5, int8=int8)
+        assert np.array_equal(ids, ref.topk_pages(s, 5, 1, 1))
+        assert np.array_equal(scores, np.take_along_axis(s, ids, 1))
+        ids, _ = dev.topk_pages(keys, q, layer=1, layers=2, kv_heads=2, k=3, rerank=4,
+                                int8=int8)
+        sel = ref.selective_scores(q, mins, maxs, ref.channel_spread(mins, maxs), 32 // 4)
+        cand = ref.rerank_candidates(s, sel, 12, 1, 1)
+        share = ref.page_log_share(q, K, PAGE, cand)
+        for h in range(2):
+            want = sorted(cand[h], key=lambda p: (-share[h, p], p))[:3]
+            np.testing.assert_allclose(np.sort(share[h, ids[h]]), np.sort(share[h, want]),
+                                       rtol=1e-5)
+            assert set(ids[h]) <= set(cand[h])
+    assert dev.log()["retrieval"]["decoded_host_bytes"] <= 64 << 10
+    for key in keys:
+        dev.kv_delete(key)

@@ -85,7 +85,8 @@ class Daemon:
                  group: int | None = None, quotas: Quotas | None = None,
                  power_cut: bool = False, metrics: str | None = None,
                  admin_key: str | None = None, poll: bool = False,
-                 realtime: bool = False, media_io: str = "auto", kv_layout: str = "head"):
+                 realtime: bool = False, media_io: str = "auto", kv_layout: str = "head",
+                 retrieval_host_bytes: int | None = None):
         if media_io not in MEDIA_IO:
             raise ValueError(f"media_io is one of {', '.join(MEDIA_IO)}, not {media_io!r}")
         if kv_layout not in KV_LAYOUTS:
@@ -105,6 +106,8 @@ class Daemon:
         self.allowed_uids = allowed_uids if allowed_uids is not None else {os.getuid(), 0}
         self.timing, self.clock = timing, clock
         self.power_cut = power_cut
+        # the host memory the retrieval workers keep decoded blocks in (None: their default)
+        self.retrieval_host_bytes = retrieval_host_bytes
         self._start_core(media_io)
         self.store = open_store(media, format_media, not profile.write_cache.enabled,
                                 profile, journal_blocks)
@@ -456,7 +459,8 @@ def serve(profile: Profile, media: Media, socket_path: str,
           group: int | None = None, quotas: Quotas | None = None,
           power_cut: bool = False, metrics: str | None = None,
           admin_key: str | None = None, poll: bool = False, realtime: bool = False,
-          media_io: str = "auto", kv_layout: str = "head") -> int:
+          media_io: str = "auto", kv_layout: str = "head",
+          retrieval_host_bytes: int | None = None) -> int:
     check_socket_path(socket_path)  # before the media is touched
     tune_process()
     if realtime:
@@ -465,7 +469,7 @@ def serve(profile: Profile, media: Media, socket_path: str,
         check_power_cut(profile, media)
     daemon = Daemon(profile, media, socket_path, allowed_uids, format_media, timing, clock,
                     journal_blocks, group, quotas, power_cut, metrics, admin_key, poll,
-                    realtime, media_io, kv_layout)
+                    realtime, media_io, kv_layout, retrieval_host_bytes)
     # handlers before the socket exists: a client (or a test) that sees the socket may stop
     # us at once, and that must be a clean stop
     signal.signal(signal.SIGTERM, daemon.request_stop)

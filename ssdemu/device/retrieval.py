@@ -129,8 +129,17 @@ MEMO_BYTES = 16 << 20
 # content hash), so a rewritten or deleted value is never served; the modelled time books
 # every read a command makes either way, and the stored value's checksum was verified when
 # it was read.
-# a sequence's layers are kept whole (Retrieval._seq_kv) when they fit in it
+# a sequence's layers are kept whole (Retrieval._seq_kv) when they fit in it.  The default;
+# serve --retrieval-host-bytes sets it (Retrieval.decoded_bytes)
 DECODED_BYTES = 128 << 20  # SmolLM2 (30 layers x 3 KV heads x 64): 94 MiB at 4K tokens
+
+# a streamed sequence's summaries are scored a part of its blocks at a time, this share of
+# the decoded cache's bytes of float32 bounds a part (_seq_bounds: 4 MiB at the default;
+# bench fairness's worst cases held 32 MiB whole)
+STREAM_SHARE = 32
+# a sequence's float32 bounds are kept whole when they take at most this share of it (16 MiB
+# at the default: 2K pages of Llama-3-8B's 8 KV heads x 128 channels, 32K tokens at 16 a page)
+WHOLE_SHARE = 8
 
 
 # the workers' nice value: the data plane's thread (and the clients on this host) go first
@@ -410,7 +419,9 @@ class Retrieval:
         # host's, in self.decoded (a profile's 16 GiB of DRAM is not this host's memory)
         self.cache = ByteLRU(self.profile.retrieval.summary_dram_bytes)
         # blocks' layers decoded, in this host's memory (see DECODED_BYTES)
-        self.decoded = ByteLRU(DECODED_BYTES, entry_bytes=256)
+        self.decoded_bytes = daemon.retrieval_host_bytes or DECODED_BYTES
+        self.decoded = ByteLRU(self.decoded_bytes, entry_bytes=256)
+        self.stream_bytes = self.decoded_bytes // STREAM_SHARE  # a streamed score's part
         self._model_params = model_params(self.profile)  # each command's model copies them
         self._lock = threading.Lock()
         self._stats = {"commands": 0, "errors": 0, "device_ns": 0.0, "host_ns": 0,
@@ -559,7 +570,7 @@ class Retrieval:
         # there: an LRU cycled by more than it holds never hits, it only holds the memory
         # (its stored bytes: the decoded size of a plain block; _seq_kv finds the rest)
         verdict = self.decoded.get((self._local.sid, "kv", None))
-        self._local.keep_decoded = (sum(b.length for b in blocks) <= DECODED_BYTES
+        self._local.keep_decoded = (sum(b.length for b in blocks) <= self.decoded_bytes
                                     and (verdict is None or verdict[0] != "big"))
         if not self._local.keep_decoded:
             self._local.memo_left = 0  # it streams: a block read again costs less than holding
@@ -1025,7 +1036,7 @@ class Retrieval:
             if arrays is None:
                 code0 = code
                 need = 2 * req.layers * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
-                if need > DECODED_BYTES:
+                if need > self.decoded_bytes:
                     self.decoded.put((sid, "kv", None), "big", 0)
                     self._local.keep_decoded, self._local.memo_left = False, 0
                     return None
@@ -1054,59 +1065,109 @@ class Retrieval:
         return out
 
     def _seq_bounds(self, req: Request, nsid: int, blocks, timing) -> tuple:
-        """The sequence's summaries as the score reads them, (lo, hi) float32 channel-major
-        (H, D, P) over all its pages, and P.  Each block's summaries go through the drive's DRAM as
-        before (_summaries: the modelled LRU touched, its misses booked); the float32
-        arrays of the whole sequence are kept in the host's DECODED_BYTES under the
-        sequence's identity, so that a decode step's next command over the same sequence
-        scores it in one kernel call per pass, not one per block (the per-block calls and
-        conversions were most of a short command's host time).  The kernels work page by
-        page (channel_range_sums in page order), so the bits are the block-by-block ones."""
+        """The sequence's summaries as the score reads them, and P: (parts, P), parts() an
+        iterator of (lo, hi, at), float32 channel-major (H, D, p) bounds of pages [at, at +
+        p).  Each block's summaries go through the drive's DRAM as before (_summaries: the
+        modelled LRU touched, its misses booked).  A sequence the host's decoded data holds
+        is one part over all its pages, kept in DECODED_BYTES under the sequence's identity,
+        so that a decode step's next command scores it in one kernel call per pass, not one
+        per block (the per-block calls and conversions were most of a short command's host
+        time), as long as those float32 bounds take at most a WHOLE_SHARE of the decoded
+        bytes.  A streamed sequence (past DECODED_BYTES), or one whose bounds are larger, is
+        scored a part of its blocks at a time, at most self.stream_bytes of bounds each: the
+        whole sequence's bounds were 32 MiB of a worst-case command's memory, and kept.  The
+        kernels work page by page (channel_range_sums in page order), so the bits are the
+        same either way."""
         key = (self._local.sid, "bounds", req.layer, req.page, req.int8)
         got = self.decoded.get(key)
         packed, P = self._summaries(req, nsid, blocks, timing, arrays=got is None)
         if got is not None:
-            return (*got[0], P)
-        # channel-major (H, D, P) and C-contiguous, as the scoring kernels take them
-        # (firmware/retrieval.py; np.concatenate of transposed views keeps their memory
-        # order: a strided array, which Numba compiles without vector lanes)
-        lo = np.empty((req.kv_heads, req.head_dim, P), np.float32)
-        hi = np.empty_like(lo)
-        at = 0
-        for plo, phi in packed:
-            a, b = self._bounds(req, plo, phi)
-            lo[:, :, at:at + a.shape[1]] = a.transpose(0, 2, 1)
-            hi[:, :, at:at + a.shape[1]] = b.transpose(0, 2, 1)
-            at += a.shape[1]
-        if self._local.keep_decoded:
-            self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
-        return lo, hi, P
+            lo, hi = got[0]
+            return (lambda: iter(((lo, hi, 0),))), P
+        if not self._local.keep_decoded or 8 * req.kv_heads * req.head_dim * P > (
+                self.decoded_bytes // WHOLE_SHARE):
+            return (lambda: self._bound_parts(req, packed)), P
+        (lo, hi, _), = self._bound_parts(req, packed, whole=True)
+        self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
+        return (lambda: iter(((lo, hi, 0),))), P
 
-    def _spread(self, req: Request, lo: np.ndarray, hi: np.ndarray, P: int) -> np.ndarray:
-        """The channels' mean page range of the sequence's summaries (lo, hi: _seq_bounds's),
-        kept with them: a function of the summaries alone, the same for every query."""
+    def _bound_parts(self, req: Request, packed: list, whole: bool = False):
+        """The blocks' packed summaries as (lo, hi, at) parts, channel-major (H, D, p) and
+        C-contiguous as the scoring kernels take them (np.concatenate of transposed views
+        keeps their memory order: a strided array, which Numba compiles without vector
+        lanes); consecutive blocks to a part until it holds self.stream_bytes (whole: one
+        part; a block past it is a part alone)."""
+        H, D = req.kv_heads, req.head_dim
+        page_bytes = 2 * H * D * 4  # a page's lo and hi, float32
+        i, at = 0, 0
+        while i < len(packed):
+            j, p = i, 0
+            while j < len(packed) and (whole or p == 0
+                                       or (p + packed[j][0].shape[1]) * page_bytes
+                                       <= self.stream_bytes):
+                p += packed[j][0].shape[1]
+                j += 1
+            lo = np.empty((H, D, p), np.float32)
+            hi = np.empty_like(lo)
+            q = 0
+            for plo, phi in packed[i:j]:
+                a, b = self._bounds(req, plo, phi)
+                lo[:, :, q:q + a.shape[1]] = a.transpose(0, 2, 1)
+                hi[:, :, q:q + a.shape[1]] = b.transpose(0, 2, 1)
+                q += a.shape[1]
+            yield lo, hi, at
+            at += p
+            i = j
+
+    def _spread(self, req: Request, parts, P: int) -> np.ndarray:
+        """The channels' mean page range of the sequence's summaries (parts: _seq_bounds's),
+        kept with them: a function of the summaries alone, the same for every query (kept
+        for a streamed sequence too: a second pass over its parts costs more than its
+        bytes)."""
         key = (self._local.sid, "spread", req.layer, req.page, req.int8)
         got = self.decoded.get(key)
         if got is not None:
             return got[0]
         acc = np.zeros((req.kv_heads, req.head_dim), np.float64)
-        R.channel_range_sums(lo, hi, acc)
+        for lo, hi, _ in parts():
+            R.channel_range_sums(lo, hi, acc)
         spread = np.empty((req.kv_heads, req.head_dim), np.float32)
         R.spread_of_sums(acc, P, spread)
-        if self._local.keep_decoded:
-            self.decoded.put(key, spread, spread.nbytes)
+        self.decoded.put(key, spread, spread.nbytes)
         return spread
 
+    @staticmethod
+    def _scores(req: Request, parts, P: int, spread=None, r: int = 0) -> tuple:
+        """Quest's bound (H, P) float32 over the parts, and with spread the channel-selective
+        score too (selective_scores: both from one pass): (bound, selective or None).  A part
+        short of the sequence is scored into its own arrays and copied in (a view of the
+        sequence's would be a strided array, another compilation)."""
+        H = req.kv_heads
+        bound = np.empty((H, P), np.float32)
+        sel = np.empty((H, P), np.float32) if spread is not None else None
+        for lo, hi, at in parts():
+            p = lo.shape[2]
+            b = bound if p == P else np.empty((H, p), np.float32)
+            if spread is None:
+                R.quest_scores(req.queries, lo, hi, b)
+            else:
+                s = sel if p == P else np.empty((H, p), np.float32)
+                R.selective_scores(req.queries, lo, hi, spread, r, s, b)
+                if s is not sel:
+                    sel[:, at:at + p] = s
+            if b is not bound:
+                bound[:, at:at + p] = b
+        return bound, sel
+
     def _topk(self, req: Request, nsid: int, blocks, timing) -> tuple[bytes, int]:
-        lo, hi, P = self._seq_bounds(req, nsid, blocks, timing)
+        parts, P = self._seq_bounds(req, nsid, blocks, timing)
         H, D = req.kv_heads, req.head_dim
-        scores = np.empty((H, P), np.float32)
         c = req.k * req.rerank
         ids = np.empty((H, c), np.int32)
         sco = np.empty((H, c), np.float32)
         n = max(0, P - req.sinks - req.recent)
         if req.rerank == 1:
-            R.quest_scores(req.queries, lo, hi, scores)
+            scores, _ = self._scores(req, parts, P)
             timing.score(req, P)
             R.topk_pages(scores, c, req.sinks, req.recent, ids, sco)
             timing.topk(req, n, c)
@@ -1116,10 +1177,9 @@ class Retrieval:
             # alone misses keys that outlier channels hide); the spread is the mean range the
             # summaries keep (host: summed from the bounds a block at a time here; modelled:
             # kept as they are made)
-            spread = self._spread(req, lo, hi, P)
+            spread = self._spread(req, parts, P)
             r = R.select_channels(D)
-            sel = np.empty((H, P), np.float32)
-            R.selective_scores(req.queries, lo, hi, spread, r, sel, scores)
+            scores, sel = self._scores(req, parts, P, spread, r)
             timing.score(req, P)
             timing.selective(req, P, r)
             R.rerank_candidates(scores, sel, c, req.sinks, req.recent, ids)
