@@ -191,6 +191,34 @@ def test_a_corrupted_block_on_the_media_reads_as_an_error(drive, size):
         assert dev.kv_get(b"other") == b"fine"
 
 
+def test_a_corrupted_block_fails_a_retrieval_command_and_another_reads_on(drive):
+    """A retrieval worker reads a block with the data plane's lock held only to pin its
+    extent (store.get through sde_dev_store_get): a block whose bytes changed on the media
+    still fails its checksum there (MEDIA_ERROR, not another block's bytes or INTERNAL), and
+    a good block of the same shape is scored meanwhile."""
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    blocks = [rng.standard_normal((64, 2, 2, 2, 32)).astype(np.float16) for _ in range(2)]
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    kw = dict(layer=1, layers=2, kv_heads=2, k=1)
+    with hostlib.connect(drive.socket_path) as dev:
+        for key, b in zip((b"bad", b"good"), blocks, strict=True):
+            dev.kv_put(key, b.view(np.uint16).tobytes())
+        dev.flush()
+        raw = blocks[0].view(np.uint8).tobytes()
+        with open(drive.media_path, "r+b") as f:
+            data = f.read()
+            where = data.find(raw[:256])
+            assert where > 0
+            f.seek(where + 1000)
+            f.write(bytes([data[where + 1000] ^ 0xFF]))
+        with pytest.raises(hostlib.MediaError):
+            dev.topk_pages([b"bad"], q, **kw)
+        ids, _ = dev.topk_pages([b"good"], q, **kw)
+        assert ids.shape == (2, 1) and (ids >= 0).all()
+
+
 def test_a_corrupted_quantized_block_does_not_dequantize(drive):
     """A dequantized retrieve checks the stored block's hash before its kernel runs, and
     the kernel does not run on a block that fails it (the client's buffer is untouched)."""

@@ -411,6 +411,89 @@ void sde_dev_store_lookup_many(sde_dev *dev, uint32_t nsid, const uint8_t *keys,
     pthread_mutex_unlock(&dev->lock);
 }
 
+/* A retrieve's scratch, this thread's: aligned for O_DIRECT, kept up to GET_SCRATCH_KEEP. */
+#define GET_SCRATCH_KEEP (16ull << 20)
+static __thread uint8_t *get_scratch;
+static __thread uint64_t get_scratch_cap;
+
+static uint8_t *thread_scratch(uint64_t bytes)
+{
+    if (bytes <= get_scratch_cap)
+        return get_scratch;
+    free(get_scratch);
+    get_scratch_cap = 0;
+    if (posix_memalign((void **)&get_scratch, 4096, bytes)) {
+        get_scratch = NULL;
+        return NULL;
+    }
+    get_scratch_cap = bytes;
+    return get_scratch;
+}
+
+/* Pinned extent x's pieces read from fd into buf, back to back, and checked (len value
+ * bytes against hash): a status. */
+static int read_pinned(int fd, const uint64_t *pc, uint32_t n, uint8_t *buf, uint64_t len,
+                       uint64_t hash)
+{
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint64_t done = 0; done < pc[2 * i + 1];) {
+            ssize_t r = pread(fd, buf + at + done, pc[2 * i + 1] - done,
+                              (off_t)(pc[2 * i] + done));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                return SDE_SC_MEDIA_ERROR;
+            done += (uint64_t)r;
+        }
+        at += pc[2 * i + 1];
+    }
+    return st_value_hash(buf, len) == hash ? SDE_SC_SUCCESS : SDE_SC_MEDIA_ERROR;
+}
+
+int sde_dev_store_get(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                      void *out, uint64_t cap, uint64_t *len)
+{
+    uint32_t x, n = 0;
+    uint64_t off, hash, total = 0, *pc = NULL;
+    *len = 0;
+    sde_dev_store_enter(dev);
+    int s = dev->store ? st_get_begin(dev->store, nsid, key, klen, &x, &off, len, &hash)
+                       : SDE_SC_INTERNAL;
+    if (!s) {
+        n = st_ext_pieces(dev->store, x);
+        pc = malloc(2 * n * sizeof(*pc));
+        s = !pc ? SDE_SC_INTERNAL : *len > cap ? SDE_SC_KV_INVALID_VALUE_SIZE : SDE_SC_SUCCESS;
+        for (uint32_t i = 0; !s && i < n; i++) {
+            st_ext_piece(dev->store, x, i, &pc[2 * i], &pc[2 * i + 1]);
+            total += pc[2 * i + 1];
+        }
+        if (s)
+            st_get_end(dev->store, x);
+    }
+    int fd = s ? -1 : st_media_fd(dev->store);
+    pthread_mutex_unlock(&dev->lock);
+    if (s) {
+        free(pc);
+        return s;
+    }
+    uint8_t *buf = thread_scratch(total);
+    s = buf ? read_pinned(fd, pc, n, buf, *len, hash) : SDE_SC_INTERNAL;
+    if (!s)
+        memcpy(out, buf, *len);
+    free(pc);
+    if (get_scratch_cap > GET_SCRATCH_KEEP) { /* a value past it: not kept */
+        free(get_scratch);
+        get_scratch = NULL;
+        get_scratch_cap = 0;
+    }
+    pthread_mutex_lock(&dev->lock);
+    st_get_end(dev->store, x);
+    pthread_mutex_unlock(&dev->lock);
+    kick(dev->doorbell); /* the extent, unpinned, may be freed (a delete meanwhile) */
+    return s;
+}
+
 /* ---- admin commands, handled by Python --------------------------------------------------- */
 
 /* A command for Python: copied onto a ring of ADMIN_CAP (full: INTERNAL) and counted on

@@ -193,6 +193,13 @@ void sde_dev_store_lookup_many(sde_dev *dev, uint32_t nsid, const uint8_t *keys,
                                const uint32_t *klens, uint32_t n, uint64_t *offset,
                                uint64_t *len, uint64_t *hash, int32_t *status);
 
+/* sde_store_get on the attached store with the core's lock held only to pin the value's
+ * extent and to unpin it: its media reads and checksum go on outside, so that the data plane
+ * serves other commands meanwhile (a retrieval worker's read of a 4 MiB block held it
+ * ~0.6 ms).  A delete meanwhile leaves the extent a zombie until it is unpinned. */
+int sde_dev_store_get(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen,
+                      void *out, uint64_t cap, uint64_t *len);
+
 /* The firmware: the addresses of its entry points (firmware/entry.py), the threads that run
  * them, and the TOPS budget (c/model/sde_budget.h) its kernels are charged to.  Compute commands
  * answer INTERNAL until it is set; -EBUSY while the previous one has jobs. */

@@ -105,6 +105,9 @@ void st_get_end(sde_store *st, uint32_t ext);
 int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
               uint64_t *group);
 uint64_t st_value_hash(const void *data, uint64_t len);
+/* The media's file descriptor (for a pinned extent's read made outside the caller's lock:
+ * its pieces stay where they are until st_get_end). */
+int st_media_fd(const sde_store *st);
 
 /* Group writes in flight at once with the write cache on (with it off, one: each is synced
  * before the next). */

@@ -149,6 +149,8 @@ int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
     return SDE_SC_SUCCESS;
 }
 
+int st_media_fd(const sde_store *st) { return st->fd; }
+
 uint32_t st_ext_pieces(const sde_store *st, uint32_t ext)
 {
     return store_ext_npieces(&st->exts[ext]);

@@ -210,7 +210,10 @@ class Store:
             raise KeyNotFound(key)
         out = np.empty(max(place[1], 1), np.uint8)
         n = ffi.new("uint64_t *")
-        with self._locked():
+        if self._dev is not None:  # the data plane serves on while the value is read
+            st = lib.sde_dev_store_get(self._dev, nsid, bytes(key), len(key),
+                                       ffi.cast("void *", address_of(out)), out.nbytes, n)
+        else:
             st = lib.sde_store_get(self._st, nsid, bytes(key), len(key),
                                    ffi.cast("void *", address_of(out)), out.nbytes, n)
         if st == lib.SDE_SC_MEDIA_ERROR:
