@@ -295,3 +295,22 @@ def test_scoring_binds_on_dram_alone_unless_queries_share_the_summaries():
     assert b.mac_ns(one) < 0.2 * b.device_ns(one)  # DRAM bound
     batch = score_cost(4096, 1, 4 * 64, 128, sb)
     assert b.mac_ns(batch) > 0.9 * b.device_ns(batch)  # the TOPS budget binds
+
+
+@given(st.lists(st.tuples(st.sampled_from(["score", "topk", "rerank", "attend"]),
+                          st.integers(1, 10**7), st.integers(0, 5), st.floats(0, 1e6)),
+                min_size=1, max_size=12))
+def test_charging_n_calls_at_once_is_charging_them_in_turn(calls):
+    """charge_each (a kernel per KV head, in one C call) ends where n charge() calls at the
+    same submission end, and leaves the budget as they do: what comes after sees the same
+    units."""
+    one, each = TopsBudget(PROFILE), TopsBudget(PROFILE)
+    t = 0.0
+    for kernel, ops, n, dt in calls:
+        t += dt
+        cost = KernelCost(ops, ops)
+        want = max([t] + [one.charge(kernel, cost, t)[1] for _ in range(n)])
+        assert each.charge_each(kernel, cost, t, n) == want
+    assert one.busy_until_ns == each.busy_until_ns
+    assert {k: (s.calls, s.device_ns) for k, s in one.kernels.items()} == {
+        k: (s.calls, s.device_ns) for k, s in each.kernels.items()}

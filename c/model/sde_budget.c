@@ -257,6 +257,18 @@ double sde_budget_charge(sde_budget *b, int kernel, sde_kernel_cost c, double su
     return done;
 }
 
+double sde_budget_charge_n(sde_budget *b, int kernel, sde_kernel_cost c, double submit_ns,
+                           uint32_t n)
+{
+    double end = submit_ns;
+    for (uint32_t i = 0; i < n; i++) {
+        double done = sde_budget_charge(b, kernel, c, submit_ns, 0.0, NULL);
+        if (done > end)
+            end = done;
+    }
+    return end;
+}
+
 double sde_budget_utilization(const sde_budget *b, double elapsed_ns)
 {
     if (elapsed_ns <= 0)

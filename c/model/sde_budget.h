@@ -120,6 +120,10 @@ double sde_budget_device_ns(const sde_budget *b, sde_kernel_cost c);
  * start (may be NULL). */
 double sde_budget_charge(sde_budget *b, int kernel, sde_kernel_cost c, double submit_ns,
                          double host_ns, double *start);
+/* n calls of one kernel and cost, each submitted at submit_ns (a kernel per KV head): their
+ * latest end (submit_ns when n is 0), as n sde_budget_charge calls in turn. */
+double sde_budget_charge_n(sde_budget *b, int kernel, sde_kernel_cost c, double submit_ns,
+                           uint32_t n);
 /* Busy unit-time over available unit-time since the clock's origin. */
 double sde_budget_utilization(const sde_budget *b, double elapsed_ns);
 /* CDEF-END */

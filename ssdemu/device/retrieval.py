@@ -1269,25 +1269,16 @@ class _Timing:
     def score(self, req: Request, pages: int) -> None:
         """Summaries in the DRAM (made or cached) are read as the score's bytes."""
         sb = summary_bytes(pages, 1, req.head_dim, 2, req.int8)
-        end = self.t
-        for _ in range(req.kv_heads):
-            c = score_cost(pages, 1, req.group, req.head_dim, sb)
-            end = max(end, self.budget.charge("score", c, self.t)[1])
-        self.t = end
+        c = score_cost(pages, 1, req.group, req.head_dim, sb)
+        self.t = self.budget.charge_each("score", c, self.t, req.kv_heads)  # one per head
 
     def selective(self, req: Request, pages: int, channels: int) -> None:
-        end = self.t
-        for _ in range(req.kv_heads):
-            c = selective_score_cost(pages, 1, req.group, req.head_dim, channels)
-            end = max(end, self.budget.charge("score", c, self.t)[1])
-        self.t = end
+        c = selective_score_cost(pages, 1, req.group, req.head_dim, channels)
+        self.t = self.budget.charge_each("score", c, self.t, req.kv_heads)
 
     def topk(self, req: Request, candidates: int, k: int) -> None:
-        end = self.t
-        for _ in range(req.kv_heads):
-            end = max(end, self.budget.charge("topk", topk_cost(max(1, candidates), k),
-                                              self.t)[1])
-        self.t = end
+        self.t = self.budget.charge_each("topk", topk_cost(max(1, candidates), k), self.t,
+                                         req.kv_heads)
 
     def page_read(self, b: Block, t0: int, tokens: int) -> None:
         # token rows t0..t0+tokens of the block: every layer and head of them
@@ -1308,25 +1299,20 @@ class _Timing:
     def rerank(self, req: Request, pages: int) -> None:
         start = max(self.t, self.sensed)
         kb = pages * req.page * req.head_dim * 2
-        end = start
-        for _ in range(req.kv_heads):
-            c = rerank_cost(max(1, pages * req.page // req.kv_heads),
-                            max(1, pages // req.kv_heads), 1, req.group, req.head_dim,
-                            max(1, kb // req.kv_heads))
-            end = max(end, self.budget.charge("rerank", c, start)[1])
-        for _ in range(req.kv_heads):
+        c = rerank_cost(max(1, pages * req.page // req.kv_heads),
+                        max(1, pages // req.kv_heads), 1, req.group, req.head_dim,
+                        max(1, kb // req.kv_heads))
+        end = self.budget.charge_each("rerank", c, start, req.kv_heads)
+        for _ in range(req.kv_heads):  # each head's top-k after the last re-rank's end
             end = max(end, self.budget.charge("topk", topk_cost(max(1, pages // req.kv_heads),
                                                                  req.k), end)[1])
         self.t = end
 
     def attend(self, req: Request, pages: int) -> None:
         start = max(self.t, self.sensed)
-        end = start
         tokens = max(1, pages * req.page)
-        for _ in range(req.kv_heads):
-            c = attend_cost(tokens, 1, req.group, req.head_dim, tokens * req.head_dim * 4)
-            end = max(end, self.budget.charge("attend", c, start)[1])
-        self.t = end
+        c = attend_cost(tokens, 1, req.group, req.head_dim, tokens * req.head_dim * 4)
+        self.t = self.budget.charge_each("attend", c, start, req.kv_heads)
 
     def finish(self, out_bytes: int) -> float:
         return self.model.transfer(max(self.t, self.sensed), out_bytes)

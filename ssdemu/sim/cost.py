@@ -53,6 +53,7 @@ tell when this host is slower than the device it emulates (`host_lag_calls`).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +64,10 @@ if TYPE_CHECKING:  # firmware.quant loads Numba: model mode parses names with fi
     from firmware.quant import Scheme
 
 ffi, lib = _model.ffi, _model.lib
+
+# the retrieval kernels' costs are functions of their shapes alone, asked for by every
+# command (each KV head's, each pass's): kept for this many shapes each
+COST_CACHE = 4096
 
 
 @dataclass(frozen=True)
@@ -164,25 +169,30 @@ def summarize_cost(tokens: int, heads: int, head_dim: int, element_bytes: int,
                                         int(int8)))
 
 
+@functools.lru_cache(maxsize=COST_CACHE)
 def score_cost(pages: int, heads: int, group: int, head_dim: int,
                summary_nbytes: int) -> KernelCost:
     return _cost(lib.sde_cost_score(pages, heads, group, head_dim, summary_nbytes))
 
 
+@functools.lru_cache(maxsize=COST_CACHE)
 def selective_score_cost(pages: int, heads: int, group: int, head_dim: int,
                          channels: int) -> KernelCost:
     return _cost(lib.sde_cost_score_selective(pages, heads, group, head_dim, channels))
 
 
+@functools.lru_cache(maxsize=COST_CACHE)
 def topk_cost(candidates: int, k: int) -> KernelCost:
     return _cost(lib.sde_cost_topk(candidates, k))
 
 
+@functools.lru_cache(maxsize=COST_CACHE)
 def rerank_cost(tokens: int, pages: int, heads: int, group: int, head_dim: int,
                 key_bytes: int) -> KernelCost:
     return _cost(lib.sde_cost_rerank(tokens, pages, heads, group, head_dim, key_bytes))
 
 
+@functools.lru_cache(maxsize=COST_CACHE)
 def attend_cost(tokens: int, heads: int, group: int, head_dim: int,
                 kv_bytes: int) -> KernelCost:
     return _cost(lib.sde_cost_attend(tokens, heads, group, head_dim, kv_bytes))
@@ -315,6 +325,11 @@ class TopsBudget:
         done = lib.sde_budget_charge(self._b, KERNEL_IDS[kernel], cost.c(),
                                      submit_ns, host_ns, start)
         return start[0], done
+
+    def charge_each(self, kernel: str, cost: KernelCost, submit_ns: float, n: int) -> float:
+        """n calls of charge() at submit_ns (a kernel per KV head), in one C call: the
+        latest end, or submit_ns for none."""
+        return lib.sde_budget_charge_n(self._b, KERNEL_IDS[kernel], cost.c(), submit_ns, n)
 
     def run(self, kernel: str, cost: KernelCost, submit_ns: float, fn, *args):
         """Run a real kernel, time it on the host, charge it; returns (result, done_ns)."""
