@@ -173,18 +173,24 @@ def test_daemon_killed_during_writes_loses_nothing_flushed(drive, tmp_path):
         again.kill()
 
 
+def _flip(media_path: str, value_start: bytes, at: int, mask: int) -> None:
+    """Flip bits (mask) of the byte `at` past where the media holds a value starting with
+    value_start: a corruption behind the store's back."""
+    with open(media_path, "r+b") as f:
+        data = f.read()
+        where = data.find(value_start)
+        assert where > 0
+        f.seek(where + at)
+        f.write(bytes([data[where + at] ^ mask]))
+
+
 @pytest.mark.parametrize("size", [8192, 1 << 20])
 def test_a_corrupted_block_on_the_media_reads_as_an_error(drive, size):
     value = os.urandom(size)
     with hostlib.connect(drive.socket_path) as dev:
         dev.kv_put(b"precious", value)
         dev.flush()
-        with open(drive.media_path, "r+b") as f:  # find the value's bytes and flip one
-            data = f.read()
-            where = data.find(value[:64])
-            assert where > 0
-            f.seek(where + 100)
-            f.write(bytes([data[where + 100] ^ 0xFF]))
+        _flip(drive.media_path, value[:64], 100, 0xFF)
         with pytest.raises(hostlib.MediaError):
             dev.kv_get(b"precious")
         dev.kv_put(b"other", b"fine")  # the device carries on
@@ -207,12 +213,7 @@ def test_a_corrupted_block_fails_a_retrieval_command_and_another_reads_on(drive)
             dev.kv_put(key, b.view(np.uint16).tobytes())
         dev.flush()
         raw = blocks[0].view(np.uint8).tobytes()
-        with open(drive.media_path, "r+b") as f:
-            data = f.read()
-            where = data.find(raw[:256])
-            assert where > 0
-            f.seek(where + 1000)
-            f.write(bytes([data[where + 1000] ^ 0xFF]))
+        _flip(drive.media_path, raw[:256], 1000, 0xFF)
         with pytest.raises(hostlib.MediaError):
             dev.topk_pages([b"bad"], q, **kw)
         ids, _ = dev.topk_pages([b"good"], q, **kw)
@@ -232,12 +233,7 @@ def test_a_corrupted_quantized_block_does_not_dequantize(drive):
         out = np.empty_like(block)
         dev.kv_get_dequantized(b"q", out)  # whole, it dequantizes
         dev.flush()
-        with open(drive.media_path, "r+b") as f:
-            data = f.read()
-            where = data.find(stored[:256])
-            assert where > 0
-            f.seek(where + len(stored) // 2)  # a byte among the int8 values
-            f.write(bytes([data[where + len(stored) // 2] ^ 0x01]))
+        _flip(drive.media_path, stored[:256], len(stored) // 2, 0x01)  # an int8 value's
         out[...] = 0x1234
         with pytest.raises(hostlib.MediaError):
             dev.kv_get_dequantized(b"q", out)
