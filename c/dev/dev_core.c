@@ -472,6 +472,7 @@ int sde_dev_store_get(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t 
             st_get_end(dev->store, x);
     }
     int fd = s ? -1 : st_media_fd(dev->store);
+    sde_store *pinned = dev->store;
     pthread_mutex_unlock(&dev->lock);
     if (s) {
         free(pc);
@@ -488,7 +489,8 @@ int sde_dev_store_get(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t 
         get_scratch_cap = 0;
     }
     pthread_mutex_lock(&dev->lock);
-    st_get_end(dev->store, x);
+    if (dev->store == pinned) /* a shutdown may have detached it meanwhile */
+        st_get_end(pinned, x);
     pthread_mutex_unlock(&dev->lock);
     kick(dev->doorbell); /* the extent, unpinned, may be freed (a delete meanwhile) */
     return s;
