@@ -92,8 +92,8 @@ def test_media_enlarged_after_format_is_refused(tmp_path):
 
 
 def test_bad_serve_owner_and_quota_values(tmp_path):
-    """serve's --admin-key must be a key file only its user can read; the byte quotas are
-    sizes above 0.  One line each, before any media is made."""
+    """serve's --admin-key must be a key file only its user can read; the byte quotas (and
+    the retrieval workers' host bytes) are sizes above 0.  One line each, before any media is made."""
     loose = tmp_path / "loose.key"
     loose.write_text("ab" * 32 + "\n")
     loose.chmod(0o644)
@@ -104,7 +104,9 @@ def test_bad_serve_owner_and_quota_values(tmp_path):
             (["--max-namespace-bytes-per-uid", "0"], 2, "a size above 0"),
             (["--max-buffer-bytes-per-uid", "-1M"], 2, "--max-buffer-bytes-per-uid"),
             (["--max-queue-pairs-per-uid", "0"], 2, "--max-queue-pairs-per-uid"),
-            (["--max-pins-per-uid", "-3"], 2, "--max-pins-per-uid")):
+            (["--max-pins-per-uid", "-3"], 2, "--max-pins-per-uid"),
+            (["--retrieval-host-bytes", "0"], 2, "a size above 0"),
+            (["--retrieval-host-bytes", "lots"], 2, "--retrieval-host-bytes")):
         p = _run("serve", "--media", f"file:{img}:32M", "--socket", str(tmp_path / "s"),
                  *args)
         assert p.returncode == code and says in p.stderr, (args, p.stderr)
