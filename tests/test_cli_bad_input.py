@@ -93,7 +93,8 @@ def test_media_enlarged_after_format_is_refused(tmp_path):
 
 def test_bad_serve_owner_and_quota_values(tmp_path):
     """serve's --admin-key must be a key file only its user can read; the byte quotas (and
-    the retrieval workers' host bytes) are sizes above 0.  One line each, before any media is made."""
+    the retrieval workers' host bytes) are sizes above 0.  One line each, before any media
+    is made."""
     loose = tmp_path / "loose.key"
     loose.write_text("ab" * 32 + "\n")
     loose.chmod(0o644)
