@@ -379,7 +379,7 @@ def _f32(x, bf16):
     return fp16_bits_as_f32(x)
 
 
-TOKENS_AT_ONCE = 4  # _group_logits's tokens a pass: its rows' first dimension
+TOKENS_AT_ONCE = 4  # _group_logits's tokens a pass (its loop is written for 4): its rows' length
 
 
 # the dot products may be summed in any order (LLVM then sums them lane by lane): the re-rank

@@ -430,27 +430,6 @@ static uint8_t *thread_scratch(uint64_t bytes)
     return get_scratch;
 }
 
-/* Pinned extent x's pieces read from fd into buf, back to back, and checked (len value
- * bytes against hash): a status. */
-static int read_pinned(int fd, const uint64_t *pc, uint32_t n, uint8_t *buf, uint64_t len,
-                       uint64_t hash)
-{
-    uint64_t at = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        for (uint64_t done = 0; done < pc[2 * i + 1];) {
-            ssize_t r = pread(fd, buf + at + done, pc[2 * i + 1] - done,
-                              (off_t)(pc[2 * i] + done));
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                return SDE_SC_MEDIA_ERROR;
-            done += (uint64_t)r;
-        }
-        at += pc[2 * i + 1];
-    }
-    return st_value_hash(buf, len) == hash ? SDE_SC_SUCCESS : SDE_SC_MEDIA_ERROR;
-}
-
 int sde_dev_store_get(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t klen,
                       void *out, uint64_t cap, uint64_t *len)
 {
@@ -479,7 +458,7 @@ int sde_dev_store_get(sde_dev *dev, uint32_t nsid, const uint8_t *key, uint32_t 
         return s;
     }
     uint8_t *buf = thread_scratch(total);
-    s = buf ? read_pinned(fd, pc, n, buf, *len, hash) : SDE_SC_INTERNAL;
+    s = buf ? st_read_pinned(fd, pc, n, buf, *len, hash) : SDE_SC_INTERNAL;
     if (!s)
         memcpy(out, buf, *len);
     free(pc);

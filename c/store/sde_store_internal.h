@@ -105,9 +105,14 @@ void st_get_end(sde_store *st, uint32_t ext);
 int st_delete(sde_store *st, uint32_t nsid, const uint8_t *key, uint32_t klen,
               uint64_t *group);
 uint64_t st_value_hash(const void *data, uint64_t len);
-/* The media's file descriptor (for a pinned extent's read made outside the caller's lock:
- * its pieces stay where they are until st_get_end). */
+/* The media's file descriptor (taken under the caller's lock, for st_read_pinned). */
 int st_media_fd(const sde_store *st);
+/* A retrieve's read made outside the caller's lock: the pieces of a pinned extent (st_ext_piece's
+ * offset and bytes, n pairs in pc, copied under the lock: they stay where they are until
+ * st_get_end) read from fd back to back into buf (block-aligned, their bytes), and its len
+ * value bytes checked against hash.  SUCCESS or MEDIA_ERROR.  Touches no store state. */
+int st_read_pinned(int fd, const uint64_t *pc, uint32_t n, uint8_t *buf, uint64_t len,
+                   uint64_t hash);
 
 /* Group writes in flight at once with the write cache on (with it off, one: each is synced
  * before the next). */

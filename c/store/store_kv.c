@@ -151,6 +151,16 @@ int st_put_begin_hashed(sde_store *st, uint32_t nsid, const uint8_t *key, uint32
 
 int st_media_fd(const sde_store *st) { return st->fd; }
 
+int st_read_pinned(int fd, const uint64_t *pc, uint32_t n, uint8_t *buf, uint64_t len,
+                   uint64_t hash)
+{
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < n; at += pc[2 * i + 1], i++)
+        if (store_pio(fd, 0, buf + at, pc[2 * i + 1], pc[2 * i]))
+            return SDE_SC_MEDIA_ERROR;
+    return st_value_hash(buf, len) == hash ? SDE_SC_SUCCESS : SDE_SC_MEDIA_ERROR;
+}
+
 uint32_t st_ext_pieces(const sde_store *st, uint32_t ext)
 {
     return store_ext_npieces(&st->exts[ext]);

@@ -339,6 +339,12 @@ def unpack_bounds(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _bound_bytes(req: Request, pages: int) -> int:
+    """The bytes of pages' float32 bounds as the score reads them (lo and hi, every KV head
+    and channel)."""
+    return 2 * 4 * req.kv_heads * req.head_dim * pages
+
+
 def _ident(req: Request, nsid: int, b: Block) -> tuple:
     """A stored value as a request reads it: its place, length and content hash, and the
     layout a plain block is read in (made once per command: Retrieval._blocks)."""
@@ -1082,14 +1088,15 @@ class Retrieval:
         got = self.decoded.get(key)
         packed, P = self._summaries(req, nsid, blocks, timing, arrays=got is None)
         if got is not None:
-            lo, hi = got[0]
-            return (lambda: iter(((lo, hi, 0),))), P
-        if not self._local.keep_decoded or 8 * req.kv_heads * req.head_dim * P > (
-                self.decoded_bytes // WHOLE_SHARE):
+            whole = [(*got[0], 0)]
+            return (lambda: whole), P
+        if (not self._local.keep_decoded
+                or _bound_bytes(req, P) > self.decoded_bytes // WHOLE_SHARE):
             return (lambda: self._bound_parts(req, packed)), P
-        (lo, hi, _), = self._bound_parts(req, packed, whole=True)
+        whole = list(self._bound_parts(req, packed, whole=True))
+        lo, hi, _ = whole[0]
         self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
-        return (lambda: iter(((lo, hi, 0),))), P
+        return (lambda: whole), P
 
     def _bound_parts(self, req: Request, packed: list, whole: bool = False):
         """The blocks' packed summaries as (lo, hi, at) parts, channel-major (H, D, p) and
@@ -1098,12 +1105,11 @@ class Retrieval:
         lanes); consecutive blocks to a part until it holds self.stream_bytes (whole: one
         part; a block past it is a part alone)."""
         H, D = req.kv_heads, req.head_dim
-        page_bytes = 2 * H * D * 4  # a page's lo and hi, float32
         i, at = 0, 0
         while i < len(packed):
             j, p = i, 0
             while j < len(packed) and (whole or p == 0
-                                       or (p + packed[j][0].shape[1]) * page_bytes
+                                       or _bound_bytes(req, p + packed[j][0].shape[1])
                                        <= self.stream_bytes):
                 p += packed[j][0].shape[1]
                 j += 1
