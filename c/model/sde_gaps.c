@@ -41,17 +41,21 @@ static void tree_rebuild(sde_gaps *g)
     uint32_t size = 1;
     while (size < g->nchunks)
         size *= 2;
-    if (size != g->tsize || !g->tree) {
+    /* the tree's memory only grows: a resource's chunks come and go between one and two as
+     * its gaps are appended and forgotten, and a realloc at each was a tenth of a replay
+     * (and, freed on the other thread, a wait on glibc's arena lock) */
+    if (size > g->tcap) {
         double *t = realloc(g->tree, 2 * size * sizeof(double));
         if (!t) {
             free(g->tree);
             g->tree = NULL; /* without it, fit scans the chunks */
-            g->tsize = 0;
+            g->tsize = g->tcap = 0;
             return;
         }
         g->tree = t;
-        g->tsize = size;
+        g->tcap = size;
     }
+    g->tsize = size;
     for (uint32_t i = 0; i < size; i++)
         g->tree[size + i] = i < g->nchunks ? g->maxlen[i] : -1.0;
     for (uint32_t i = size - 1; i; i--)

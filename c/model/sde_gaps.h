@@ -34,7 +34,7 @@ typedef struct sde_gaps {
      * of its reads (GC under a full write cache) keeps thousands of short gaps per die, and a
      * scan over their chunks for every program was 76% of a steady-state run's time */
     double *tree;
-    uint32_t tsize;
+    uint32_t tsize, tcap; /* the tree's leaves, and those its memory holds */
     uint32_t nchunks, cap;
     uint32_t n; /* gaps in all */
     /* chunks given back, kept for the next one this resource needs: its gaps are forgotten
