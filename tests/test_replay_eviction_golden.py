@@ -16,6 +16,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "replay_eviction_golden.json"
 ARGS = ["replay", "traces/mooncake_synthetic_trace.jsonl", "--model", "llama-3-8b",
@@ -23,8 +25,11 @@ ARGS = ["replay", "traces/mooncake_synthetic_trace.jsonl", "--model", "llama-3-8
 WALL = ("wall_seconds", "requests_per_s", "blocks_per_s")  # this host's speed, not the model's
 
 
-def test_replay_under_eviction_gives_the_pinned_figures():
-    p = subprocess.run([sys.executable, "-m", "ssdemu", *ARGS], capture_output=True,
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_replay_under_eviction_gives_the_pinned_figures(threads):
+    """On one thread and with the helper booking half of every batch and of GC's erases."""
+    p = subprocess.run([sys.executable, "-m", "ssdemu", *ARGS, "--threads", threads],
+                       capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     got = {k: v for k, v in json.loads(p.stdout).items() if k not in WALL}

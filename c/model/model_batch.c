@@ -42,6 +42,14 @@ void model_batch_dies(sde_model *m, int programs, double *programmed, int from_t
 {
     uint32_t C = m->p.channels, D = m->p.dies_per_channel;
     double t_read = m->p.t_read_ns, t_prog = m->p.t_prog_ns;
+    if (programs == BATCH_ERASE) { /* GC's erase: every die, from one time */
+        for (uint32_t ch; (ch = model_claim_channel(m, from_top)) < C;) {
+            struct sde_resource *r = &m->dies[(size_t)ch * D];
+            for (uint32_t die = 0; die < D; die++, r++)
+                model_hold(m, r, m->erase_ready, m->erase_ns);
+        }
+        return;
+    }
     /* Blocks outer, the channel's dies inner: each die still sees its blocks in block order
      * (all that its bookings depend on), and a block's first and last sense on the channel
      * stay in registers, stored once.  Die-outer order stored them once per die, and the
@@ -88,13 +96,14 @@ void model_batch_dies(sde_model *m, int programs, double *programmed, int from_t
 static void batch_dies_all(sde_model *m, int programs, double *programmed)
 {
     struct helper *h = NULL;
+    uint64_t holds = (uint64_t)(programs == BATCH_ERASE ? 1 : m->nbatch) * m->ndies;
     atomic_store(&m->channels_left, m->p.channels << 16);
-    if (m->threads > 1 && m->p.channels > 1 && (uint64_t)m->nbatch * m->ndies >= HELPER_MIN_HOLDS) {
+    if (m->threads > 1 && m->p.channels > 1 && holds >= HELPER_MIN_HOLDS) {
         if (!m->helper)
             m->helper = model_helper_start(m, model_batch_dies);
         h = m->helper;
     }
-    if (h && programs && h->cap < m->nbatch) {
+    if (h && programs == 1 && h->cap < m->nbatch) {
         double *p = realloc(h->programmed, m->nbatch * sizeof(double));
         if (p) {
             h->programmed = p;
@@ -107,7 +116,7 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
         model_batch_dies(m, programs, programmed, 0);
         return;
     }
-    if (programs)
+    if (programs == 1)
         memcpy(h->programmed, programmed, m->nbatch * sizeof(double));
     h->programs = programs;
     pthread_mutex_lock(&h->mu);
@@ -125,7 +134,7 @@ static void batch_dies_all(sde_model *m, int programs, double *programmed)
     while (atomic_load(&h->finished) != job)
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
-    for (uint32_t i = 0; programs && i < m->nbatch; i++)
+    for (uint32_t i = 0; programs == 1 && i < m->nbatch; i++)
         if (h->programmed[i] > programmed[i])
             programmed[i] = h->programmed[i];
 }
@@ -220,6 +229,15 @@ void model_defer_flush(sde_model *m)
             *r = m->batch_prog[s];
     }
     m->nbatch = 0;
+}
+
+/* Every die held for `duration` from `ready` (GC's erase of a line), on two threads as a
+ * batch's dies are: 512 bookings per victim, a fifth of a replay under eviction on one. */
+void model_hold_all_dies(sde_model *m, double ready, double duration)
+{
+    m->erase_ready = ready;
+    m->erase_ns = duration;
+    batch_dies_all(m, BATCH_ERASE, NULL);
 }
 
 void sde_model_run_deferred(sde_model *m, double *programmed)

@@ -89,9 +89,7 @@ static void gc(sde_model *m, double t)
             rows_flush(m, &r, sensed);
         }
         m->gc_programmed_rows += r.bytes / m->p.page_bytes;
-        double erase = m->p.t_erase_ns * m->p.ftl_erase_share;
-        for (uint32_t d = 0; d < m->ndies; d++)
-            model_hold(m, &m->dies[d], sensed_all, erase);
+        model_hold_all_dies(m, sensed_all, m->p.t_erase_ns * m->p.ftl_erase_share);
         sde_ftl_erase(m->ftl, (uint32_t)victim);
     }
     m->gc_ns += dies_busy(m) - before;

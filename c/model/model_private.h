@@ -106,6 +106,7 @@ struct sde_model {
     uint64_t batch_bytes;
     double *batch_first, *batch_last;
     uint32_t threads;      /* 2: a helper thread books half of a batch's dies */
+    double erase_ready, erase_ns; /* model_hold_all_dies's stage, for both threads */
     /* a batch's channels not yet booked, [lo, hi) packed as lo | hi << 16: this thread
      * takes them from the bottom, the helper from the top (model_claim_channel) */
     _Atomic uint32_t channels_left;
@@ -114,8 +115,10 @@ struct sde_model {
 };
 
 struct helper;
-/* a batch's dies booked (from_top: the helper's half, from the last die down) */
+/* a batch's dies booked (from_top: the helper's half, from the last die down); programs:
+ * 0 the senses of reads, 1 deferred programs, BATCH_ERASE every die held from erase_ready */
 typedef void (*model_dies_fn)(sde_model *m, int programs, double *programmed, int from_top);
+#define BATCH_ERASE 2
 /* The deferred programs so far booked on their dies (before anything else books a die, so
  * that every die sees its work in the order an unbatched run gives it). */
 void model_defer_flush(sde_model *m);
@@ -268,6 +271,7 @@ struct batched *model_batch_slot(sde_model *m, uint32_t i, struct bulk b, double
 int model_batch_reserve(sde_model *m, uint32_t n);
 uint32_t model_claim_channel(sde_model *m, int from_top);
 void model_batch_dies(sde_model *m, int programs, double *programmed, int from_top);
+void model_hold_all_dies(sde_model *m, double ready, double duration);
 
 /* model_helper.c */
 void model_spin_while(_Atomic uint64_t *word, uint64_t value);
