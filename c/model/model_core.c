@@ -24,8 +24,14 @@ double model_res_hold(struct sde_resource *r, double ready, double duration)
         return done;
     }
     double start = ready > r->next_free ? ready : r->next_free;
-    if (start > r->next_free && sde_gaps_append(&r->gaps, r->next_free, start) == 0)
-        res_ends(r);
+    if (start > r->next_free && sde_gaps_append(&r->gaps, r->next_free, start) == 0) {
+        /* the new gap is the last; the first only if it is alone (a program books one
+         * such gap on each of its dies: not reading the chunks back saved two cache lines
+         * a die) */
+        r->last_end = start;
+        if (r->gaps.n == 1)
+            r->first_end = start;
+    }
     r->next_free = start + duration;
     return r->next_free;
 }
