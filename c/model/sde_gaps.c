@@ -30,7 +30,7 @@ static void tree_set(sde_gaps *g, uint32_t c)
     if (!g->tree)
         return;
     uint32_t i = g->tsize + c;
-    g->tree[i] = g->maxlen[c];
+    g->tree[i] = g->ref[c].maxlen;
     for (i /= 2; i; i /= 2)
         g->tree[i] = g->tree[2 * i] > g->tree[2 * i + 1] ? g->tree[2 * i] : g->tree[2 * i + 1];
 }
@@ -57,7 +57,7 @@ static void tree_rebuild(sde_gaps *g)
     }
     g->tsize = size;
     for (uint32_t i = 0; i < size; i++)
-        g->tree[size + i] = i < g->nchunks ? g->maxlen[i] : -1.0;
+        g->tree[size + i] = i < g->nchunks ? g->ref[i].maxlen : -1.0;
     for (uint32_t i = size - 1; i; i--)
         g->tree[i] = g->tree[2 * i] > g->tree[2 * i + 1] ? g->tree[2 * i] : g->tree[2 * i + 1];
 }
@@ -68,7 +68,7 @@ static uint32_t tree_first(const sde_gaps *g, uint32_t from, double len)
     if (from >= g->nchunks)
         return g->nchunks;
     if (!g->tree) {
-        while (from < g->nchunks && g->maxlen[from] < len)
+        while (from < g->nchunks && g->ref[from].maxlen < len)
             from++;
         return from;
     }
@@ -93,13 +93,13 @@ static uint32_t tree_first(const sde_gaps *g, uint32_t from, double len)
 
 static void summarize(sde_gaps *g, uint32_t c)
 {
-    const struct sde_gap_chunk *k = g->chunk[c];
+    const struct sde_gap_chunk *k = g->ref[c].k;
     double m = 0.0;
     for (uint32_t i = 0; i < k->n; i++)
         if (k->g[i].end - k->g[i].start > m)
             m = k->g[i].end - k->g[i].start;
-    g->maxlen[c] = m;
-    g->last[c] = k->g[k->n - 1].end;
+    g->ref[c].maxlen = m;
+    g->ref[c].last = k->g[k->n - 1].end;
     tree_set(g, c);
 }
 
@@ -107,26 +107,14 @@ static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
 {
     if (g->nchunks == g->cap) {
         uint32_t cap = g->cap ? 2 * g->cap : 4;
-        struct sde_gap_chunk **chunk = realloc(g->chunk, cap * sizeof(*chunk));
-        if (!chunk)
+        struct sde_chunk_ref *ref = realloc(g->ref, cap * sizeof(*ref));
+        if (!ref)
             return -ENOMEM;
-        g->chunk = chunk;
-        double *last = realloc(g->last, cap * sizeof(*last));
-        if (!last)
-            return -ENOMEM;
-        g->last = last;
-        double *maxlen = realloc(g->maxlen, cap * sizeof(*maxlen));
-        if (!maxlen)
-            return -ENOMEM;
-        g->maxlen = maxlen;
+        g->ref = ref;
         g->cap = cap;
     }
-    uint32_t tail = g->nchunks - at;
-    memmove(&g->chunk[at + 1], &g->chunk[at], tail * sizeof(*g->chunk));
-    memmove(&g->last[at + 1], &g->last[at], tail * sizeof(*g->last));
-    memmove(&g->maxlen[at + 1], &g->maxlen[at], tail * sizeof(*g->maxlen));
-    g->chunk[at] = k;
-    g->maxlen[at] = 0.0;
+    memmove(&g->ref[at + 1], &g->ref[at], (g->nchunks - at) * sizeof(*g->ref));
+    g->ref[at] = (struct sde_chunk_ref){.k = k};
     g->nchunks++;
     tree_rebuild(g);
     return 0;
@@ -135,11 +123,8 @@ static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
 static void remove_chunks(sde_gaps *g, uint32_t at, uint32_t count)
 {
     for (uint32_t c = at; c < at + count; c++)
-        chunk_free(g, g->chunk[c]);
-    uint32_t tail = g->nchunks - at - count;
-    memmove(&g->chunk[at], &g->chunk[at + count], tail * sizeof(*g->chunk));
-    memmove(&g->last[at], &g->last[at + count], tail * sizeof(*g->last));
-    memmove(&g->maxlen[at], &g->maxlen[at + count], tail * sizeof(*g->maxlen));
+        chunk_free(g, g->ref[c].k);
+    memmove(&g->ref[at], &g->ref[at + count], (g->nchunks - at - count) * sizeof(*g->ref));
     g->nchunks -= count;
     tree_rebuild(g);
 }
@@ -147,19 +132,17 @@ static void remove_chunks(sde_gaps *g, uint32_t at, uint32_t count)
 void sde_gaps_free(sde_gaps *g)
 {
     for (uint32_t c = 0; c < g->nchunks; c++)
-        free(g->chunk[c]);
+        free(g->ref[c].k);
     for (uint32_t i = 0; i < g->nspare; i++)
         free(g->spare[i]);
-    free(g->chunk);
-    free(g->last);
-    free(g->maxlen);
+    free(g->ref);
     free(g->tree);
     memset(g, 0, sizeof(*g));
 }
 
 int sde_gaps_append(sde_gaps *g, double start, double end)
 {
-    struct sde_gap_chunk *k = g->nchunks ? g->chunk[g->nchunks - 1] : NULL;
+    struct sde_gap_chunk *k = g->nchunks ? g->ref[g->nchunks - 1].k : NULL;
     if (!k || k->n == SDE_GAP_CHUNK) {
         k = chunk_new(g);
         if (!k)
@@ -172,11 +155,11 @@ int sde_gaps_append(sde_gaps *g, double start, double end)
     }
     uint32_t c = g->nchunks - 1;
     k->g[k->n++] = (struct sde_gap){start, end};
-    if (k->n == 1 || end - start > g->maxlen[c]) {
-        g->maxlen[c] = end - start;
+    if (k->n == 1 || end - start > g->ref[c].maxlen) {
+        g->ref[c].maxlen = end - start;
         tree_set(g, c);
     }
-    g->last[c] = end;
+    g->ref[c].last = end;
     g->n++;
     return 0;
 }
@@ -185,7 +168,7 @@ int sde_gaps_append(sde_gaps *g, double start, double end)
  * gaps, in its place. */
 static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
 {
-    struct sde_gap_chunk *k = g->chunk[c];
+    struct sde_gap_chunk *k = g->ref[c].k;
     struct sde_gap was = k->g[i], parts[2];
     uint32_t m = 0;
     if (start > was.start)
@@ -219,8 +202,8 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
     g->n += m - 1;
     if (!k->n)
         remove_chunks(g, c, 1);
-    else if (was.end - was.start < g->maxlen[c])
-        g->last[c] = k->g[k->n - 1].end; /* the longest gap is another one: it stays */
+    else if (was.end - was.start < g->ref[c].maxlen)
+        g->ref[c].last = k->g[k->n - 1].end; /* the longest gap is another one: it stays */
     else
         summarize(g, c);
 }
@@ -231,18 +214,18 @@ int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
     uint32_t lo = 0, hi = g->nchunks;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
-        if (g->last[mid] <= ready)
+        if (g->ref[mid].last <= ready)
             lo = mid + 1;
         else
             hi = mid;
     }
     for (uint32_t c = lo; c < g->nchunks; c++) {
-        if (g->maxlen[c] < duration) {
+        if (g->ref[c].maxlen < duration) {
             c = tree_first(g, c + 1, duration);
             if (c == g->nchunks)
                 break;
         }
-        const struct sde_gap_chunk *k = g->chunk[c];
+        const struct sde_gap_chunk *k = g->ref[c].k;
         uint32_t i = 0;
         if (c == lo) { /* ...and its first gap ending after it: galloping from the front,
                         * where a replay's reads find it (index 1 in 98% of them, as they
@@ -281,12 +264,12 @@ void sde_gaps_forget_before(sde_gaps *g, double t)
 {
     uint32_t c = 0;
     uint32_t dropped = 0;
-    while (c < g->nchunks && g->last[c] <= t)
-        dropped += g->chunk[c++]->n;
+    while (c < g->nchunks && g->ref[c].last <= t)
+        dropped += g->ref[c++].k->n;
     if (c)
         remove_chunks(g, 0, c);
     if (g->nchunks) {
-        struct sde_gap_chunk *k = g->chunk[0];
+        struct sde_gap_chunk *k = g->ref[0].k;
         uint32_t i = 0;
         while (k->g[i].end <= t) /* stops: the chunk's last end is after t */
             i++;

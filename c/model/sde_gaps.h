@@ -25,10 +25,15 @@ struct sde_gap_chunk {
     struct sde_gap g[SDE_GAP_CHUNK];
 };
 
+/* a chunk, its last end and its longest gap (end - start), side by side: a booking reads
+ * all three of one chunk, and three arrays were three cache lines a die */
+struct sde_chunk_ref {
+    struct sde_gap_chunk *k;
+    double last, maxlen;
+};
+
 typedef struct sde_gaps {
-    struct sde_gap_chunk **chunk;
-    double *last;   /* each chunk's last end */
-    double *maxlen; /* each chunk's longest gap (end - start) */
+    struct sde_chunk_ref *ref; /* the chunks in time order */
     /* a max-tree over maxlen (leaves from tsize on), so that the first chunk after another
      * with a gap long enough is found in O(log chunks): a drive whose programs queue far ahead
      * of its reads (GC under a full write cache) keeps thousands of short gaps per die, and a
@@ -55,6 +60,6 @@ int sde_gaps_append(sde_gaps *g, double start, double end);
 /* Forget the gaps that end by t. */
 void sde_gaps_forget_before(sde_gaps *g, double t);
 
-static inline double sde_gaps_first_end(const sde_gaps *g) { return g->chunk[0]->g[0].end; }
-static inline double sde_gaps_last_end(const sde_gaps *g) { return g->last[g->nchunks - 1]; }
+static inline double sde_gaps_first_end(const sde_gaps *g) { return g->ref[0].k->g[0].end; }
+static inline double sde_gaps_last_end(const sde_gaps *g) { return g->ref[g->nchunks - 1].last; }
 #endif
