@@ -6,13 +6,16 @@
  * first, then die rows: page p0 + j is on channel (p0 + j) mod C, row ((p0 + j) / C) mod D).
  * A channel before the first page's has its first page in the next row of channels. */
 static inline uint64_t batch_place(const struct batched *x, uint32_t ch, uint32_t die,
-                                   uint32_t C, uint32_t D)
+                                   uint32_t C, uint32_t D, uint32_t *row)
 {
     uint32_t next = ch < x->r0;
     uint32_t q = x->q0mod + next;
     if (q >= D)
         q -= D;
     uint32_t rows = die >= q ? die - q : die + D - q;
+    /* the place's row of channels, j / C without a 64-bit division per die: j is
+     * (next + rows) * C less r0 - ch, which is in [1, C) exactly when next is 1 */
+    *row = rows;
     return (uint64_t)(next + rows) * C + ch - x->r0;
 }
 
@@ -62,12 +65,13 @@ void model_batch_dies(sde_model *m, int programs, double *programmed, int from_t
         double base = m->batch_first[at], first = 1e300, last = 0.0, prog_max = 0.0;
         struct sde_resource *r = &m->dies[(size_t)ch * D];
         for (uint32_t die = 0; die < D; die++, r++) {
-            uint64_t j = batch_place(x, ch, die, C, D);
+            uint32_t row;
+            uint64_t j = batch_place(x, ch, die, C, D, &row);
             if (j >= x->planes)
                 continue;
             double k = (double)(x->base + (j < x->extra));
             if (programs) {
-                double ready = base + (double)(uint32_t)(j / C + 1) * x->xfer;
+                double ready = base + (double)(row + 1) * x->xfer;
                 double prog = model_hold(m, r, ready, k * t_prog);
                 if (prog > prog_max)
                     prog_max = prog;
