@@ -99,7 +99,12 @@ def test_drive_select_over_every_page_is_dense(run):
     ce_mem, g_mem = _decode(m, ids, copy.deepcopy(mem).attend, steps=3)
     kv = _drive(cfg, dev, mem, mode="drive-select", budget_pages=64, prefix=b"all")
     ce, g = _decode(m, ids, kv.attend, steps=3)
-    assert g == g_mem and np.abs(ce - ce_mem).max() <= 1e-3
+    assert g == g_mem
+    # the first step is the drive's float32 attention alone; each later step also carries
+    # the last one's rounding in its decoded token's KV, and the order of float32 sums is
+    # the CPU's (BLAS and Numba's vector width): measured 2e-5, 1.6e-4, 1.1e-3 on an AMD
+    # EPYC, all below 1e-3 on an Intel Xeon
+    assert abs(ce[0] - ce_mem[0]) <= 1e-4 and np.abs(ce - ce_mem).max() <= 2e-3
     assert kv.commands["topk"] == kv.commands["attend"] == 3 * cfg.layers
     kv.end()
 
