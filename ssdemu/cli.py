@@ -658,6 +658,11 @@ def _add_bench_model(bsub: argparse._SubParsersAction):
     rb.add_argument("--profile", default="star2000d")
     rb.add_argument("--quant", default="int8_g64")
     rb.add_argument("--no-baseline", action="store_true", help="skip the page-by-page run")
+    rb.add_argument("--bounded", type=_positive_int, default=None, metavar="BLOCKS",
+                    help="also replay with a drive tier of BLOCKS blocks (every miss evicts, "
+                    "GC runs) after each unbounded run, and report its time as a ratio")
+    rb.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+                    help="N runs (with --bounded: N pairs, one after the other); medians")
     rb.add_argument("--neighbours", type=_nonnegative_int, default=0, metavar="N",
                     help="N CPU-bound processes beside the run and its baseline")
     rb.add_argument("--json", action="store_true", help="print one JSON object")
@@ -1073,7 +1078,8 @@ def _cmd_bench_replay(args) -> int:
 
     with Neighbours(args.neighbours):
         report = bench_replay(str(args.trace or SAMPLE), args.model, args.profile, args.quant,
-                              baseline=not args.no_baseline)
+                              baseline=not args.no_baseline, bounded=args.bounded,
+                              repeat=args.repeat)
     report["neighbours"] = args.neighbours
     print(json.dumps(report) if args.json else format_table(report))
     return 0
