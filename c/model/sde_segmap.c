@@ -178,6 +178,17 @@ uint64_t sde_segmap_clear(sde_segmap *s, uint64_t i, uint64_t k, sde_segmap_gone
     while (k) {
         struct seg *g = &s->seg[i / SEG];
         uint32_t j = i % SEG, n = SEG - j < k ? SEG - j : (uint32_t)k;
+        if (n == SEG && g->mask == ~0ull && g->own == NONE) {
+            /* a whole segment that is one run: a replay's block trimmed whole is ~60 of
+             * them, and the general path's masks and scans were most of a trim */
+            cleared += SEG;
+            if (gone)
+                gone_add(&runs, g->base, SEG);
+            g->mask = 0;
+            i += SEG;
+            k -= SEG;
+            continue;
+        }
         uint64_t rem = g->mask & span(j, j + n);
         if (rem) {
             const uint32_t *p = g->own == NONE ? NULL : s->pool + (uint64_t)g->own * SEG;
