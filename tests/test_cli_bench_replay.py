@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from ssdemu.bench.replay import bench_replay
 from traces.synthetic import generate, write
 
 
@@ -78,3 +79,11 @@ def test_bench_replay_bad_counts_are_one_line(args, says):
     p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "replay", *args],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.strip() == f"ssdemu: error: {says}"
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"bounded": 0}, "the bounded drive needs at least 1 block, got 0"),
+    ({"repeat": 0}, "repeat must be at least 1, got 0")])
+def test_bench_replay_refuses_bad_counts_before_running(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        bench_replay(trace="/nonexistent.jsonl", **kwargs)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from ssdemu.cli import main
+from ssdemu.replay import threads
 from ssdemu.replay.threads import choose_threads, others_running, own_running, steady_count
 
 
@@ -62,7 +63,16 @@ def test_this_process_s_own_busy_threads_are_not_neighbours():
         stop.set()
         for t in spinners:
             t.join()
-    assert own_running() >= 1
+
+
+def test_neighbours_are_the_host_s_runnable_tasks_less_this_process_s(tmp_path, monkeypatch):
+    # four runnable on the host, three of them this process's threads: one neighbour
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4\nprocs_running 4\nprocs_blocked 0\n")
+    monkeypatch.setattr(threads, "own_running", lambda: 3)
+    assert threads.others_running(samples=3, gap_s=0, stat=str(stat)) == 1
+    monkeypatch.setattr(threads, "own_running", lambda: 1)
+    assert threads.others_running(samples=3, gap_s=0, stat=str(stat)) == 3
 
 
 def test_threads_takes_1_2_or_auto(capsys):

@@ -19,13 +19,13 @@ def choose_threads(cpus: int, others_running: int) -> int:
     return 2 if cpus - others_running >= 2 else 1
 
 
-def others_running(samples: int = 5, gap_s: float = 0.01) -> int:
+def others_running(samples: int = 5, gap_s: float = 0.01, stat: str = "/proc/stat") -> int:
     """Tasks of other processes running or runnable on the host, all the time: /proc/stat's
     procs_running less this process's runnable threads, the least of a few samples (an
     instant, not the minute a load average spans)."""
     seen = []
     for i in range(samples):
-        with open("/proc/stat") as f:
+        with open(stat) as f:
             for line in f:
                 if line.startswith("procs_running"):
                     seen.append(int(line.split()[1]) - own_running())
