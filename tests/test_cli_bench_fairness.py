@@ -11,12 +11,13 @@ import sys
 import pytest
 
 from ssdemu.bench.fairness import _worst
+from ssdemu.device.retrieval import DECODED_BYTES
 from ssdemu_wire import layout as W
 
 
 def test_every_hog_is_at_a_bound_and_within_all_of_them():
     """Each worst case is legal (hostlib would send it) and sits at the bound it names."""
-    for kind in ("keys", "scored", "rerank", "result"):
+    for kind in ("keys", "scored", "rerank", "result", "memory"):
         w = _worst(kind)
         a = w["args"]
         pages = w["blocks"] * -(-w["tokens"] // a["page_tokens"])
@@ -29,7 +30,9 @@ def test_every_hog_is_at_a_bound_and_within_all_of_them():
               "scored": w["heads"] * pages * w["dim"] == W.RETRIEVAL_MAX_SCORED,
               "rerank": w["heads"] * a["k"] * a.get("rerank", 1) * a["page_tokens"]
               * w["dim"] == W.RETRIEVAL_MAX_READ,
-              "result": w["heads"] * a["k"] * 8 == W.RETRIEVAL_MAX_RESULT}
+              "result": w["heads"] * a["k"] * 8 == W.RETRIEVAL_MAX_RESULT,
+              "memory": w["blocks"] == W.RETRIEVAL_MAX_KEYS
+              and w["blocks"] * w["tokens"] * 2 * w["heads"] * w["dim"] * 2 == DECODED_BYTES}
         assert at[kind], kind
 
 

@@ -676,6 +676,41 @@ def test_decoded_blocks_serve_the_next_layers_and_never_a_rewritten_value(dev):
     np.testing.assert_allclose(lse, rlse, atol=1e-5)
 
 
+def test_one_command_adds_at_most_its_fill_bytes_to_the_decoded_cache(dev):
+    """A sequence whose layers take more than FILL_BYTES: one command keeps at most that much
+    of it in the host's decoded cache (before, the whole 20 MiB in the first command: a
+    request could grow the daemon by the cache's whole budget); the next layers' commands
+    keep the rest, every answer the reference's, until a pass over the layers reads no
+    block."""
+    from ssdemu.device.retrieval import FILL_BYTES
+
+    rng = np.random.default_rng(83)
+    blocks = _blocks(rng, 80, 64, 4, 2, 128)  # 256 KiB each: 20 MiB
+    keys = [f"fill/{i:02d}".encode() for i in range(len(blocks))]  # one length
+    for k, b in zip(keys, blocks, strict=True):
+        dev.kv_put(k, b.view(np.uint16).tobytes())
+    q = rng.standard_normal((4, 128)).astype(np.float32)
+    ids = np.array([[0, 7, 100], [3, 200, 319]])
+    kw = dict(layers=4, sink_pages=0, recent_pages=0)
+    misses = []
+    for rnd in range(3):
+        for layer in range(4):
+            before = dev.log()["retrieval"]
+            out, lse = dev.attend(keys, q, ids, layer=layer, **kw)
+            after = dev.log()["retrieval"]
+            assert after["decoded_host_bytes"] - before["decoded_host_bytes"] <= FILL_BYTES
+            rout, rlse = ref.attend(q, _layer(blocks, layer, 0), _layer(blocks, layer, 1),
+                                    PAGE, ids)
+            np.testing.assert_allclose(out, rout, atol=1e-5)
+            np.testing.assert_allclose(lse, rlse, atol=1e-5)
+            if rnd == 0 and layer == 0:
+                assert after["decoded_host_bytes"] - before["decoded_host_bytes"] > 0
+        misses.append(dev.log()["retrieval"]["decoded_misses"])
+    assert misses[2] == misses[1]  # the whole sequence kept: the last pass read nothing
+    for key in keys:
+        dev.kv_delete(key)
+
+
 def test_the_byte_lru_counts_a_replaced_entry_once_and_entries_of_nothing():
     """The worker's caches: a key stored again replaces its bytes (before: counted twice, so
     the cache shrank as blocks were decoded again); entries of no bytes (a block with no

@@ -2,12 +2,14 @@
 
 A hog process sends, back to back, the worst TOPK_PAGES a command may ask (each bound of
 c/wire/sde_queue.h SDE_RETRIEVAL_MAX_* in turn: the most blocks, the most pages scored, the
-largest re-rank, the largest result), while a victim — another connection of the same uid,
-another process — times its one-block TOPK_PAGES and its NOPs on the real clock.  The
-baseline is the victim alone, in the same run, and beside one process spinning on a core
-(what any busy neighbour costs on this host: on 2 cores it alone doubles a NOP's p99).  The
-daemon's memory: its peak RSS over the hog's first command of each kind (cold: the kernels
-loaded before) and over the rest, above its RSS before (/proc: VmHWM after clear_refs).
+largest re-rank, the largest result; and the most memory: the most keys, of blocks as large
+as the host's decoded cache keeps a sequence of them whole), while a victim — another
+connection of the same uid, another process — times its one-block TOPK_PAGES and its NOPs
+on the real clock.  The baseline is the victim alone, in the same run, and beside one
+process spinning on a core (what any busy neighbour costs on this host: on 2 cores it alone
+doubles a NOP's p99).  The daemon's memory: its peak RSS over the hog's first command of
+each kind (cold: the kernels loaded before) and over the rest, above its RSS before (/proc:
+VmHWM after clear_refs).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 import hostlib
 from ssdemu.bench.neighbours import Neighbours
+from ssdemu.device.retrieval import DECODED_BYTES
 from ssdemu.tools.daemon_process import DaemonProcess, socket_dir
 from ssdemu_wire import layout as W
 
@@ -41,6 +44,11 @@ def _worst(name: str) -> dict:
         return dict(blocks=64, tokens=1024, heads=8, dim=128,
                     args=dict(k=8, rerank=W.RETRIEVAL_MAX_READ // (8 * 16 * 8 * 128),
                               page_tokens=16))
+    if name == "memory":  # the most keys, each block as large as the host's decoded cache
+        # (DECODED_BYTES) keeps a sequence of them whole: the most that command can fill it
+        dim = DECODED_BYTES // (W.RETRIEVAL_MAX_KEYS * 16 * 2 * 2 * 2)
+        return dict(blocks=W.RETRIEVAL_MAX_KEYS, tokens=16, heads=2, dim=dim,
+                    args=dict(k=8, page_tokens=16))
     if name == "result":  # the largest result, k pages per head of a 4096-page sequence
         heads = 8
         return dict(blocks=64, tokens=1024, heads=heads, dim=8,
@@ -48,7 +56,7 @@ def _worst(name: str) -> dict:
     raise ValueError(name)
 
 
-KINDS = ("keys", "scored", "rerank", "result")
+KINDS = ("keys", "scored", "rerank", "result", "memory")
 
 
 def _store_worst(dev, kind: str) -> tuple[list, np.ndarray, dict]:

@@ -120,8 +120,10 @@ MAX_HEAD_DIM = 1024
 MAX_RERANK = 64
 KEY_BYTES = 16
 # decoded blocks one command keeps so as not to read and decode a block twice (the host's
-# memory, not the drive's: the modelled time charges each page read once either way)
-MEMO_BYTES = 16 << 20
+# memory, not the drive's: the modelled time charges each page read once either way).  With
+# FILL_BYTES below, a request's memory: at 16 MiB bench fairness's "memory" hog grew the
+# daemon by 64.3 MiB in its first command, at 8 MiB by 59.2
+MEMO_BYTES = 8 << 20
 # blocks' layers decoded once and kept across commands, in this host's memory, not the
 # drive's: a decode step asks for the same blocks layer after layer, and reading and decoding
 # each whole block for each layer's command was most of the worker's wall time (2K tokens of
@@ -132,6 +134,18 @@ MEMO_BYTES = 16 << 20
 # a sequence's layers are kept whole (Retrieval._seq_kv) when they fit in it.  The default;
 # serve --retrieval-host-bytes sets it (Retrieval.decoded_bytes)
 DECODED_BYTES = 128 << 20  # SmolLM2 (30 layers x 3 KV heads x 64): 94 MiB at 4K tokens
+# what one command may add to that cache, its entries' own bytes counted: past it, what the
+# command decodes serves it and is dropped, so that one request cannot take the whole cache's
+# worth of this host's memory (issue 57: <= 64 MiB a request; bench fairness's "memory" hog,
+# a sequence of 16,384 blocks of 8 KiB that the cache keeps whole, grew the daemon by 189 MiB
+# in one command).  A sequence's layers larger than this are kept over several commands, as
+# a decode step's next layers ask for them (_seq_kv)
+FILL_BYTES = 16 << 20
+# the host's own bytes of a decoded-cache entry (its key, its value's tuple, the LRU's slot,
+# most often two small arrays' headers): 738 and 774 B measured (tracemalloc, Python 3.11)
+# for a block's layer and for its summaries; 256 had counted 16,384 blocks' 3 entries of
+# bench fairness's keys hog as 36 MiB that took 64
+ENTRY_BYTES = 768
 
 # a streamed sequence's summaries are scored a part of its blocks at a time, this share of
 # the decoded cache's bytes of float32 bounds a part (_seq_bounds: 4 MiB at the default;
@@ -426,7 +440,7 @@ class Retrieval:
         self.cache = ByteLRU(self.profile.retrieval.summary_dram_bytes)
         # blocks' layers decoded, in this host's memory (see DECODED_BYTES)
         self.decoded_bytes = daemon.retrieval_host_bytes or DECODED_BYTES
-        self.decoded = ByteLRU(self.decoded_bytes, entry_bytes=256)
+        self.decoded = ByteLRU(self.decoded_bytes, entry_bytes=ENTRY_BYTES)
         self.stream_bytes = self.decoded_bytes // STREAM_SHARE  # a streamed score's part
         self._model_params = model_params(self.profile)  # each command's model copies them
         self._lock = threading.Lock()
@@ -572,6 +586,7 @@ class Retrieval:
         timing = _Timing(self.profile, len(inp), self._model_params)
         blocks = self._blocks(req, nsid)
         self._local.memo_left = MEMO_BYTES  # this command's, on this worker
+        self._local.fill_left = FILL_BYTES
         # a sequence bigger than the host's decoded cache keeps none of its blocks' layers
         # there: an LRU cycled by more than it holds never hits, it only holds the memory
         # (its stored bytes: the decoded size of a plain block; _seq_kv finds the rest)
@@ -632,6 +647,16 @@ class Retrieval:
         self._local.seq = ((nsid, shape, at), req.keys, self._local.sid, out, self._local.known)
         return out
 
+    def _keep(self, key, value, nbytes: int) -> bool:
+        """Put an entry in the host's decoded cache when this command's FILL_BYTES still
+        holds it (and its ENTRY_BYTES); False: not kept, the caller's to use and drop."""
+        cost = nbytes + ENTRY_BYTES
+        if cost > self._local.fill_left:
+            return False
+        self._local.fill_left -= cost
+        self.decoded.put(key, value, nbytes)
+        return True
+
     def _value(self, b: Block, nsid: int) -> bytes:
         """A block's stored value, read through the store (its checksum checked)."""
         try:
@@ -659,11 +684,12 @@ class Retrieval:
         if hit is None:
             block, code = block_elements(value if value is not None
                                          else self._value(b, nsid), req)
-            keep = self._local.keep_decoded
+            keep = (self._local.keep_decoded and block.nbytes + req.layers * ENTRY_BYTES
+                    <= self._local.fill_left)  # all its layers, or none (_decoded_layers)
             for layer in range(req.layers) if keep else (req.layer,):
                 lk, lv = layer_elements(block, layer)  # the next layers' commands want them
                 if keep:
-                    self.decoded.put((ident, layer), (lk, lv, code), lk.nbytes + lv.nbytes)
+                    self._keep((ident, layer), (lk, lv, code), lk.nbytes + lv.nbytes)
                 if layer == req.layer:
                     hit = ((lk, lv, code), 0)
         (k, v, b.code), _ = hit
@@ -687,7 +713,7 @@ class Retrieval:
             self._keep_header(req, nsid, b, value)
             for layer, entry in enumerate(self._stored_runs(req, value)):
                 nbytes = 0 if entry is None else entry[0].nbytes + entry[1].nbytes
-                self.decoded.put(key[:3] + (layer,), entry, nbytes)
+                self._keep(key[:3] + (layer,), entry, nbytes)
                 if layer == req.layer:
                     got = (entry, nbytes)
             if got is None:
@@ -712,7 +738,7 @@ class Retrieval:
                 header, _ = _blockfmt.open_block(value)
             except _blockfmt.CorruptBlockError as e:
                 raise Refused("INVALID_FIELD", f"a stored compressed block: {e}") from None
-        self.decoded.put((_ident(req, nsid, b), "header"), header, 64)
+        self._keep((_ident(req, nsid, b), "header"), header, 64)
         return header
 
     def _header(self, req: Request, nsid: int, b: Block):
@@ -794,7 +820,7 @@ class Retrieval:
                         np.uint64), (len(o), req.kv_heads, len(blocks), nb)).reshape(
                             len(o), req.kv_heads, -1))
                 table = (np.stack(offs), np.stack(lens))
-        self.decoded.put(key, table, 0 if table is None else table[0].nbytes * 2)
+        self._keep(key, table, 0 if table is None else table[0].nbytes * 2)
         return table
 
     @staticmethod
@@ -867,7 +893,7 @@ class Retrieval:
         nbytes = plo.nbytes + phi.nbytes
         if meta is None:
             self.cache.put(ck, (tokens, token_bytes), nbytes)
-        self.decoded.put((ck, "bounds"), (plo, phi, b.code), nbytes)
+        self._keep((ck, "bounds"), (plo, phi, b.code), nbytes)
         return plo, phi
 
     def _summary_keys(self, req: Request, nsid: int, blocks: list[Block]) -> list:
@@ -1019,7 +1045,10 @@ class Retrieval:
         at once, each block read once, when the sequence's layers fit in it (a decode step
         asks for the same sequence layer after layer;
         gathering pages block by block in Python was most of a command's host time).  None
-        otherwise, or for blocks of mixed element types: the block-by-block path."""
+        otherwise, or for blocks of mixed element types: the block-by-block path.  A command
+        builds the request's layer and the next ones (wrapping) as far as its FILL_BYTES
+        holds them, and none when not even one: the layers a decode step asks for next come
+        in a few commands, each reading the blocks once."""
         sid = self._local.sid
         got = self.decoded.get((sid, "kv", req.layer))
         if got is not None:
@@ -1041,23 +1070,41 @@ class Retrieval:
             code, tokens = layers[0][2], layers[0][0].shape[1]
             if arrays is None:
                 code0 = code
-                need = 2 * req.layers * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
-                if need > self.decoded_bytes:
+                per = 2 * req.kv_heads * T * req.head_dim * ELEMENT_BYTES[code]
+                if per * req.layers > self.decoded_bytes:
                     self.decoded.put((sid, "kv", None), "big", 0)
                     self._local.keep_decoded, self._local.memo_left = False, 0
                     return None
-                arrays = [np.empty((2, req.kv_heads, T, req.head_dim), layers[0][0].dtype)
-                          for _ in range(req.layers)]
+                built = self._seq_layers(req, sid, per)
+                if not built:
+                    return None
+                arrays = {i: np.empty((2, req.kv_heads, T, req.head_dim), layers[0][0].dtype)
+                          for i in built}
             if code != code0 or tokens != b.tokens or at + b.tokens > T:
                 self.decoded.put((sid, "kv", None), "mixed", 0)  # not one array: per block
                 return None
-            for layer, (k, v, _) in enumerate(layers):
-                arrays[layer][0, :, at:at + b.tokens] = k
-                arrays[layer][1, :, at:at + b.tokens] = v
+            for layer, kv in arrays.items():
+                kv[0, :, at:at + b.tokens] = layers[layer][0]
+                kv[1, :, at:at + b.tokens] = layers[layer][1]
             at += b.tokens
-        for layer, kv in enumerate(arrays):
-            self.decoded.put((sid, "kv", layer), (kv[0], kv[1], code0), kv.nbytes)
+        for layer, kv in arrays.items():
+            self._keep((sid, "kv", layer), (kv[0], kv[1], code0), kv.nbytes)
         return arrays[req.layer][0], arrays[req.layer][1], code0
+
+    def _seq_layers(self, req: Request, sid, per: int) -> list[int]:
+        """The layers _seq_kv builds: the request's, then the next ones (wrapping) not yet
+        kept, while this command's FILL_BYTES holds them (per bytes each); [] when it does
+        not hold the request's."""
+        out, left = [], self._local.fill_left
+        for i in range(req.layers):
+            layer = (req.layer + i) % req.layers
+            if i and self.decoded.get((sid, "kv", layer)) is not None:
+                continue
+            if per + ENTRY_BYTES > left:
+                break
+            left -= per + ENTRY_BYTES
+            out.append(layer)
+        return out
 
     def _decoded_layers(self, req: Request, nsid: int, b: Block) -> list | None:
         """The block's every layer as (K, V, code) from the host's DECODED_BYTES, when all
@@ -1095,7 +1142,7 @@ class Retrieval:
             return (lambda: self._bound_parts(req, packed)), P
         whole = list(self._bound_parts(req, packed, whole=True))
         lo, hi, _ = whole[0]
-        self.decoded.put(key, (lo, hi), lo.nbytes + hi.nbytes)
+        self._keep(key, (lo, hi), lo.nbytes + hi.nbytes)
         return (lambda: whole), P
 
     def _bound_parts(self, req: Request, packed: list, whole: bool = False):
@@ -1139,7 +1186,7 @@ class Retrieval:
             R.channel_range_sums(lo, hi, acc)
         spread = np.empty((req.kv_heads, req.head_dim), np.float32)
         R.spread_of_sums(acc, P, spread)
-        self.decoded.put(key, spread, spread.nbytes)
+        self._keep(key, spread, spread.nbytes)
         return spread
 
     @staticmethod
