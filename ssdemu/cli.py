@@ -587,9 +587,9 @@ def _add_bench_io(bsub: argparse._SubParsersAction):
     fb.add_argument("--profile", help="the daemon's profile (default: its own)")
     fb.add_argument("--seconds", type=_positive_float, default=5.0,
                     help="the victim's TOPKs, then its NOPs, this long per hog")
-    fb.add_argument("--hogs", default="keys,scored,rerank,result,memory",
-                    help="which worst cases, comma-separated (keys, scored, rerank, result, "
-                         "memory)")
+    fb.add_argument("--hogs", default="memory,keys,scored,rerank,result",
+                    help="which worst cases, comma-separated (memory, keys, scored, rerank, "
+                         "result)")
     fb.add_argument("--json", action="store_true", help="print one JSON object")
 
 
