@@ -685,7 +685,8 @@ def _add_bench_model(bsub: argparse._SubParsersAction):
                     help="a Llama GGUF for that part (default: SmolLM2-135M-Instruct)")
     rt.add_argument("--layout-context", type=_nonnegative_int, default=2048, metavar="TOKENS",
                     help="the drive's re-rank and ATTEND on blocks laid out by head against "
-                    "token by token (two daemons), at this context; 0: skip")
+                    "token by token (two daemons), at this context, on Gaussian KV and (with "
+                    "--model-context) on the real model's; 0: skip")
     rt.add_argument("--layout-scheme", default="plain",
                     help="the blocks' scheme for that part (plain, or an integer scheme)")
     rt.add_argument("--json", action="store_true", help="print one JSON object")

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ssdemu.bench.retrieval import LLAMA3_8B, bench_retrieval
@@ -110,6 +111,51 @@ def test_the_drive_reads_a_page_of_one_head_by_head_and_selects_the_same(scheme)
         assert r[f"{part}_head_vs_token"]["nand_bytes"] < 0.1, (part, r[part + "_head_vs_token"])
         assert r[f"{part}_head_vs_token"]["modelled_time"] < 1.0
         assert r["head"][part]["commands"] == r["token"][part]["commands"] == 30
+
+
+def test_on_the_real_models_kv_by_head_reads_less_and_selects_the_same():
+    """The layout comparison on SmolLM2-135M's own prefilled K and V and its decode steps'
+    queries (bench retrieval's layout_real): the same pages and attention on both layouts,
+    and by head a small part of the NAND bytes in less modelled time.  It fails when the
+    blocks are not the model's context in the drive's layout: a block cut across layers or
+    tokens changes the selections, and queries of another step or layer would too."""
+    from envcheck import missing
+
+    from ssdemu.bench.model_eval import DEFAULT_TEXT
+    from ssdemu.bench.retrieval_layout import real_layout_comparison
+    from ssdemu.bench.retrieval_real import model_queries
+    from ssdemu.llm.gguf_model import ModelFileError
+
+    try:
+        cfg, keys, values, qs = model_queries(256, 1, DEFAULT_TEXT)
+    except ModelFileError as e:
+        missing(str(e))
+    r = real_layout_comparison(cfg, keys, values, qs, 256, steps=1, raw=True)
+    assert r["kv"].startswith("real") and r["layers"] == cfg.layers == 30
+    assert r["selections_identical"] and r["attention_identical"]
+    for part in ("topk_rerank", "attend"):
+        assert r[f"{part}_head_vs_token"]["nand_bytes"] < 0.1, (part, r[part + "_head_vs_token"])
+        assert r[f"{part}_head_vs_token"]["modelled_time"] < 1.0
+    # what the drive attended is the model's own KV: each layer's ATTEND output equals numpy
+    # softmax attention of that layer's query over the chosen pages and the sink and recent
+    # pages of its fp16 K and V (a block cut across layers, tokens or K/V would not)
+    g, d, last = cfg.heads // cfg.kv_heads, cfg.head_dim, 256 // 16 - 1
+    for layer in (2, 17, 29):
+        ids, out = r["raw"]["ids"][layer], r["raw"]["outputs"][layer]
+        for h in range(cfg.kv_heads):
+            pages = sorted({0, last, *(int(p) for p in ids[h] if p >= 0)})
+            tokens = np.concatenate([np.arange(p * 16, p * 16 + 16) for p in pages])
+            k = keys[layer][tokens, h].astype(np.float64)
+            v = values[layer][tokens, h].astype(np.float64)
+            for qh in range(h * g, (h + 1) * g):
+                z = k @ qs[0, layer, qh].astype(np.float64) / np.sqrt(d)
+                w = np.exp(z - z.max())
+                want = (w / w.sum()) @ v
+                np.testing.assert_allclose(out[qh], want, rtol=2e-3, atol=2e-4)
+    with pytest.raises(ValueError, match="decode steps"):
+        real_layout_comparison(cfg, keys, values, qs, 256, steps=2)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        real_layout_comparison(cfg, keys, values, qs, 100, steps=1)
 
 
 @pytest.fixture(scope="module")

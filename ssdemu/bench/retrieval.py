@@ -37,7 +37,7 @@ import numpy as np
 
 from firmware import retrieval as R
 from ssdemu.bench.retrieval_layout import format_table as layout_table
-from ssdemu.bench.retrieval_layout import layout_comparison
+from ssdemu.bench.retrieval_layout import layout_comparison, real_layout_comparison
 from ssdemu.sim.profile import load
 from ssdemu.sim.retrieval import MODES, AttentionShape, decode_step, selection_step
 
@@ -263,8 +263,15 @@ def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0, model_con
                     layout_context: int = 0, layout_scheme: str = "plain") -> dict:
     """model_context > 0: also the real model's part (ssdemu/bench/retrieval_real.py) at that
     many tokens of context; layout_context > 0: the drive's commands on both block layouts
-    (ssdemu/bench/retrieval_layout.py)."""
+    (ssdemu/bench/retrieval_layout.py), on Gaussian KV and, with model_context, on the real
+    model's (its first min(layout_context, model_context) tokens, whole blocks)."""
     t0 = time.perf_counter()
+    kv = None
+    if model_context:
+        from ssdemu.bench.model_eval import DEFAULT_TEXT
+        from ssdemu.bench.retrieval_real import model_queries as prefill
+
+        kv = prefill(model_context, model_queries, DEFAULT_TEXT, model_path)
     accuracy = {}
     for n in lengths:
         accuracy[str(n)] = accuracy_on(Suite(n, seed), seed)
@@ -285,18 +292,26 @@ def bench_retrieval(lengths=LENGTHS, profiles=PROFILES, seed: int = 0, model_con
         "rerank_over_quest_mass": agg["quest_rerank"] - agg["quest"],
         "needle_hit_rate_at_3pct": at3,
         "cost": _costs(lengths, profiles),
-        **(_real_part(model_context, model_queries, seed, model_path, agg)
+        **(_real_part(model_context, model_queries, seed, model_path, agg, kv)
            if model_context else {}),
         **({"layout": layout_comparison(layout_context, scheme=layout_scheme, seed=seed)}
            if layout_context else {}),
+        **({"layout_real": _real_layout(kv, min(layout_context, model_context), layout_scheme)}
+           if layout_context and kv is not None and min(layout_context, model_context) >= 64
+           else {}),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
 
-def _real_part(context, queries, seed, model_path, synthetic_mass) -> dict:
+def _real_layout(kv, context: int, scheme: str) -> dict:
+    cfg, keys, values, qs = kv
+    return real_layout_comparison(cfg, keys, values, qs, context // 64 * 64, scheme=scheme)
+
+
+def _real_part(context, queries, seed, model_path, synthetic_mass, kv) -> dict:
     from ssdemu.bench.retrieval_real import real_model_accuracy
 
-    real = real_model_accuracy(context, queries, seed, model_path=model_path)
+    real = real_model_accuracy(context, queries, seed, model_path=model_path, kv=kv)
     mass = {m: float(np.mean([real["accuracy"][f"{b:g}"][m]["mass_captured"]
                               for b in BUDGETS]))
             for m in ("quest", "quest_rerank", "quest_rerank_bound")}
@@ -344,6 +359,7 @@ def format_table(r: dict) -> str:
             lines.append(f"{prof:<10} {x['context_tokens']:>8} selection, batch {x['batch']:<3} "
                          f"{'':<14} {x['latency_ms']:10.2f} {'':>10} "
                          f"{x['compute_utilization']:5.2f} mac {x['mac_utilization']:.2f}")
-    if "layout" in r:
-        lines.append(layout_table(r["layout"]))
+    for part in ("layout", "layout_real"):
+        if part in r:
+            lines.append(layout_table(r[part]))
     return "\n".join(lines)

@@ -70,11 +70,14 @@ def model_queries(context: int, queries: int, text: str, model_path=None):
 
 
 def real_model_accuracy(context: int = 2048, queries: int = 16, seed: int = 0,
-                        text: str | None = None, model_path: str | None = None) -> dict:
+                        text: str | None = None, model_path: str | None = None,
+                        kv: tuple | None = None) -> dict:
+    """kv: model_queries' answer for this context, queries and text, when the caller has it
+    (bench retrieval's layout part uses the same prefill)."""
     from ssdemu.bench.model_eval import DEFAULT_TEXT
 
     text = text or DEFAULT_TEXT
-    cfg, keys, values, qs = model_queries(context, queries, text, model_path)
+    cfg, keys, values, qs = kv or model_queries(context, queries, text, model_path)
     g = cfg.heads // cfg.kv_heads
     sums = {f"{b:g}": {m: {x: [] for x in METRICS} for m in METHODS} for b in BUDGETS}
     per_layer = {m: [] for m in METHODS}  # mass at 3%, per layer (mean over heads)
