@@ -635,6 +635,9 @@ def _add_bench_keepup(bsub: argparse._SubParsersAction):
     ku.add_argument("--media", default="mem:2G", help="media of the daemon started here")
     ku.add_argument("--kv-layout", choices=("head", "token"), default="head",
                     help="the daemon's block layout (serve --kv-layout)")
+    ku.add_argument("--neighbours", type=_nonnegative_int, default=0, metavar="N",
+                    help="N CPU-bound processes beside the run (a busy machine anyone can "
+                    "reproduce)")
     ku.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -998,12 +1001,15 @@ def _cmd_bench_fairness(args) -> int:
 
 def _cmd_bench_keepup(args) -> int:
     from ssdemu.bench.keepup import bench_keepup, format_table
+    from ssdemu.bench.neighbours import Neighbours
 
     try:
-        report = bench_keepup(args.context, args.tokens, args.budget, args.rerank,
-                              args.profile, args.media, kv_layout=args.kv_layout)
+        with Neighbours(args.neighbours):
+            report = bench_keepup(args.context, args.tokens, args.budget, args.rerank,
+                                  args.profile, args.media, kv_layout=args.kv_layout)
     except ValueError as e:
         raise SsdemuError(str(e)) from None
+    report["neighbours"] = args.neighbours
     print(json.dumps(report) if args.json else format_table(report))
     return 0
 
