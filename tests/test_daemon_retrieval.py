@@ -711,6 +711,50 @@ def test_one_command_adds_at_most_its_fill_bytes_to_the_decoded_cache(dev):
         dev.kv_delete(key)
 
 
+def test_two_clients_filling_one_sequence_at_once_get_every_answer_right(daemon, dev):
+    """Several waiters at once while a sequence larger than FILL_BYTES is being filled: two
+    connections each keep every layer's ATTEND in flight (16 commands over both workers,
+    each filling the shared decoded cache under its own FILL_BYTES).  Every answer is the
+    reference's for its own layer and pages (a worker that took another's sequence state, a
+    layer's entry kept under another layer's key, or a block's pages from another block would
+    not be), the cache grows by no more than FILL_BYTES a command, and once filled a pass over
+    the layers reads no block."""
+    from ssdemu.device.retrieval import FILL_BYTES
+
+    rng = np.random.default_rng(89)
+    blocks = _blocks(rng, 80, 64, 4, 2, 128)  # 256 KiB each: 20 MiB
+    keys = [f"fill2/{i:02d}".encode() for i in range(len(blocks))]
+    for k, b in zip(keys, blocks, strict=True):
+        dev.kv_put(k, b.view(np.uint16).tobytes())
+    kw = dict(layers=4, sink_pages=0, recent_pages=0)
+    asks = [(layer, rng.standard_normal((4, 128)).astype(np.float32),
+             np.sort(rng.choice(320, size=(2, 3), replace=False), axis=1))
+            for _ in range(2) for layer in range(4)]
+    before = dev.log()["retrieval"]
+    with hostlib.connect(daemon.socket_path) as other:
+        futures = [(c.attend_async(keys, q, ids, layer=layer, **kw), layer, q, ids)
+                   for layer, q, ids in asks for c in (dev, other)]
+        for f, layer, q, ids in futures:
+            out, lse = f.result(timeout=120)
+            rout, rlse = ref.attend(q, _layer(blocks, layer, 0), _layer(blocks, layer, 1),
+                                    PAGE, ids)
+            np.testing.assert_allclose(out, rout, atol=1e-5)
+            np.testing.assert_allclose(lse, rlse, atol=1e-5)
+    after = dev.log()["retrieval"]
+    assert after["commands"] - before["commands"] == len(futures) == 16
+    grown = after["decoded_host_bytes"] - before["decoded_host_bytes"]
+    assert 0 < grown <= len(futures) * FILL_BYTES
+    for _ in range(3):  # the rest filled, a layer's command at a time
+        for layer in range(4):
+            dev.attend(keys, *asks[layer][1:], layer=layer, **kw)
+    misses = dev.log()["retrieval"]["decoded_misses"]
+    for layer in range(4):
+        dev.attend(keys, *asks[layer][1:], layer=layer, **kw)
+    assert dev.log()["retrieval"]["decoded_misses"] == misses
+    for key in keys:
+        dev.kv_delete(key)
+
+
 def test_the_byte_lru_counts_a_replaced_entry_once_and_entries_of_nothing():
     """The worker's caches: a key stored again replaces its bytes (before: counted twice, so
     the cache shrank as blocks were decoded again); entries of no bytes (a block with no
