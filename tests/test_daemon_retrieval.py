@@ -232,6 +232,12 @@ def test_bad_requests_are_refused_and_the_daemon_serves_on(dev):
                         (dict(keys=[b"bad/none"]), hostlib.KeyNotFoundError),
                         (dict(k=0), hostlib.InvalidCommandError),
                         (dict(queries=np.full((1, 16), np.nan, np.float32)),
+                         hostlib.InvalidCommandError),
+                        # one infinity, and two of opposite signs (their sum is nan)
+                        (dict(queries=np.array([[0.0] * 5 + [np.inf] + [0.0] * 10],
+                                               np.float32)),
+                         hostlib.InvalidCommandError),
+                        (dict(queries=np.array([[np.inf, -np.inf] + [1.0] * 14], np.float32)),
                          hostlib.InvalidCommandError)):
         with pytest.raises(err):
             _raw(dev, pack_retrieval_request(**{**good, **change}), 8)

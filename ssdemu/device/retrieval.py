@@ -45,6 +45,7 @@ import collections
 import hashlib
 import importlib
 import logging
+import math
 import os
 import struct
 import threading
@@ -257,18 +258,22 @@ def parse(op: str, data: memoryview | bytes) -> Request:
     need = at + n * KEY_BYTES + qh * d * 4 + (kv * k * 4 if op == "ATTEND" else 0)
     if len(data) < need:
         raise Refused("INVALID_BUFFER", f"the request needs {need} bytes, has {len(data)}")
-    slots = bytes(data[at:at + n * KEY_BYTES])
+    slots = data[at:at + n * KEY_BYTES]  # compared in place: copied only when new (a copy
+    # a command was a malloc large enough to make glibc consolidate its fast bins)
     last = _last_keys  # (klen, slots, keys): a decode step names one sequence layer by layer
     if last[0] == klen and last[1] == slots:
         keys = last[2]
     else:
+        slots = bytes(slots)
         keys = tuple(slots[i:i + klen] for i in range(0, n * KEY_BYTES, KEY_BYTES))
         _last_keys = (klen, slots, keys)  # one tuple: swapped atomically between workers
     at += n * KEY_BYTES
     # copies: the client may change its buffer while the command runs
     q = np.frombuffer(data, "<f4", qh * d, at).reshape(qh, d).copy()
     at += qh * d * 4
-    if not np.isfinite(q).all():
+    # finite iff the float64 sum is: float32 values cannot overflow it, inf and nan carry
+    # (one reduction: isfinite then all was two ufunc calls and a temporary)
+    if not math.isfinite(q.sum(dtype=np.float64)):
         raise Refused("INVALID_FIELD", "queries must be finite")
     ids = None
     if op == "ATTEND":
