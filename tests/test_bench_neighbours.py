@@ -69,3 +69,17 @@ def test_bench_replay_reports_its_neighbours(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "queue", "--neighbours",
                           "-1"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_bench_keepup_reports_its_neighbours():
+    """Here, not beside bench keepup's own test: this file's checks see every neighbour on
+    the host, and xdist runs one file's tests on one worker (--dist loadfile)."""
+    assert _running() == []
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "keepup", "--context", "256",
+                        "--tokens", "1", "--media", "mem:256M", "--neighbours", "1", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["neighbours"] == 1 and r["commands"] == 2 * r["layers"]
+    assert _running() == []
