@@ -181,6 +181,23 @@ def test_a_stage_in_the_middle_of_any_gap_of_full_chunks(full):
             assert r.gaps == len(ref.gaps)
 
 
+
+def test_a_chunk_whose_longest_gap_went_still_books_as_a_flat_list():
+    """A chunk's longest-gap figure is a bound (sde_gaps.h): taking its longest gap leaves it
+    high, and a scan that found nothing sets it again, but only a scan of the whole chunk.
+    Here a long early gap is followed by a chunk and more of short ones; a long stage ready
+    past that gap scans the first chunk from the middle in vain and queues at the end; a
+    stage ready before it must still find it, and one as long as the longest gap left must
+    still be found after the longest went."""
+    r, ref = Resource(), _FlatGaps()
+    assert r.hold(100, 1) == ref.hold(100, 1)  # a 100 ns gap first
+    for i in range(100):  # then 100 gaps of 5 ns, and one of 20 ns among them
+        at = ref.next_free + (20 if i == 50 else 5)
+        assert r.hold(at, 1) == ref.hold(at, 1)
+    for ready, dur in [(150, 60), (0, 60), (0, 30), (0, 20), (0, 19), (0, 5), (0, 5)]:
+        assert r.hold(ready, dur) == ref.hold(ready, dur), (ready, dur)
+        assert r.gaps == len(ref.gaps) and r.next_free == ref.next_free
+
 def test_write_cache_changes_when_writes_complete():
     data = yaml.safe_load((PROFILE_DIR / "pcie4-tlc.yaml").read_text())
     cached = DeviceModel(parse(data))

@@ -91,18 +91,6 @@ static uint32_t tree_first(const sde_gaps *g, uint32_t from, double len)
     return c < g->nchunks ? c : g->nchunks;
 }
 
-static void summarize(sde_gaps *g, uint32_t c)
-{
-    const struct sde_gap_chunk *k = g->ref[c].k;
-    double m = 0.0;
-    for (uint32_t i = 0; i < k->n; i++)
-        if (k->g[i].end - k->g[i].start > m)
-            m = k->g[i].end - k->g[i].start;
-    g->ref[c].maxlen = m;
-    g->ref[c].last = k->g[k->n - 1].end;
-    tree_set(g, c);
-}
-
 static int insert_chunk(sde_gaps *g, uint32_t at, struct sde_gap_chunk *k)
 {
     if (g->nchunks == g->cap) {
@@ -182,8 +170,11 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
             upper->n = k->n - half;
             memcpy(upper->g, &k->g[half], upper->n * sizeof(*k->g));
             k->n = half;
-            summarize(g, c + 1);
-            summarize(g, c);
+            /* each half's longest gap is at most the whole's: kept as its bound (see fit) */
+            g->ref[c + 1].maxlen = g->ref[c].maxlen;
+            g->ref[c + 1].last = g->ref[c].last;
+            g->ref[c].last = k->g[half - 1].end;
+            tree_set(g, c + 1);
             if (i >= half) {
                 c++;
                 i -= half;
@@ -202,10 +193,8 @@ static void take(sde_gaps *g, uint32_t c, uint32_t i, double start, double done)
     g->n += m - 1;
     if (!k->n)
         remove_chunks(g, c, 1);
-    else if (was.end - was.start < g->ref[c].maxlen)
-        g->ref[c].last = k->g[k->n - 1].end; /* the longest gap is another one: it stays */
-    else
-        summarize(g, c);
+    else /* its parts are shorter than the gap: the chunk's bound stays one (see fit) */
+        g->ref[c].last = k->g[k->n - 1].end;
 }
 
 int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
@@ -245,6 +234,8 @@ int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
             }
             i = l;
         }
+        uint32_t whole = i == 0; /* the scan sees every gap of the chunk */
+        double longest = 0.0;
         for (; i < k->n; i++) {
             double start = k->g[i].start > ready ? k->g[i].start : ready;
             if (k->g[i].end - start >= duration) {
@@ -255,6 +246,12 @@ int sde_gaps_fit(sde_gaps *g, double ready, double duration, double *done)
                 *done = end;
                 return 1;
             }
+            if (k->g[i].end - k->g[i].start > longest)
+                longest = k->g[i].end - k->g[i].start;
+        }
+        if (whole) { /* no gap held it: the chunk's bound is its longest gap again */
+            g->ref[c].maxlen = longest;
+            tree_set(g, c);
         }
     }
     return 0;
@@ -277,7 +274,7 @@ void sde_gaps_forget_before(sde_gaps *g, double t)
             memmove(k->g, &k->g[i], (k->n - i) * sizeof(*k->g));
             k->n -= i;
             dropped += i;
-            summarize(g, 0);
+            /* its last end is the same; its bound still one (see fit) */
         }
     }
     g->n -= dropped;
