@@ -15,6 +15,7 @@ import sys
 import pytest
 
 import hostlib
+from ssdemu.cli import _print_replay
 from ssdemu.replay.data_mode import DataModeError, drive_capacity, replay_data
 from ssdemu.replay.model_mode import replay_model
 from ssdemu.replay.serving import ModelConfig, model_config, parse_capacities
@@ -107,7 +108,7 @@ def test_data_mode_figures_do_not_depend_on_when_the_client_waits(tmp_path, monk
                 out = replay_data(dev, trace, PROFILE, TINY, "int8_g64", caps)
         finally:
             assert d.terminate()[0] == 0
-        for k in ("wall_seconds", "requests_per_s", "blocks_per_s", "host_lag"):
+        for k in ("wall_seconds", "requests_per_s", "blocks_per_s", "host_lag", "host_lag_of"):
             out.pop(k)
         return out
 
@@ -329,7 +330,7 @@ def _cli(*args, timeout=300):
 
 
 @pytest.mark.slow
-def test_cli_data_mode_starts_and_stops_its_daemon_and_plots(tmp_path):
+def test_cli_data_mode_starts_and_stops_its_daemon_and_plots(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     write(generate(40, seed=2, share=0.8, prefixes=4, prefix_blocks=4,
                    mean_input_tokens=2000), str(trace))
@@ -343,6 +344,16 @@ def test_cli_data_mode_starts_and_stops_its_daemon_and_plots(tmp_path):
     assert r["mode"] == "data" and r["block_hit_ratio"] == m["block_hit_ratio"] > 0
     assert r["decode"] == m["decode"] and r["decode"]["tpot_s"]["p50"] > 0  # modelled alike
     assert r["data"]["data_errors"] == 0
+    # host lag is counted among the daemon's commands and kernel calls, and said so; model
+    # mode times in its own process, where nothing lags, and says nothing of it
+    assert 0 <= r["host_lag"] <= r["host_lag_of"] and r["host_lag_of"] > r["blocks"]
+    assert m["host_lag"] == m["host_lag_of"] == 0
+    _print_replay(r)
+    said = capsys.readouterr().out
+    assert (f"host slower than the modelled drive on {r['host_lag']:,} of "
+            f"{r['host_lag_of']:,} commands and kernel calls") in said
+    _print_replay(m)
+    assert "host slower" not in capsys.readouterr().out
     for name in ("hit_ratio.png", "ttft_cdf.png", "drive_utilization.png"):
         png = (tmp_path / "plots" / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -407,6 +407,9 @@ class DataDrive:
                 "nand_bytes": c["nand_bytes_read"] + c["nand_bytes_written"],
                 "host_lag": page["host_lag"] + sum(k["host_lag_calls"]
                                                    for k in page["compute"].values()),
+                # what host_lag counts among: the drive's commands and its kernels' calls
+                "host_lag_of": sum(c["commands"] for c in page["classes"].values())
+                + sum(k["calls"] for k in page["compute"].values()),
                 "logical_bytes": page["logical_bytes"], "physical_bytes": page["physical_bytes"],
                 "busy_until_ns": c["busy_until_ns"]}
 

@@ -191,7 +191,8 @@ class ModelDrive:
                 "host_link_bytes": st["link_bytes"],
                 "nand_bytes": st["nand_bytes_read"] + st["nand_bytes_written"],
                 "busy_until_ns": max(st["busy_until_ns"], *self.budget.busy_until_ns),
-                "host_lag": 0}  # virtual time in this process: the host never lags
+                # virtual time in this process: the host never lags
+                "host_lag": 0, "host_lag_of": 0}
 
     def books(self) -> dict:
         """The busy books now (for a utilization sample)."""
@@ -643,7 +644,7 @@ class _ReplayLoop:
         # past its last arrival (divided by the trace's span alone, utilization read > 1)
         work_ns = max(self.span_ns, c["busy_until_ns"] - self.t0_ns)
         return {"host_link_bytes": c["host_link_bytes"], "nand_bytes": c["nand_bytes"],
-                "host_lag": c["host_lag"],
+                "host_lag": c["host_lag"], "host_lag_of": c["host_lag_of"],
                 "utilization": _utilization(self.profile, c, {}, work_ns, self.K),
                 "utilization_span_s": work_ns / 1e9,
                 "utilization_over_time": self.util.points,
@@ -693,7 +694,8 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
     """The JSON report of a replay (both modes).  pool: the setup (instances, pool, route,
     fabric, dequant, gpu_dequant_bytes_per_s)."""
     drive = with_drive.get("drive", {
-        "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "utilization_over_time": [],
+        "host_link_bytes": 0, "nand_bytes": 0, "host_lag": 0, "host_lag_of": 0,
+        "utilization_over_time": [],
         "utilization": {"link": 0.0, "link_to_host": 0.0, "link_to_device": 0.0,
                         "nand_channels": 0.0, "compute": 0.0},
         "utilization_span_s": 0.0})
@@ -738,7 +740,7 @@ def report(mode: str, requests, profile: Profile, model: ModelConfig, quant: str
         "drive_ftl": [f for f in drive.get("ftl") or [] if f] or None,
         "per_instance": _per_instance(with_drive, without),
         "warnings": warnings,
-        "host_lag": drive["host_lag"],
+        "host_lag": drive["host_lag"], "host_lag_of": drive["host_lag_of"],
         "wall_seconds": wall, "requests_per_s": len(requests) / wall if wall else 0.0,
         "blocks_per_s": with_drive["blocks"] / wall if wall else 0.0,
         # the series behind --plot
