@@ -275,6 +275,9 @@ static void host_view_open(host_view *v)
     memset(v, 0, sizeof(*v));
     v->ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     v->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    /* serve --realtime sets the policy before the thread enters sde_dev_run: once is enough */
+    int policy = sched_getscheduler(0);
+    v->realtime = policy == SCHED_RR || policy == SCHED_FIFO;
 }
 
 static void host_view_close(host_view *v)
@@ -296,8 +299,6 @@ static void host_view_update(host_view *v, sde_dev *dev, int work)
     if (t - v->busy_at > 1000000) {
         v->busy = host_busy(v->loadavg_fd, v->ncpu);
         v->busy_at = t;
-        int policy = sched_getscheduler(0);
-        v->realtime = policy == SCHED_RR || policy == SCHED_FIFO;
         if (v->slice_ns >= 0 && (v->slice_ns > 0) != v->busy) { /* sde_sched.h */
             v->slice_ns = sde_sched_slice(v->busy);
             dev->stats.slice_ns = v->slice_ns > 0 ? (uint64_t)v->slice_ns : 0;
