@@ -2,21 +2,38 @@
 #define _GNU_SOURCE
 #include "model_private.h"
 
-/* The place j in block x's first stripe of the die on channel ch, row die (pages go channel
- * first, then die rows: page p0 + j is on channel (p0 + j) mod C, row ((p0 + j) / C) mod D).
- * A channel before the first page's has its first page in the next row of channels. */
-static inline uint64_t batch_place(const struct batched *x, uint32_t ch, uint32_t die,
-                                   uint32_t C, uint32_t D, uint32_t *row)
+/* Block x's dies on channel ch, in the order of their pages: the die of row r (r < n) is
+ * (die0 + r) mod D, its place in the block's first stripe j = j0 + r * C (pages go channel
+ * first, then die rows: page p0 + j is on channel (p0 + j) mod C, row ((p0 + j) / C) mod D;
+ * a channel before the first page's has its first page in the next row of channels), and it
+ * takes k1 pages for r < more (j < extra), k0 after.  Its dies are independent resources, so
+ * the order in which they are booked changes nothing.  Counting rows rather than dies
+ * leaves the loop a pointer step per die: the place's arithmetic per die was 7% of a
+ * replay's instructions (cachegrind, conversation trace). */
+struct batch_rows {
+    uint32_t die0, n, more;
+    double k0, k1;
+};
+
+static inline uint32_t rows_below(uint64_t limit, uint64_t j0, uint32_t C, uint32_t D)
+{
+    if (limit <= j0)
+        return 0;
+    uint64_t r = (limit - j0 + C - 1) / C; /* the rows whose j0 + r * C < limit */
+    return r < D ? (uint32_t)r : D;
+}
+
+static inline struct batch_rows batch_rows(const struct batched *x, uint32_t ch, uint32_t C,
+                                           uint32_t D)
 {
     uint32_t next = ch < x->r0;
     uint32_t q = x->q0mod + next;
     if (q >= D)
         q -= D;
-    uint32_t rows = die >= q ? die - q : die + D - q;
-    /* the place's row of channels, j / C without a 64-bit division per die: j is
-     * (next + rows) * C less r0 - ch, which is in [1, C) exactly when next is 1 */
-    *row = rows;
-    return (uint64_t)(next + rows) * C + ch - x->r0;
+    uint64_t j0 = (uint64_t)next * C + ch - x->r0;
+    return (struct batch_rows){.die0 = q, .n = rows_below(x->planes, j0, C, D),
+                               .more = rows_below(x->extra, j0, C, D),
+                               .k0 = (double)x->base, .k1 = (double)(x->base + 1)};
 }
 
 /* The next channel of a batch to book, from the bottom or from the top; C when none is
@@ -63,13 +80,12 @@ void model_batch_dies(sde_model *m, int programs, double *programmed, int from_t
         const struct batched *x = &m->batch[i];
         size_t at = (size_t)i * C + ch;
         double base = m->batch_first[at], first = 1e300, last = 0.0, prog_max = 0.0;
-        struct sde_resource *r = &m->dies[(size_t)ch * D];
-        for (uint32_t die = 0; die < D; die++, r++) {
-            uint32_t row;
-            uint64_t j = batch_place(x, ch, die, C, D, &row);
-            if (j >= x->planes)
-                continue;
-            double k = (double)(x->base + (j < x->extra));
+        struct batch_rows w = batch_rows(x, ch, C, D);
+        struct sde_resource *dies = &m->dies[(size_t)ch * D], *r = dies + w.die0;
+        for (uint32_t row = 0; row < w.n; row++, r++) {
+            if (r == dies + D)
+                r = dies;
+            double k = row < w.more ? w.k1 : w.k0;
             if (programs) {
                 double ready = base + (double)(row + 1) * x->xfer;
                 double prog = model_hold(m, r, ready, k * t_prog);

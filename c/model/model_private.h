@@ -252,7 +252,39 @@ void model_res_fini(struct sde_resource *r);
 double model_res_hold(struct sde_resource *r, double ready, double duration);
 void model_res_forget_before(struct sde_resource *r, double t);
 int model_advance(sde_model *m, double submit);
-double model_hold(sde_model *m, struct sde_resource *r, double ready, double duration);
+void model_res_gap(struct sde_resource *r, double start);
+double model_res_fit(struct sde_resource *r, double ready, double duration);
+
+/* A stage held from `ready` for `duration`: in the first gap that holds it, else at the end
+ * of the resource's time, the idle time before it a new gap.  Inline, its slow halves
+ * (model_res_fit, model_res_gap) out of line: a replay books ~150M stages. */
+static inline double model_res_end(struct sde_resource *r, double ready, double duration)
+{
+    double start = ready > r->next_free ? ready : r->next_free;
+    if (start > r->next_free)
+        model_res_gap(r, start);
+    r->next_free = start + duration;
+    return r->next_free;
+}
+
+static inline double model_res_hold_inline(struct sde_resource *r, double ready,
+                                           double duration)
+{
+    r->busy += duration;
+    if (r->gaps.n && r->last_end > ready)
+        return model_res_fit(r, ready, duration);
+    return model_res_end(r, ready, duration);
+}
+
+/* ...on a resource of the model, which first drops the gaps that end before the latest
+ * submission (model_advance says why). */
+static inline double model_hold(sde_model *m, struct sde_resource *r, double ready,
+                                double duration)
+{
+    if (r->gaps.n && r->first_end <= m->horizon)
+        model_res_forget_before(r, m->horizon);
+    return model_res_hold_inline(r, ready, duration);
+}
 double model_controller(sde_model *m, double submit);
 uint64_t model_page_part(uint64_t p, uint64_t page, uint64_t offset, uint64_t end);
 void model_locate(const sde_model *m, uint64_t page, uint32_t *plane, uint32_t *ch);
