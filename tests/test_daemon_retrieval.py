@@ -781,6 +781,39 @@ def test_the_byte_lru_counts_a_replaced_entry_once_and_entries_of_nothing():
     assert small.get("big") is None and small.bytes <= 1000
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["prefix", "again", "get", "put"]),
+                          st.lists(st.integers(0, 7), min_size=1, max_size=5)),
+                min_size=1, max_size=30))
+def test_the_byte_lru_prefix_touch_is_a_get_of_each_key_until_a_miss(ops):
+    """get_prefix (the summaries a command touches) against get() of each key until the
+    first miss: the same entries, and the same order of eviction after every step, also
+    when the same keys come again with or without a change between (its shortcut)."""
+    from ssdemu.device.retrieval import ByteLRU
+
+    a, b = ByteLRU(6), ByteLRU(6)
+    last = None
+    for op, keys in ops:
+        if op == "put":
+            for k in keys:
+                a.put(k, ("v", k), 1)
+                b.put(k, ("v", k), 1)
+        elif op == "get":
+            assert a.get(keys[0]) == b.get(keys[0])
+        else:
+            if op == "again" and last is not None:
+                keys = last  # the same list object, as a sequence's summary keys come
+            last = keys
+            want = []
+            for k in keys:
+                v = b.get(k)
+                if v is None:
+                    break
+                want.append(v)
+            assert a.get_prefix(keys) == want
+        assert list(a._d.items()) == list(b._d.items())
+
+
 def _request(keys, layer=0):
     q = np.zeros((2, 4), np.float32)
     return pack_retrieval_request(dtype_code=1, layer=layer, layers=2, kv_heads=1, q_heads=2,

@@ -123,3 +123,27 @@ def test_get_nowait_takes_what_may_be_served_now_and_leaves_the_capped():
     assert q.get_nowait() == ((1, 1), ("a", 1))
     q.close()
     assert q.closed and q.get_nowait() is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "done"]), st.integers(0, 2),
+                          st.integers(0, 1)), min_size=1, max_size=40))
+def test_put_take_is_put_then_get_nowait(ops):
+    """The workers' one hold of the lock for a command they popped (Retrieval._next) takes
+    what put() then get_nowait() take, whatever is queued or served already."""
+    a, b = FairQueue(2), FairQueue(2)
+    served_a, served_b = [], []
+    for n, (op, uid, cid) in enumerate(ops):
+        if op == "done":
+            if served_a:
+                a.done(served_a.pop(0))
+                b.done(served_b.pop(0))
+            continue
+        got_a = a.put_take(uid, (uid, cid), n)
+        b.put(uid, (uid, cid), n)
+        got_b = b.get_nowait()
+        assert got_a == got_b
+        if got_a is not None:
+            served_a.append(got_a[0])
+            served_b.append(got_b[0])
+        assert a.waiting() == b.waiting()

@@ -46,6 +46,8 @@ from ssdemu.sim.timing import budget_of, model_param_fields
 from ssdemu_wire import control, owner_key
 from ssdemu_wire.layout import STATUS
 
+_HOST_CQE = threading.local()  # complete_host's completion, per thread
+
 ffi, lib = _device.ffi, _device.lib
 
 log = logging.getLogger("ssdemu.serve")
@@ -368,8 +370,10 @@ class Daemon:
             dtime = int(sqe["submit_time_ns"] + device_ns)
         else:
             dtime = max(1, int(device_ns))
-        cqe = ffi.new("sde_cqe *", {"cid": sqe["cid"], "status": status, "result": result,
-                                    "device_time_ns": dtime})
+        cqe = _HOST_CQE.__dict__.get("cqe")
+        if cqe is None:  # each worker thread's own, reused: sde_dev_complete copies it
+            cqe = _HOST_CQE.cqe = ffi.new("sde_cqe *")
+        cqe.cid, cqe.status, cqe.result, cqe.device_time_ns = sqe["cid"], status, result, dtime
         lib.sde_dev_complete(self.dev, qp, cqe, t0_ns, sqe["opcode"], nbytes, 0)
 
     # -- the drive's clock and prefix index --

@@ -35,6 +35,13 @@ class FairQueue:
             clients.setdefault(cid, collections.deque()).append(item)
             self._cv.notify()
 
+    def put_take(self, uid: int, cid: int, item):
+        """put() then get_nowait(), under one hold of the lock (a worker joins the command it
+        popped and takes the next due, most often that one): what the two give."""
+        with self._cv:
+            self.put(uid, cid, item)  # the condition's lock is reentrant
+            return self._take()
+
     def _cap(self, active) -> int:
         return self.workers - 1 if len(active) > 1 and self.workers > 1 else self.workers
 
