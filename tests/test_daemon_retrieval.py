@@ -7,6 +7,8 @@ and the modelled time (a summary in the drive's DRAM costs less than a block rea
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ import hostlib
 from firmware.quant import dequantize
 from hostlib import aio
 from ssdemu.tools.daemon_process import DaemonProcess
-from ssdemu_wire.layout import OPCODES, pack_retrieval_request
+from ssdemu_wire.layout import OPCODES, STATUS, pack_retrieval_request
 
 PAGE = 16
 
@@ -611,6 +613,56 @@ def test_deleting_a_block_while_a_topk_reads_it_is_never_internal(dev):
         except hostlib.KeyNotFoundError:
             seen.add("KV_KEY_NOT_EXIST")
     assert seen <= {"SUCCESS", "KV_KEY_NOT_EXIST"}
+
+
+# imported by the daemon's interpreter at start (sitecustomize): the first retrieval command
+# a worker pops cannot be joined to the fair queue, as a bug there would do
+FAIL_FIRST_QUEUEING = '''
+from ssdemu.device import fair_queue
+
+_put_take, _calls = fair_queue.FairQueue.put_take, []
+
+
+def _put_take_once_broken(self, *args):
+    _calls.append(1)
+    if len(_calls) == 1:
+        raise ValueError("broken by the test")
+    return _put_take(self, *args)
+
+
+fair_queue.FairQueue.put_take = _put_take_once_broken
+'''
+
+
+def test_a_command_the_worker_cannot_queue_ends_internal_and_the_worker_goes_on(
+        tmp_path, monkeypatch):
+    """An exception between popping a command and serving it ends that command INTERNAL,
+    and the workers serve the next ones (before, it ended the worker's thread: the command
+    never completed, its client waited for ever, and with every worker gone so did all)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAIL_FIRST_QUEUEING)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    log = tmp_path / "daemon.log"
+    d = DaemonProcess(str(tmp_path / "q.sock"), media="mem:64M", log_path=str(log),
+                      python=sys.executable)  # a new interpreter, which runs the sitecustomize
+    try:
+        with hostlib.connect(d.socket_path) as dev:
+            rng = np.random.default_rng(73)
+            keys = _store(dev, "q", _blocks(rng, 2, 64, 2, 2, 64))
+            q = rng.standard_normal((4, 64)).astype(np.float32)
+            kw = dict(layer=1, layers=2, kv_heads=2, k=2)
+            with pytest.raises(hostlib.DeviceError) as e:
+                dev.topk_pages_async(keys, q, **kw).result(timeout=20)
+            assert e.value.status == STATUS["INTERNAL"]
+            for _ in range(4):  # more than there are workers: none was lost
+                ids, _ = dev.topk_pages(keys, q, **kw)
+                assert ids.shape == (2, 2) and (ids >= 0).all()
+    finally:
+        code, err = d.terminate()
+    assert code == 0, err
+    assert "could not be queued" in log.read_text()
 
 
 def test_keys_of_different_lengths_are_refused_before_anything_is_sent(dev):

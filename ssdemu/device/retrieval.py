@@ -502,11 +502,17 @@ class Retrieval:
         # struct was ~5 us a command)
         sqe = dict(zip(SQE_FIELDS, _SQE.unpack(_device_ffi.buffer(
             _device_ffi.addressof(a, "sqe"))), strict=True))
-        client = self.d.clients.get(a.client)
         try:
+            client = self.d.clients.get(a.client)
             return self._q.put_take(client.uid if client is not None else -1, a.client,
                                     (a.qp, a.client, a.t0_ns, sqe))
         except RuntimeError:  # closed: the daemon stops, as with the commands still queued
+            return None
+        except Exception:  # a bug on our side: the command ends INTERNAL and the worker
+            # goes on (an exception here ended the worker's thread, and the command never
+            # completed: its client waited for ever, and with every worker gone, all did)
+            log.exception("retrieval command %d could not be queued", sqe["opcode"])
+            self.d.complete_host(a.qp, sqe, a.t0_ns, STATUS["INTERNAL"], 0, 0, 0.0)
             return None
 
     def close(self) -> None:
