@@ -866,6 +866,23 @@ def test_the_byte_lru_prefix_touch_is_a_get_of_each_key_until_a_miss(ops):
         assert list(a._d.items()) == list(b._d.items())
 
 
+def test_the_byte_lru_prefix_shortcut_is_not_taken_after_another_workers_touch(monkeypatch):
+    """A touch by another worker between a long prefix's holds leaves its first keys older
+    than that entry: the same keys again must touch them again, as get() of each would."""
+    import ssdemu.device.retrieval as retrieval
+
+    a = retrieval.ByteLRU(10)
+    for k in "abcx":
+        a.put(k, k, 1)
+    keys = ["a", "b", "c"]
+    monkeypatch.setattr(retrieval, "_yield_gil", lambda: a.get("x"))  # between the holds
+    assert [v for v, _ in a.get_prefix(keys, hold=1)] == keys
+    assert list(a._d) == ["a", "b", "x", "c"]  # x touched after b, before c
+    monkeypatch.setattr(retrieval, "_yield_gil", lambda: None)
+    a.get_prefix(keys, hold=1)
+    assert list(a._d)[-3:] == keys
+
+
 def _request(keys, layer=0):
     q = np.zeros((2, 4), np.float32)
     return pack_retrieval_request(dtype_code=1, layer=layer, layers=2, kv_heads=1, q_heads=2,

@@ -417,9 +417,11 @@ class ByteLRU:
             last_keys, changes, entries = self._last_prefix
             if keys is last_keys and changes == self._changes:
                 return list(entries)
-        out = []
+        out, start = [], None
         for at in range(0, len(keys), hold):
             with self._lock:
+                if start is None:
+                    start = self._changes
                 for key in keys[at:at + hold]:
                     v = self._d.get(key)
                     if v is None:
@@ -427,7 +429,9 @@ class ByteLRU:
                     self._d.move_to_end(key)
                     self._changes += 1
                     out.append(v)
-                if at + hold >= len(keys):
+                if at + hold >= len(keys) and self._changes - start == len(out):
+                    # only this call's touches since it began (none by another worker
+                    # between its holds): its keys are the newest, in order
                     self._last_prefix = (keys, self._changes, list(out))
             if at + hold < len(keys):
                 _yield_gil()
