@@ -285,6 +285,7 @@ static inline double model_hold(sde_model *m, struct sde_resource *r, double rea
         model_res_forget_before(r, m->horizon);
     return model_res_hold_inline(r, ready, duration);
 }
+
 double model_controller(sde_model *m, double submit);
 uint64_t model_page_part(uint64_t p, uint64_t page, uint64_t offset, uint64_t end);
 void model_locate(const sde_model *m, uint64_t page, uint32_t *plane, uint32_t *ch);
