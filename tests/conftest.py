@@ -137,3 +137,22 @@ def media_spec(request):
     """One media spec of each kind, MEDIA_BYTES big."""
     with media_of_kind(request.param, request) as spec:
         yield spec
+
+
+def daemon_with_sitecustomize(tmp_path, monkeypatch, sitecustomize: str,
+                              media: str = "mem:64M"):
+    """A daemon in a new interpreter (python given: not a fork of the suite's server) that
+    imports `sitecustomize` at start: a fault a test plants in the daemon's own code.
+    Returns (the DaemonProcess, its log's path); the caller terminates it."""
+    import sys
+
+    from ssdemu.tools.daemon_process import DaemonProcess
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    log = tmp_path / "daemon.log"
+    return DaemonProcess(str(tmp_path / "d.sock"), media=media, log_path=str(log),
+                         python=sys.executable), log

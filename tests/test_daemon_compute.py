@@ -4,12 +4,10 @@ drive, prefix matching by keys and by tokens, pins, and the TOPS budget's device
 from __future__ import annotations
 
 import mmap
-import os
-import sys
 
 import numpy as np
 import pytest
-from conftest import RING_KINDS, check_media_io, ring_media
+from conftest import RING_KINDS, check_media_io, daemon_with_sitecustomize, ring_media
 
 import hostlib
 from firmware.quant import dequantize
@@ -440,16 +438,7 @@ def test_a_firmware_that_cannot_load_fails_its_commands_and_nothing_else(tmp_pat
                                                                           monkeypatch):
     """The loader fails (its import raises): each compute command ends INTERNAL, the log
     says why, and the daemon serves everything else on."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(WITHHOLD_FIRMWARE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-    log = tmp_path / "daemon.log"
-    # a new interpreter (python given: not a fork of the suite's server), which runs the
-    # sitecustomize
-    d = DaemonProcess(str(tmp_path / "f.sock"), media="mem:64M", log_path=str(log),
-                      python=sys.executable)
+    d, log = daemon_with_sitecustomize(tmp_path, monkeypatch, WITHHOLD_FIRMWARE)
     try:
         with hostlib.connect(d.socket_path) as dev:
             x = block((16, 2, 1, 1, 64), seed=9)

@@ -7,13 +7,11 @@ and the modelled time (a summary in the drive's DRAM costs less than a block rea
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 
 import numpy as np
 import pytest
 import retrieval_ref as ref
-from conftest import RING_KINDS, check_media_io, ring_media
+from conftest import RING_KINDS, check_media_io, daemon_with_sitecustomize, ring_media
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -639,14 +637,7 @@ def test_a_command_the_worker_cannot_queue_ends_internal_and_the_worker_goes_on(
     """An exception between popping a command and serving it ends that command INTERNAL,
     and the workers serve the next ones (before, it ended the worker's thread: the command
     never completed, its client waited for ever, and with every worker gone so did all)."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(FAIL_FIRST_QUEUEING)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-    log = tmp_path / "daemon.log"
-    d = DaemonProcess(str(tmp_path / "q.sock"), media="mem:64M", log_path=str(log),
-                      python=sys.executable)  # a new interpreter, which runs the sitecustomize
+    d, log = daemon_with_sitecustomize(tmp_path, monkeypatch, FAIL_FIRST_QUEUEING)
     try:
         with hostlib.connect(d.socket_path) as dev:
             rng = np.random.default_rng(73)
