@@ -614,7 +614,7 @@ def test_deleting_a_block_while_a_topk_reads_it_is_never_internal(dev):
 
 
 # imported by the daemon's interpreter at start (sitecustomize): the first retrieval command
-# a worker pops cannot be joined to the fair queue, as a bug there would do
+# a worker pops cannot be joined to the fair queue, as a bug there would do...
 FAIL_FIRST_QUEUEING = '''
 from ssdemu.device import fair_queue
 
@@ -630,14 +630,35 @@ def _put_take_once_broken(self, *args):
 
 fair_queue.FairQueue.put_take = _put_take_once_broken
 '''
+# ...or its fields cannot be read (the mistake that first hung these tests)
+FAIL_FIRST_FIELDS = '''
+from ssdemu.device import retrieval
+
+_sqe, _calls = retrieval._SQE, []
 
 
+class _OnceBroken:
+    size = _sqe.size
+
+    def unpack(self, data):
+        _calls.append(1)
+        if len(_calls) == 1:
+            raise TypeError("broken by the test")
+        return _sqe.unpack(data)
+
+
+retrieval._SQE = _OnceBroken()
+'''
+
+
+@pytest.mark.parametrize("fault", [FAIL_FIRST_QUEUEING, FAIL_FIRST_FIELDS],
+                         ids=["queueing", "fields"])
 def test_a_command_the_worker_cannot_queue_ends_internal_and_the_worker_goes_on(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, fault):
     """An exception between popping a command and serving it ends that command INTERNAL,
     and the workers serve the next ones (before, it ended the worker's thread: the command
     never completed, its client waited for ever, and with every worker gone so did all)."""
-    d, log = daemon_with_sitecustomize(tmp_path, monkeypatch, FAIL_FIRST_QUEUEING)
+    d, log = daemon_with_sitecustomize(tmp_path, monkeypatch, fault)
     try:
         with hostlib.connect(d.socket_path) as dev:
             rng = np.random.default_rng(73)

@@ -370,7 +370,7 @@ class Daemon:
             dtime = int(sqe["submit_time_ns"] + device_ns)
         else:
             dtime = max(1, int(device_ns))
-        cqe = _HOST_CQE.__dict__.get("cqe")
+        cqe = getattr(_HOST_CQE, "cqe", None)
         if cqe is None:  # each worker thread's own, reused: sde_dev_complete copies it
             cqe = _HOST_CQE.cqe = ffi.new("sde_cqe *")
         cqe.cid, cqe.status, cqe.result, cqe.device_time_ns = sqe["cid"], status, result, dtime

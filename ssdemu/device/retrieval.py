@@ -221,7 +221,7 @@ def _struct_of(dt: np.dtype) -> struct.Struct:
     for name in dt.names:
         f = dt.fields[name][0]
         base, count = (f.subdtype[0], int(np.prod(f.subdtype[1]))) if f.subdtype else (f, 1)
-        char = "bhiq"["\x01\x02\x04\x08".index(chr(base.itemsize))]  # struct's, by size
+        char = {1: "b", 2: "h", 4: "i", 8: "q"}[base.itemsize]  # struct's code, by size
         fmt += f"{count}{char.upper() if base.kind == 'u' else char}"
     return struct.Struct(fmt)
 
@@ -497,16 +497,16 @@ class Retrieval:
         take the command to serve now (fair_queue.put_take: this one, unless another is
         due first), or None."""
         os.read(self._fd, 8)  # one count: one command queued, or close() waking this worker
-        a = self._local.__dict__.get("popped")
+        a = getattr(self._local, "popped", None)
         if a is None:  # this worker's own, reused: one allocation per worker, not per command
             a = self._local.popped = _device_ffi.new("sde_admin_cmd *")
         if not _device_lib.sde_dev_retrieval_pop(self.d.dev, a):
             return None
-        # the command's fields in one unpack of its bytes (a getattr per field of the cffi
-        # struct was ~5 us a command)
-        sqe = dict(zip(SQE_FIELDS, _SQE.unpack(_device_ffi.buffer(
-            _device_ffi.addressof(a, "sqe"))), strict=True))
         try:
+            # the command's fields in one unpack of its bytes (a getattr per field of the
+            # cffi struct was ~5 us a command)
+            sqe = dict(zip(SQE_FIELDS, _SQE.unpack(_device_ffi.buffer(
+                _device_ffi.addressof(a, "sqe"))), strict=True))
             client = self.d.clients.get(a.client)
             return self._q.put_take(client.uid if client is not None else -1, a.client,
                                     (a.qp, a.client, a.t0_ns, sqe))
@@ -515,8 +515,9 @@ class Retrieval:
         except Exception:  # a bug on our side: the command ends INTERNAL and the worker
             # goes on (an exception here ended the worker's thread, and the command never
             # completed: its client waited for ever, and with every worker gone, all did)
-            log.exception("retrieval command %d could not be queued", sqe["opcode"])
-            self.d.complete_host(a.qp, sqe, a.t0_ns, STATUS["INTERNAL"], 0, 0, 0.0)
+            log.exception("retrieval command %d could not be queued", a.sqe.opcode)
+            self.d.complete_host(a.qp, {"cid": a.sqe.cid, "opcode": a.sqe.opcode}, a.t0_ns,
+                                 STATUS["INTERNAL"], 0, 0, 0.0)
             return None
 
     def close(self) -> None:
