@@ -80,6 +80,34 @@ def test_trims_lower_write_amplification():
     assert was[1] < was[0] / 2
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 255), st.sampled_from([KIB4, 3 * KIB4 + 100, MIB])),
+                max_size=12),
+       st.integers(0, 2))
+def test_trim_many_is_each_trim_in_order(ranges, nbytes_at):
+    """trim_many (a replay's evicted blocks in one call) leaves the FTL as trim() of each
+    range in turn: the same valid and trimmed bytes, and the same GC and write times after."""
+    p, logical = _small(), 64 * MIB
+    nbytes = (KIB4, 3 * KIB4 + 100, MIB)[nbytes_at]
+    offsets = [i * 61 * KIB4 + (100 if r == MIB else 0) for i, r in ranges]
+    outs = []
+    for many in (False, True):
+        m = DeviceModel(p, ftl_bytes=logical)
+        _fill(m, logical)
+        if many:
+            m.trim_many(offsets, nbytes)
+        else:
+            for off in offsets:
+                m.trim(off, nbytes)
+        last, marks = m.closed_loop("write", 64, 4096, KIB4, logical, seed=2, marks=4)
+        s = m.stats()
+        outs.append((s["ftl_valid_bytes"], s["trimmed_bytes"], s["gc_bytes_programmed"],
+                     last, marks))
+    assert outs[0] == outs[1]
+    whole = any((off + nbytes) // KIB4 > -(-off // KIB4) for off in offsets)
+    assert (outs[1][1] > 0) == whole  # the trims took effect
+
+
 def test_gc_competes_with_reads():
     """A read on a drive whose GC is busy relocating and erasing waits for the dies; the same
     read on the same drive once idle does not."""

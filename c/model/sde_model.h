@@ -180,6 +180,9 @@ double sde_model_dram(void *m, double ready, uint64_t nbytes);
 /* Forget the whole 4 KiB units in [offset, offset + nbytes) (a deallocate, a KV delete): the
  * FTL no longer relocates them (whole mapping units).  No time (the map changes in the controller's DRAM). */
 void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes);
+/* sde_model_trim of n ranges of nbytes each, from offsets[0] on, in order (a replay's evicted
+ * blocks: one call per request, not one per block). */
+void sde_model_trim_many(sde_model *m, const uint64_t *offsets, uint32_t n, uint64_t nbytes);
 void sde_model_get_stats(const sde_model *m, sde_model_stats *out);
 /* The latest submission seen (what get_stats reports, without its walk over every plane). */
 double sde_model_horizon(const sde_model *m);

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
+import itertools
 import time
 from collections import deque
 
@@ -177,11 +178,12 @@ class ModelDrive:
         trims them (its FTL no longer relocates them) and gives them to new blocks."""
         if not self.bounded:
             return
-        for b in ids:
-            off = self.offsets.pop(b, None)
-            if off is not None:
-                self.device.trim(off, self.stored)
-                self._free_slots.append(off)
+        pop = self.offsets.pop
+        offs = [off for off in map(pop, ids, itertools.repeat(None)) if off is not None]
+        # one call for the request's evicted blocks, not one per block (~1% of a replay's
+        # instructions under eviction: cachegrind, conversation trace, blocks:2000)
+        self.device.trim_many(offs, self.stored)
+        self._free_slots.extend(offs)
 
     def counters(self) -> dict:
         st = self.device.stats()

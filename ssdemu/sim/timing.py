@@ -290,6 +290,12 @@ class DeviceModel:
         """The whole 4 KiB units of the range are no longer valid (deallocate, KV delete)."""
         lib.sde_model_trim(self._m, offset, nbytes)
 
+    def trim_many(self, offsets: list[int], nbytes: int) -> None:
+        """trim() of each offset's nbytes, in order, in one call."""
+        if offsets:
+            lib.sde_model_trim_many(self._m, ffi.new("uint64_t[]", offsets), len(offsets),
+                                    nbytes)
+
     def next_free_times(self) -> list[float]:
         n = lib.sde_model_next_free(self._m, ffi.NULL, 0)
         buf = ffi.new("double[]", n)
