@@ -21,7 +21,7 @@ void sde_model_trim(sde_model *m, uint64_t offset, uint64_t nbytes)
 
 void sde_model_trim_many(sde_model *m, const uint64_t *offsets, uint32_t n, uint64_t nbytes)
 {
-    for (uint32_t i = 0; m->ftl && i < n; i++)
+    for (uint32_t i = 0; i < n; i++)
         sde_model_trim(m, offsets[i], nbytes);
 }
 

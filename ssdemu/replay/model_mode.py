@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
-import itertools
 import time
 from collections import deque
 
@@ -178,8 +177,7 @@ class ModelDrive:
         trims them (its FTL no longer relocates them) and gives them to new blocks."""
         if not self.bounded:
             return
-        pop = self.offsets.pop
-        offs = [off for off in map(pop, ids, itertools.repeat(None)) if off is not None]
+        offs = [off for b in ids if (off := self.offsets.pop(b, None)) is not None]
         # one call for the request's evicted blocks, not one per block (~1% of a replay's
         # instructions under eviction: cachegrind, conversation trace, blocks:2000)
         self.device.trim_many(offs, self.stored)
