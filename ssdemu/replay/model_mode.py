@@ -40,6 +40,7 @@ import gc
 import heapq
 import time
 from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from ssdemu.replay.pool import POOLS, ROUTES, Fabric, FabricSpec, HashRing
 from ssdemu.replay.serving import BLOCK_TOKENS, TIERS, LRUTier, ModelConfig
 from ssdemu.sim import _model
 from ssdemu.sim.cost import (
+    KERNEL_IDS,
     dequantize_cost,
     prefix_match_cost,
     quantize_cost,
@@ -72,6 +74,7 @@ def _now(t):
 
 
 ffi, lib = _model.ffi, _model.lib
+PREFIX_MATCH = KERNEL_IDS["prefix_match"]
 
 
 def _pcts(values) -> dict:
@@ -118,6 +121,10 @@ class ModelDrive:
                                 else self.raw)
         # the C recipes take the costs as structs (an unquantized drive charges nothing)
         self._dequant_c = self._quant_c = {"ops": 0, "bytes": 0}
+        # a prefix match's cost per count of keys probed, as the C recipes take it, and the
+        # charge's start (unused): built once, not per request
+        self._match_c: dict[int, dict] = {}
+        self._start = ffi.new("double *")
         if self.scheme:
             self.dequant_cost = dequantize_cost(self.elements, 2, self.scheme, self.stored)
             self.quant_cost = quantize_cost(self.elements, 2, self.scheme, self.stored)
@@ -125,7 +132,10 @@ class ModelDrive:
 
     def match(self, t_ns: int, ids, expected: int) -> int:
         probed = max(1, min(expected + 1, len(ids)))
-        self.budget.charge("prefix_match", prefix_match_cost(probed), t_ns)
+        cost = self._match_c.get(probed)
+        if cost is None:
+            cost = self._match_c[probed] = prefix_match_cost(probed).c()
+        lib.sde_budget_charge(self.budget.struct, PREFIX_MATCH, cost, t_ns, 0.0, self._start)
         return expected  # the host's LRU mirror is the drive's content
 
     def load(self, t_ns: int, ids) -> int:
@@ -135,7 +145,7 @@ class ModelDrive:
         request's blocks in one call."""
         if not ids:
             return t_ns
-        offs = ffi.new("uint64_t[]", [self.offsets[b] for b in ids])
+        offs = ffi.new("uint64_t[]", list(map(self.offsets.__getitem__, ids)))
         in_drive = bool(self.scheme) and self.dequant == "drive"
         done = lib.sde_recipe_load_blocks(self.device.handle, self.budget.struct, t_ns, offs,
                                           len(ids), self.stored, self.raw, int(in_drive),
@@ -144,16 +154,25 @@ class ModelDrive:
 
     def store(self, t_ns: int, ids) -> None:
         """Each block over the link as it is, quantized, the result programmed (in the
-        background: nothing waits); the daemon's recipe (c/model/sde_recipe.c)."""
+        background: nothing waits); the daemon's recipe (c/model/sde_recipe.c).  ids:
+        distinct (_Pool.store's)."""
         if not ids:
             return
-        offs = []
-        for b in ids:
-            off = self.offsets.get(b)
-            if off is None:
-                off = self.offsets[b] = (self._free_slots.pop() if self._free_slots
-                                         else self._next_slot())
-            offs.append(off)
+        offsets, free, slot = self.offsets, self._free_slots, self.slot
+        offs = list(map(offsets.get, ids))
+        if not free and offs.count(None) == len(offs):  # all new, slots in order (unbounded)
+            offs = list(range(self._slots * slot, (self._slots + len(ids)) * slot, slot))
+            self._slots += len(ids)
+            offsets.update(zip(ids, offs, strict=True))
+        else:
+            for i, b in enumerate(ids):
+                if offs[i] is None:
+                    if free:
+                        off = free.pop()
+                    else:
+                        off = self._slots * slot
+                        self._slots += 1
+                    offs[i] = offsets[b] = off
         done = ffi.new("double[]", len(offs))
         lib.sde_recipe_store_blocks(self.device.handle, self.budget.struct, t_ns,
                                     ffi.new("uint64_t[]", offs), len(offs), self.stored,
@@ -167,10 +186,6 @@ class ModelDrive:
         while self._in_flight and self._in_flight[0] <= t_ns:
             heapq.heappop(self._in_flight)
         return len(self._in_flight)
-
-    def _next_slot(self) -> int:
-        self._slots += 1
-        return (self._slots - 1) * self.slot
 
     def evict(self, ids) -> None:
         """An unbounded drive keeps evicted blocks' slots (nothing presses); a bounded one
@@ -375,7 +390,8 @@ class _Pool:
     def store(self, k: int, t_ns: int, ids, raw: int) -> None:
         self._dropped_now = set()
         if not self.pooled:
-            new = [b for b in dict.fromkeys(ids) if b not in self.tiers[k]]
+            held = self.tiers[k].blocks  # the dict itself: `in` on the tier is a call
+            new = [b for b in dict.fromkeys(ids) if b not in held]
             new = self._admit(k, t_ns, new) if new else new
             if new:
                 self.drives[k].store(t_ns, new)
@@ -540,12 +556,17 @@ class _ReplayLoop:
         # the missed blocks' KV exists from the first token on (if another request is
         # computing one already, from whichever finishes first)
         computed_at = self.computed_at
-        for b in ids[:h]:
-            if computed_at.get(b, 0.0) > t:
-                self.uncomputed_hits += 1
-        for b in ids[h:]:
-            c = computed_at.get(b)
-            computed_at[b] = gpu_free[k] if c is None or c <= t else min(c, gpu_free[k])
+        get = computed_at.get
+        if h:  # hits whose KV is computed after t (t < its time), counted without a loop here
+            self.uncomputed_hits += sum(map(t.__lt__, map(get, ids[:h], repeat(0.0))))
+        done, missed = gpu_free[k], ids[h:]
+        # each missed block's KV exists at `done`, but where another request computes it
+        # from after t to no later than done (min(c, done) is c): kept, as it was
+        kept = [(b, c) for b, c in zip(missed, map(get, missed), strict=True)
+                if c is not None and t < c <= done]
+        computed_at.update(zip(missed, repeat(done)))
+        if kept:
+            computed_at.update(kept)
 
     def take_sample(self) -> None:
         t_s, parts, window_ns = self.samples.popleft()
