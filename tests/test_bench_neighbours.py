@@ -87,6 +87,24 @@ def test_bench_keepup_reports_its_neighbours():
     assert _running() == []
 
 
+@pytest.mark.slow
+def test_bench_fairness_reports_its_neighbours():
+    """A busy host throughout (a scheduling change to the workers is judged there too): the
+    report says how busy, its table says so, and the neighbours go with the run."""
+    from ssdemu.bench.fairness import format_table
+
+    assert _running() == []
+    p = subprocess.run([sys.executable, "-m", "ssdemu", "bench", "fairness", "--hogs", "keys",
+                        "--seconds", "0.2", "--media", "mem:256M", "--neighbours", "1",
+                        "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["neighbours"] == 1 and r["hogs"]["keys"]["nop"]["n"] >= 1
+    assert "beside 1 spinning process throughout" in format_table(r)
+    assert "throughout" not in format_table(r | {"neighbours": 0})
+    assert _running() == []
+
+
 def test_a_realtime_data_plane_sleeps_when_the_host_has_no_cpu_to_spare(tmp_path):
     """serve --realtime: the SCHED_RR data plane preempts any client, so it never sees one
     waiting on its CPU; spinning while idle on a host with no CPU to spare, it took a CPU

@@ -43,6 +43,7 @@ def test_bench_fairness_json():
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
+    assert r["neighbours"] == 0  # none asked for (test_bench_neighbours: with some)
     h = r["hogs"]["scored"]
     assert h["hog_command"]["n"] >= 1 and h["topk"]["n"] >= 1 and h["nop"]["n"] >= 1
     assert r["alone"]["topk"]["n"] >= 1 and r["beside_a_spinning_process"]["nop"]["n"] >= 1

@@ -204,7 +204,10 @@ def bench_fairness(media: str = "mem:1G", seconds: float = 5.0, kinds=KINDS,
 
 def format_table(r: dict) -> str:
     a, n = r["alone"], r["beside_a_spinning_process"]
-    lines = [f"retrieval workers: {r['workers']}; victim alone: one-block TOPK p99 "
+    n_busy = r.get("neighbours") or 0
+    busy = (f" (beside {n_busy} spinning process{'es' if n_busy > 1 else ''} throughout)"
+            if n_busy else "")
+    lines = [f"retrieval workers: {r['workers']}{busy}; victim alone: one-block TOPK p99 "
              f"{a['topk']['p99_ms']:.2f} ms, NOP p99 {a['nop']['p99_ms']:.3f} ms; beside one "
              f"spinning process: {n['topk']['p99_ms']:.2f} ms, {n['nop']['p99_ms']:.3f} ms",
              f"{'hog':8} {'hog cmd p50':>12} {'TOPK p99':>9} {'x alone':>8} {'NOP p99':>9} "
