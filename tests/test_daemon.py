@@ -399,6 +399,9 @@ def _sched_field(pid: int, tid: int, name: str) -> int:
     raise KeyError(name)
 
 
+# serial: its neighbours would make the other worker's tests run on a busy host, and
+# test_bench_neighbours checks that none spins on the host while its own tests run
+@pytest.mark.serial
 def test_the_data_plane_asks_for_the_shortest_slice_while_the_host_is_busy(daemon, dev):
     """Beside more CPU-bound processes than cores, the data plane thread, and no other of the
     daemon's own, runs with a 100 us slice (sched_setattr's runtime; its weight and nice
