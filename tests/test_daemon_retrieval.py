@@ -895,6 +895,50 @@ def test_the_byte_lru_prefix_shortcut_is_not_taken_after_another_workers_touch(m
     assert list(a._d)[-3:] == keys
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["fp16", "bf16", "fp32"]), min_size=1, max_size=4),
+       st.booleans(), st.integers(0, 2**32 - 1))
+def test_pages_are_gathered_in_the_blocks_element_type(codes, values, seed):
+    """A command's gathered pages (_Gather): each block's rows land where they are put, with
+    the values they carry; in the blocks' own carrier when every block is of one type (half
+    the memory of float32 for fp16 and bf16), float32 from the first block of another."""
+    from firmware.layout import DTYPE_BF16, DTYPE_CODES, DTYPE_FP32, storage_dtype
+    from ssdemu.device.retrieval import _Gather, to_f32
+
+    rng = np.random.default_rng(seed)
+    H, T, D, per = 2, 4 * len(codes), 3, 4
+    g = _Gather((H, T, D), values)
+    want = np.zeros((2, H, T, D), np.float32)
+    for i, name in enumerate(codes):
+        code = DTYPE_CODES[name]
+        x = rng.standard_normal((2, H, per, D)).astype(np.float32)
+        if name == "fp16":
+            kv = x.astype(np.float16)  # as a compressed block decodes: float16
+        elif name == "bf16":
+            kv = (x.view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            kv = x
+        src = rng.permutation(per)
+        dst = i * per + np.arange(per)
+        for h in range(H):
+            g.put(h, dst, kv[0], kv[1], src, code)
+            for j in range(2):
+                want[j, h, dst] = x[j][h, src] if name == "fp32" else to_f32(
+                    np.ascontiguousarray(kv[j][h, src]).view(np.uint16), code)
+    keys, vals, code = g.arrays()
+    one = DTYPE_CODES[codes[0]] if len(set(codes)) == 1 else DTYPE_FP32
+    assert code == one and keys.dtype == storage_dtype(one)
+    assert (vals is not None) == values
+    for j, got in enumerate((keys, vals) if values else (keys,)):
+        if code == DTYPE_FP32:
+            as_f32 = got
+        elif code == DTYPE_BF16:
+            as_f32 = (got.astype(np.uint32) << 16).view(np.float32)
+        else:
+            as_f32 = got.view(np.float16).astype(np.float32)
+        assert np.array_equal(as_f32, want[j])
+
+
 def _request(keys, layer=0):
     q = np.zeros((2, 4), np.float32)
     return pack_retrieval_request(dtype_code=1, layer=layer, layers=2, kv_heads=1, q_heads=2,

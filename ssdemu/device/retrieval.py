@@ -343,6 +343,43 @@ def to_f32(x: np.ndarray, code: int) -> np.ndarray:
     return f.reshape(x.shape)
 
 
+class _Gather:
+    """The pages a command gathers block by block, (H, T, D) keys (and values), in the
+    blocks' element type (a command's largest buffer: float32 took twice the memory and a
+    conversion the kernels make anyway as they read); float32 from the first block of
+    another type on (a sequence's blocks are of one type but for a mixed one)."""
+
+    def __init__(self, shape: tuple, values: bool):
+        self.shape, self.values = shape, values
+        self.keys = self.vals = self.code = None
+
+    def put(self, h: int, dst: np.ndarray, k: np.ndarray, v: np.ndarray, src: np.ndarray,
+            code: int) -> None:
+        if self.code is None:
+            self.code = code
+            self.keys = np.zeros(self.shape, storage_dtype(code))
+            self.vals = np.zeros_like(self.keys) if self.values else None
+        elif code != self.code and self.code != DTYPE_FP32:  # mixed: float32 from here
+            self.keys = to_f32(self.keys, self.code)
+            self.vals = to_f32(self.vals, self.code) if self.values else None
+            self.code = DTYPE_FP32
+        self.keys[h, dst] = self._as_mine(k[h, src], code)
+        if self.values:
+            self.vals[h, dst] = self._as_mine(v[h, src], code)
+
+    def _as_mine(self, x: np.ndarray, code: int) -> np.ndarray:
+        x = _carrier(x)
+        return x if code == self.code else to_f32(x, code)
+
+    def arrays(self) -> tuple:
+        """(keys, values or None, their element type's code); nothing gathered: float32."""
+        if self.code is None:
+            self.code = DTYPE_FP32
+            self.keys = np.zeros(self.shape, np.float32)
+            self.vals = np.zeros_like(self.keys) if self.values else None
+        return self.keys, self.vals, self.code
+
+
 def pack_bounds(x: np.ndarray, code: int) -> np.ndarray:
     """Summaries as the drive keeps them: in the block's element type (exact: a min or a max
     of values is one of them)."""
@@ -1020,13 +1057,13 @@ class Retrieval:
         kernels: (keys (H, T, D), values or None, ids (H, n), bf16, back).  When the
         sequence's layer is in the host's decoded data (_seq_kv), keys and values are it, as
         stored (uint16 carrying fp16 or bf16 bits, or float32), and ids are rows: the kernels
-        read the pages in place (back None).  Otherwise each head's pages are gathered as
-        float32: head h's, in ascending order, take its slots 0, 1, ...; the sequence's last
-        page, when it is partial, takes slot n, the last (T ends with its tokens: the
-        kernels cut a page at T), so that a local id orders as its page does; ids are the
-        local ids and back (H, n + 2) maps a local id to its page.  A command's memory is
-        then what it reads: n pages of each head, not every head of the pages any head
-        chose.  The NAND reads are booked as the block's layout places the pages
+        read the pages in place (back None).  Otherwise each head's pages are gathered in
+        the blocks' element type (_Gather): head h's, in ascending order, take its slots 0,
+        1, ...; the sequence's last page, when it is partial, takes slot n, the last (T ends
+        with its tokens: the kernels cut a page at T), so that a local id orders as its page
+        does; ids are the local ids and back (H, n + 2) maps a local id to its page.  A
+        command's memory is then what it reads: n pages of each head, not every head of the
+        pages any head chose.  The NAND reads are booked as the block's layout places the pages
         (_book_pages)."""
         H, n = rows.shape
         table = self._uniform_runs(req, nsid, blocks)
@@ -1051,8 +1088,7 @@ class Retrieval:
         last_len = last.tokens - (R.pages_of(last.tokens, req.page) - 1) * req.page
         partial = last_len < req.page and bool((rows == P - 1).any())
         T = n * req.page + (last_len if partial else 0)
-        keys = np.zeros((H, T, req.head_dim), np.float32)
-        vals = np.zeros_like(keys) if values else None
+        gather = _Gather((H, T, req.head_dim), values)
         slots = []
         local = np.full((H, n), -1, np.int32)
         back = np.full((H, n + 2), -1, np.int64)
@@ -1080,10 +1116,9 @@ class Retrieval:
                 starts = np.cumsum(lens) - lens  # each page's place in the gathered run
                 step = np.arange(int(lens.sum())) - np.repeat(starts, lens)
                 src, dst = np.repeat(t0, lens) + step, np.repeat(at, lens) + step
-                keys[h, dst] = to_f32(k[h, src], b.code)
-                if values:
-                    vals[h, dst] = to_f32(v[h, src], b.code)
-        return keys, vals, local, False, back
+                gather.put(h, dst, k, v, src, b.code)
+        keys, vals, code = gather.arrays()
+        return keys, vals, local, code == DTYPE_BF16, back
 
     def _seq_kv(self, req: Request, nsid: int, blocks: list[Block]):
         """(K, V, code): the request's layer over the whole sequence, (kv_heads, tokens, D)
