@@ -273,13 +273,54 @@ def _sift_down(hs, hi, n, i):
         i = w
 
 
+# select_top keeps its best in order by insertion up to this many, else in a heap.  Measured
+# on fresh scores each call (a repeated input trains the branch predictor and hides the
+# heap's cost): the 124 best of 254 (a 4K-token re-rank's candidates) 11.7 us by the heap,
+# 8.1 by insertion; 31 of 16,384 25.2 against 18.0; but 256 of 16,384 105 against 118, and
+# 1,024 of 4,096 200 against 580 (each insertion moves up to k entries)
+INSERT_MAX = 128
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def select_top(scores, ids, n, k, out_ids, out_scores):
     """The k best of n (score, id) pairs, best first, into out_ids / out_scores; ranks by
-    score, ties to the lower id.  Returns how many (min(n, k)).  A heap of k: n log k."""
+    score, ties to the lower id.  Returns how many (min(n, k))."""
     kk = min(n, k)
     if kk <= 0:
         return 0
+    if kk <= INSERT_MAX:
+        _select_by_insertion(scores, ids, n, kk, out_ids, out_scores)
+    else:
+        _select_by_heap(scores, ids, n, kk, out_ids, out_scores)
+    return kk
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _select_by_insertion(scores, ids, n, kk, out_ids, out_scores):
+    """select_top's kk best kept in order in the output as they come: a pair better than
+    the worst kept moves the worse ones down one place and the last falls off."""
+    m = 0
+    for i in range(n):
+        s = scores[i]
+        d = ids[i]
+        if m == kk:
+            if not _better(s, d, out_scores[m - 1], out_ids[m - 1]):
+                continue
+            j = m - 1
+        else:
+            j = m
+            m += 1
+        while j > 0 and _better(s, d, out_scores[j - 1], out_ids[j - 1]):
+            out_scores[j] = out_scores[j - 1]
+            out_ids[j] = out_ids[j - 1]
+            j -= 1
+        out_scores[j] = s
+        out_ids[j] = d
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _select_by_heap(scores, ids, n, kk, out_ids, out_scores):
+    """select_top's kk best by a heap of kk: n log kk."""
     hs = np.empty(kk, np.float32)
     hi = np.empty(kk, np.int64)
     for i in range(kk):
@@ -301,7 +342,6 @@ def select_top(scores, ids, n, k, out_ids, out_scores):
         hs[0] = hs[m]
         hi[0] = hi[m]
         _sift_down(hs, hi, m, 0)
-    return kk
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -338,12 +378,12 @@ def rerank_candidates(bound_scores, select_scores, c, sink_pages, recent_pages, 
     best pages by Quest's bound, then the best by the channel-selective score that are not
     among them, until c.  Both rankings as topk_pages's (ties to the lower page id)."""
     H, P = bound_scores.shape
-    a_ids = np.empty((H, c), np.int32)
-    a_sc = np.empty((H, c), np.float32)
+    nb = c - c // 2  # only these of the bound's ranking are used: ranked no further
+    a_ids = np.empty((H, nb), np.int32)
+    a_sc = np.empty((H, nb), np.float32)
     b_ids = np.empty((H, c), np.int32)
     b_sc = np.empty((H, c), np.float32)
-    nb = c - c // 2
-    topk_pages(bound_scores, c, sink_pages, recent_pages, a_ids, a_sc)
+    topk_pages(bound_scores, nb, sink_pages, recent_pages, a_ids, a_sc)
     topk_pages(select_scores, c, sink_pages, recent_pages, b_ids, b_sc)
     seen = np.zeros(P, np.bool_)
     for h in range(H):

@@ -237,6 +237,29 @@ def test_topk_ties_go_to_the_lower_page_and_sinks_and_recent_are_never_candidate
     assert ids.tolist() == [[2, 3, 4, -1, -1, -1]] and np.isneginf(sc[0, 3:]).all()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 400).flatmap(lambda n: st.tuples(
+           hnp.arrays(np.float32, n, elements=st.one_of(
+               edgy, st.sampled_from([np.inf, -np.inf, 2.0, -2.0]))),
+           st.permutations(range(n)))),
+       st.sampled_from([1, 2, 31, R.INSERT_MAX, R.INSERT_MAX + 1, 300, 500]))
+def test_select_top_ranks_by_score_then_lower_id_on_both_paths(case, k):
+    """select_top against a sort: the k best by score, ties (-0.0 and 0.0 among them) to the
+    lower id, best first, by insertion up to INSERT_MAX and by a heap past it.  Repeated
+    scores make ties; ids in any order."""
+    scores, ids = case
+    ids = np.array(ids, np.int64)
+    n = len(scores)
+    out_ids = np.full(k, -7, np.int64)
+    out_sc = np.full(k, np.nan, np.float32)
+    got = R.select_top(scores, ids, n, k, out_ids, out_sc)
+    order = np.lexsort((ids, -scores.astype(np.float64)))[:k]
+    assert got == min(n, k)
+    assert out_ids[:got].tolist() == ids[order].tolist()
+    assert out_sc[:got].tobytes() == scores[order].tobytes()  # the scores as given, bitwise
+    assert (out_ids[got:] == -7).all()
+
+
 @settings(max_examples=150, deadline=None)
 @given(layer(elements=small), st.integers(1, 6), st.data())
 def test_attention_over_chosen_pages_equals_the_dense_reference(case, n, data):
