@@ -895,6 +895,43 @@ def test_the_byte_lru_prefix_shortcut_is_not_taken_after_another_workers_touch(m
     assert list(a._d)[-3:] == keys
 
 
+def test_the_workers_share_a_layers_summary_keys_so_the_prefix_shortcut_holds_across_them():
+    """A layer's TOPK and its ATTEND may run on different workers: both name the sequence's
+    summaries with one list object, so that the ATTEND's get_prefix takes the shortcut (it
+    knows its last keys by the list) instead of touching every summary again; another
+    sequence gets lists of its own."""
+    import threading
+    import types
+
+    import ssdemu.device.retrieval as retrieval
+
+    r = retrieval.Retrieval.__new__(retrieval.Retrieval)  # only what _summary_keys reads
+    r._local, r._shared_keys = threading.local(), (None, {})
+    req = types.SimpleNamespace(layer=3, page=16)
+    blocks = [retrieval.Block(b"k%d" % i, 4096 * i, 4096, 64, 4 * i, 32,
+                              ident=(0, b"k%d" % i, 4096 * i)) for i in range(5)]
+    got = {}
+
+    def worker(name, sid):
+        r._local.sid, r._local.known = sid, {}
+        got[name] = r._summary_keys(req, 0, blocks)
+
+    for name, sid in (("topk", "seq-a"), ("attend", "seq-a"), ("other", "seq-b")):
+        t = threading.Thread(target=worker, args=(name, sid))
+        t.start()
+        t.join()
+    assert got["topk"] == [(b.ident, 3, 16) for b in blocks]
+    assert got["attend"] is got["topk"]
+    assert got["other"] == got["topk"] and got["other"] is not got["topk"]
+    lru = retrieval.ByteLRU(100)
+    for key in got["topk"]:
+        lru.put(key, key, 1)
+    lru.get_prefix(got["topk"])
+    changes = lru._changes
+    assert len(lru.get_prefix(got["attend"])) == len(blocks)
+    assert lru._changes == changes  # the shortcut: nothing touched again
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from(["fp16", "bf16", "fp32"]), min_size=1, max_size=4),
        st.booleans(), st.integers(0, 2**32 - 1))
