@@ -121,6 +121,29 @@ def test_attend_equals_dense_attention_over_the_pages_and_merges_with_the_hosts(
     np.testing.assert_allclose(mlse, wlse, atol=1e-5)
 
 
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(0, 5), none=st.floats(0, 1), seed=st.integers(0, 2**31))
+def test_attend_takes_any_page_list_none_or_repeated_with_the_forced_pages(dev, k, none,
+                                                                          seed):
+    """ATTEND's page lists as a client may send them: k pages a head (none at all for k = 0),
+    some -1 (no page), some repeated: attention over each head's distinct pages and the
+    sink and recent ones, whether every head names k pages (one concatenation) or not."""
+    rng = np.random.default_rng(seed)
+    blocks = _blocks(rng, 2, 64, 1, 2, 16)
+    keys = _store(dev, f"any{next(counter)}", blocks)
+    K, V = _layer(blocks, 0, 0), _layer(blocks, 0, 1)
+    P = K.shape[1] // PAGE
+    ids = rng.integers(0, P, (2, k))
+    ids[rng.random((2, k)) < none] = -1
+    q = rng.standard_normal((4, 16)).astype(np.float32)
+    out, lse = dev.attend(keys, q, ids, layer=0, layers=1, sink_pages=1, recent_pages=1)
+    forced = np.array([[0, P - 1]] * 2)
+    rout, rlse = ref.attend(q, K, V, PAGE, np.concatenate([ids, forced], axis=1))
+    np.testing.assert_allclose(out, rout, atol=1e-5)
+    np.testing.assert_allclose(lse, rlse, atol=1e-5)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_rerank_keeps_the_candidates_holding_most_mass(dev, int8):
     """The candidates as the reference picks them (half by bound, half by the channel-
