@@ -353,12 +353,15 @@ class _Gather:
         self.shape, self.values = shape, values
         self.keys = self.vals = self.code = None
 
+    def _start(self, code: int) -> None:
+        self.code = code
+        self.keys = np.zeros(self.shape, storage_dtype(code))
+        self.vals = np.zeros_like(self.keys) if self.values else None
+
     def put(self, h: int, dst: np.ndarray, k: np.ndarray, v: np.ndarray, src: np.ndarray,
             code: int) -> None:
         if self.code is None:
-            self.code = code
-            self.keys = np.zeros(self.shape, storage_dtype(code))
-            self.vals = np.zeros_like(self.keys) if self.values else None
+            self._start(code)
         elif code != self.code and self.code != DTYPE_FP32:  # mixed: float32 from here
             self.keys = to_f32(self.keys, self.code)
             self.vals = to_f32(self.vals, self.code) if self.values else None
@@ -374,9 +377,7 @@ class _Gather:
     def arrays(self) -> tuple:
         """(keys, values or None, their element type's code); nothing gathered: float32."""
         if self.code is None:
-            self.code = DTYPE_FP32
-            self.keys = np.zeros(self.shape, np.float32)
-            self.vals = np.zeros_like(self.keys) if self.values else None
+            self._start(DTYPE_FP32)
         return self.keys, self.vals, self.code
 
 
@@ -1080,8 +1081,8 @@ class Retrieval:
         with its tokens: the kernels cut a page at T), so that a local id orders as its page
         does; ids are the local ids and back (H, n + 2) maps a local id to its page.  A
         command's memory is then what it reads: n pages of each head, not every head of the
-        pages any head chose.  The NAND reads are booked as the block's layout places the pages
-        (_book_pages)."""
+        pages any head chose.  The NAND reads are booked as the block's layout places the
+        pages (_book_pages)."""
         H, n = rows.shape
         table = self._uniform_runs(req, nsid, blocks)
         if table is not None:
